@@ -1,0 +1,52 @@
+# PowerGuard developer commands. Everything runs from ./.venv, which `make venv` creates.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+PIP    := $(BIN)/python -m pip
+STAMP  := $(VENV)/.installed
+
+PROJECTS := -e ./schemas[embedded,otlp] -e ./services/ups-monitor -e ./services/coordinator \
+            -e ./services/power-control -e ./services/ckpt-agent -e .
+PYPROJECTS := pyproject.toml schemas/pyproject.toml $(wildcard services/*/pyproject.toml) \
+              constraints.txt requirements-dev.txt
+
+.PHONY: venv test test-unit demo bench schemas lint fmt clean help
+
+help:  ## list targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
+
+venv: $(STAMP)  ## create .venv with every project (editable) and the dev tools
+
+$(STAMP): $(PYPROJECTS)
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "PowerGuard needs Python 3.11+")'
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q -c constraints.txt $(PROJECTS) -r requirements-dev.txt
+	touch $(STAMP)
+
+test: venv  ## run the whole test suite (unit, integration against real peers, e2e)
+	$(BIN)/pytest
+
+test-unit: venv  ## only the fast unit tests
+	$(BIN)/pytest tests/unit
+
+demo: venv  ## outage drill on this machine: embedded NATS + simulated site
+	$(BIN)/powerguard demo
+
+bench: venv  ## run the benchmarks; figures land in bench/results/
+	@for b in bench/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
+
+schemas: venv  ## regenerate schemas/generated (JSON Schema, AsyncAPI, catalogue)
+	$(BIN)/powerguard schemas export schemas/generated
+	cp schemas/generated/events.md docs/events.md
+
+lint: venv  ## ruff
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check schemas services src tests bench
+
+fmt: venv
+	$(BIN)/ruff check --fix .
+	$(BIN)/ruff format schemas services src tests bench
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache

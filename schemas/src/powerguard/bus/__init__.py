@@ -1,0 +1,39 @@
+"""PowerGuard's typed NATS JetStream bus: publish/subscribe typed events, stream and KV
+setup, OTel propagation, an embedded broker and the service runner.
+
+    bus = await Bus.connect("nats://127.0.0.1:4222", service="my-tool")
+    await bus.publish(OnBattery(data=PowerData(site="dc1", ups="ups1", on_battery=True)))
+    async for event in bus.subscribe(OnBattery):
+        print(event.data.runtime_s)
+"""
+
+from .client import Bus, Handler
+from .consumer import Consumer, Received, Subscription
+from .embedded import EmbeddedNats, find_nats_server
+from .errors import BusError, CasConflict, ConnectError, EmbeddedServerError, PublishError, SetupError
+from .kv import Kv, KvEntry
+from .names import BusNames, StreamLimits
+from .runner import ServiceContext, run_service, service_main
+
+__all__ = [
+    "Bus",
+    "BusError",
+    "BusNames",
+    "CasConflict",
+    "ConnectError",
+    "Consumer",
+    "EmbeddedNats",
+    "EmbeddedServerError",
+    "Handler",
+    "Kv",
+    "KvEntry",
+    "PublishError",
+    "Received",
+    "ServiceContext",
+    "SetupError",
+    "StreamLimits",
+    "Subscription",
+    "find_nats_server",
+    "run_service",
+    "service_main",
+]

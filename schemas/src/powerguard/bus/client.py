@@ -1,0 +1,341 @@
+"""The typed NATS JetStream client every PowerGuard service and outside tool uses."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import nats
+from nats.aio.client import Client as NatsClient
+from nats.js import api
+from nats.js import errors as js_errors
+from opentelemetry.trace import SpanKind, Status, StatusCode, TracerProvider
+
+from powerguard.schemas import DEFAULT_MAX_PAYLOAD, DeadLetter, DeadLetterData, Envelope, encode
+
+from . import metrics
+from .errors import ConnectError, PublishError, SetupError
+from .kv import Kv
+from .names import BusNames, StreamLimits
+from .tracing import inject_headers, messaging_attributes, tracer
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[Envelope], Awaitable[None]]
+
+
+class Bus:
+    """A connected bus. Build it with :meth:`Bus.connect`."""
+
+    def __init__(
+        self,
+        nc: NatsClient,
+        *,
+        service: str,
+        names: BusNames,
+        limits: StreamLimits,
+        max_payload: int,
+        tracer_provider: TracerProvider | None,
+    ) -> None:
+        self.nc = nc
+        self.js = nc.jetstream(timeout=10.0)
+        self.service = service
+        self.names = names
+        self.subjects = names.subjects
+        self.limits = limits
+        self.max_payload = max_payload
+        self.tracer = tracer(tracer_provider)
+        self._kv: dict[str, Kv] = {}
+        self._consumers: list[Any] = []
+        self._closing = [False]
+
+    # connection ---------------------------------------------------------------
+    @classmethod
+    async def connect(
+        cls,
+        url: str | list[str] = "nats://127.0.0.1:4222",
+        *,
+        service: str,
+        names: BusNames | None = None,
+        limits: StreamLimits | None = None,
+        user: str | None = None,
+        password: str | None = None,
+        creds_file: str | Path | None = None,
+        tls_ca: str | Path | None = None,
+        connect_timeout: float = 10.0,
+        setup: bool = True,
+        max_payload: int = DEFAULT_MAX_PAYLOAD,
+        tracer_provider: TracerProvider | None = None,
+    ) -> Bus:
+        """Connect (reconnecting forever once connected) and, with ``setup``, create the
+        stream and KV buckets if they are missing. Raises :class:`ConnectError` when no
+        server answers within ``connect_timeout``."""
+        servers = [url] if isinstance(url, str) else list(url)
+        closing = [False]  # set by drain()/close(): expected disconnects are not warnings
+
+        async def on_error(exc: Exception) -> None:
+            (log.debug if closing[0] else log.warning)("nats: %s", exc or type(exc).__name__)
+
+        async def on_disconnect() -> None:
+            if not closing[0]:
+                log.warning("nats: disconnected from %s", ", ".join(servers))
+
+        async def on_reconnect() -> None:
+            log.info("nats: reconnected")
+
+        options: dict[str, Any] = dict(
+            servers=servers,
+            name=service,
+            allow_reconnect=True,
+            max_reconnect_attempts=-1,
+            reconnect_time_wait=0.25,
+            connect_timeout=2,
+            error_cb=on_error,
+            disconnected_cb=on_disconnect,
+            reconnected_cb=on_reconnect,
+        )
+        if user:
+            options.update(user=user, password=password)
+        if creds_file:
+            options["user_credentials"] = str(creds_file)
+        if tls_ca:
+            import ssl
+
+            options["tls"] = ssl.create_default_context(cafile=str(tls_ca))
+        try:
+            nc = await asyncio.wait_for(nats.connect(**options), connect_timeout)
+        except (TimeoutError, OSError, nats.errors.Error) as exc:
+            raise ConnectError(
+                f"cannot connect to NATS at {', '.join(servers)} within {connect_timeout:g}s"
+                + (f": {exc}" if str(exc) else "")
+            ) from None
+        bus = cls(
+            nc,
+            service=service,
+            names=names or BusNames(),
+            limits=limits or StreamLimits(),
+            max_payload=max_payload,
+            tracer_provider=tracer_provider,
+        )
+        if setup:
+            await bus.setup()
+        return bus
+
+    @property
+    def connected(self) -> bool:
+        return self.nc.is_connected
+
+    async def drain(self) -> None:
+        """Stop consumers, flush what is pending, close."""
+        self._closing[0] = True
+        for consumer in list(self._consumers):
+            await consumer.stop()
+        if not self.nc.is_closed:
+            try:
+                await self.nc.drain()
+            except (nats.errors.Error, TimeoutError) as exc:
+                log.warning("nats: drain failed (%s); closing", exc)
+                await self.nc.close()
+
+    async def close(self) -> None:
+        self._closing[0] = True
+        for consumer in list(self._consumers):
+            await consumer.stop()
+        if not self.nc.is_closed:
+            await self.nc.close()
+
+    # setup --------------------------------------------------------------------
+    async def setup(self) -> None:
+        """Create or update the stream and KV buckets (idempotent, safe to race)."""
+        n, lim = self.names, self.limits
+        config = api.StreamConfig(
+            name=n.stream,
+            subjects=[n.subjects.all],
+            storage=api.StorageType.FILE,
+            retention=api.RetentionPolicy.LIMITS,
+            max_age=lim.max_age_s,
+            max_bytes=lim.max_bytes,
+            duplicate_window=lim.duplicate_window_s,
+            num_replicas=lim.replicas,
+            discard=api.DiscardPolicy.OLD,
+        )
+        try:
+            try:
+                await self.js.stream_info(n.stream)
+            except js_errors.NotFoundError:
+                try:
+                    await self.js.add_stream(config)
+                except js_errors.BadRequestError:  # lost a race with another service
+                    await self.js.update_stream(config)
+            else:
+                await self.js.update_stream(config)
+            await self._bucket(n.sagas, history=lim.sagas_history, ttl=None)
+            await self._bucket(n.agents, history=1, ttl=lim.agents_ttl_s)
+            await self._bucket(n.leases, history=1, ttl=lim.leases_ttl_s)
+        except (js_errors.APIError, nats.errors.Error, TimeoutError) as exc:
+            raise SetupError(f"cannot set up stream {n.stream} and KV buckets: {exc}") from None
+
+    async def _bucket(self, bucket: str, *, history: int, ttl: float | None) -> Kv:
+        try:
+            raw = await self.js.key_value(bucket)
+        except js_errors.BucketNotFoundError:
+            raw = await self.js.create_key_value(
+                api.KeyValueConfig(
+                    bucket=bucket,
+                    history=history,
+                    ttl=ttl,
+                    storage=api.StorageType.FILE,
+                    replicas=self.limits.replicas,
+                )
+            )
+        kv = Kv(raw, bucket)
+        self._kv[bucket] = kv
+        return kv
+
+    async def kv(self, bucket: str) -> Kv:
+        if bucket not in self._kv:
+            try:
+                self._kv[bucket] = Kv(await self.js.key_value(bucket), bucket)
+            except js_errors.BucketNotFoundError:
+                raise SetupError(f"KV bucket {bucket} does not exist; run setup() first") from None
+        return self._kv[bucket]
+
+    async def sagas(self) -> Kv:
+        return await self.kv(self.names.sagas)
+
+    async def agents(self) -> Kv:
+        return await self.kv(self.names.agents)
+
+    async def leases(self) -> Kv:
+        return await self.kv(self.names.leases)
+
+    # publish ------------------------------------------------------------------
+    async def publish(
+        self, event: Envelope, *, timeout: float = 10.0, headers: dict[str, str] | None = None
+    ) -> api.PubAck:
+        """Store ``event`` in the stream, exactly once per event id (within the duplicate
+        window). Retries through reconnects until ``timeout``; raises :class:`PublishError`."""
+        subject = event.nats_subject(self.subjects)
+        template = type(event).subject_template(self.subjects.prefix)
+        payload = encode(event)
+        with self.tracer.start_as_current_span(
+            f"publish {template}",
+            kind=SpanKind.PRODUCER,
+            attributes=messaging_attributes(
+                operation="publish",
+                subject=subject,
+                template=template,
+                message_id=event.id,
+                event_type=event.type,
+            ),
+        ) as span:
+            hdrs = {"Nats-Msg-Id": event.id, "Ce-Type": event.type, **(headers or {})}
+            inject_headers(hdrs)
+            deadline = time.monotonic() + timeout
+            delay, attempt_timeout = 0.05, 1.0  # a lost request (socket died under it) costs 1 s, not 10
+            while True:
+                remaining = deadline - time.monotonic()
+                try:
+                    ack = await self.js.publish(
+                        subject, payload, timeout=max(0.2, min(remaining, attempt_timeout)), headers=hdrs
+                    )
+                except (nats.errors.Error, TimeoutError, OSError) as exc:
+                    log.debug(
+                        "publish attempt failed after %.3fs: %r", time.monotonic() - deadline + timeout, exc
+                    )
+                    if time.monotonic() + delay >= deadline or self.nc.is_closed:
+                        metrics.PUBLISH_ERRORS.labels(event.type).inc()
+                        span.set_status(Status(StatusCode.ERROR, str(exc)))
+                        raise PublishError(
+                            f"{event.short_type} {event.id} on {subject} not stored within {timeout:g}s: "
+                            f"{type(exc).__name__} {exc}"
+                        ) from None
+                    await asyncio.sleep(delay)
+                    delay, attempt_timeout = min(delay * 2, 1.0), min(attempt_timeout * 2, 5.0)
+                    continue
+                span.set_attribute("messaging.nats.stream.sequence", ack.seq)
+                if ack.duplicate:
+                    span.set_attribute("messaging.nats.duplicate", True)
+                metrics.PUBLISHED.labels(event.type).inc()
+                return ack
+
+    async def dead_letter(
+        self, *, subject: str, payload: bytes, error: BaseException | str, deliveries: int | None = None
+    ) -> None:
+        """Copy rejected input to ``pg.dlq.<service>``. Never raises."""
+        reason = type(error).__name__ if isinstance(error, BaseException) else "Error"
+        metrics.DEAD_LETTERS.labels(reason).inc()
+        log.error("dead letter from %s: %s", subject, error)
+        event = DeadLetter(
+            source=f"/powerguard/{self.service}",
+            data=DeadLetterData.capture(
+                service=self.service, subject=subject, payload=payload, error=error, deliveries=deliveries
+            ),
+        )
+        try:
+            await self.publish(event, timeout=5.0)
+        except PublishError as exc:
+            log.error("could not store dead letter: %s", exc)
+
+    # subscribe ----------------------------------------------------------------
+    def subscribe(
+        self,
+        *types: type[Envelope],
+        subject: str | list[str] | None = None,
+        deliver: str = "new",
+        on_error: Callable[[str, bytes, Exception], None] | None = None,
+    ):
+        """An async iterator of decoded events for observers and outside tools::
+
+            async for event in bus.subscribe(OnBattery):
+                ...
+
+        Uses an ephemeral, unacknowledged consumer. ``deliver`` is ``new``, ``all`` or
+        ``last``. Undecodable messages are logged (or passed to ``on_error``) and skipped.
+        """
+        from .consumer import Subscription
+
+        return Subscription(self, types, subject=subject, deliver=deliver, on_error=on_error)
+
+    async def consume(
+        self,
+        *types: type[Envelope],
+        handler: Handler,
+        durable: str,
+        subject: str | list[str] | None = None,
+        max_deliver: int = 5,
+        backoff: tuple[float, ...] = (0.2, 1.0, 5.0, 15.0),
+        ack_wait: float = 30.0,
+        deliver: str = "all",
+    ):
+        """Run ``handler`` for every event of ``types`` on a durable consumer.
+
+        Success acks; an exception naks with ``backoff``; after ``max_deliver`` failed
+        deliveries the message goes to the DLQ and is terminated. Malformed or unknown input
+        goes to the DLQ at once. Valid events of other types on the same subjects are acked
+        and skipped. Returns the running :class:`~powerguard.bus.consumer.Consumer`.
+        """
+        from .consumer import Consumer
+
+        consumer = Consumer(
+            self,
+            types,
+            handler=handler,
+            durable=durable,
+            subject=subject,
+            max_deliver=max_deliver,
+            backoff=backoff,
+            ack_wait=ack_wait,
+            deliver=deliver,
+        )
+        await consumer.start()
+        self._consumers.append(consumer)
+        return consumer
+
+    def _forget(self, consumer: Any) -> None:
+        if consumer in self._consumers:
+            self._consumers.remove(consumer)

@@ -1,0 +1,366 @@
+"""Pull consumers: :class:`Consumer` (durable, handler, ack/nak/term, DLQ) and
+:class:`Subscription` (ephemeral async iterator for observers)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import nats
+from nats.aio.msg import Msg
+from nats.js import api
+from nats.js import errors as js_errors
+from opentelemetry.trace import SpanKind, Status, StatusCode
+
+from powerguard.schemas import Envelope, EventError, decode
+
+from . import metrics
+from .tracing import extract_context, messaging_attributes
+
+if TYPE_CHECKING:
+    from .client import Bus, Handler
+
+log = logging.getLogger(__name__)
+
+_DELIVER = {
+    "new": api.DeliverPolicy.NEW,
+    "all": api.DeliverPolicy.ALL,
+    "last": api.DeliverPolicy.LAST,
+    "last_per_subject": api.DeliverPolicy.LAST_PER_SUBJECT,
+}
+_CLOSED = (nats.errors.ConnectionClosedError, nats.errors.ConnectionDrainingError)
+
+
+def covers(wide: str, narrow: str) -> bool:
+    """True when every subject matched by ``narrow`` is matched by ``wide``."""
+    w, n = wide.split("."), narrow.split(".")
+    for i, tok in enumerate(w):
+        if tok == ">":
+            return len(n) > i
+        if i >= len(n):
+            return False
+        if tok != "*" and tok != n[i]:
+            return False
+        if tok == "*" and n[i] == ">":
+            return False
+    return len(w) == len(n)
+
+
+def filter_subjects(bus: Bus, types: Sequence[type[Envelope]], subject: str | list[str] | None) -> list[str]:
+    if subject is not None:
+        wanted = [subject] if isinstance(subject, str) else list(subject)
+    elif types:
+        wanted = [t.wildcard(bus.subjects) for t in types]
+    else:
+        wanted = [bus.subjects.all]
+    unique: list[str] = []
+    for s in dict.fromkeys(wanted):
+        if not any(s != other and covers(other, s) for other in wanted):
+            unique.append(s)
+    return unique
+
+
+class _PullLoop:
+    durable: str | None = None
+
+    def __init__(
+        self, bus: Bus, types: Sequence[type[Envelope]], *, subject: str | list[str] | None, deliver: str
+    ) -> None:
+        if deliver not in _DELIVER:
+            raise ValueError(f"deliver must be one of {', '.join(_DELIVER)}")
+        self.bus = bus
+        self.types = tuple(types)
+        self.filters = filter_subjects(bus, self.types, subject)
+        self.deliver = deliver
+        self.name = ""
+        self._psub = None
+        self._last_seq: int | None = None
+        self._stopping = False
+
+    def _config(self) -> api.ConsumerConfig:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+    async def _bind(self) -> None:
+        cfg = self._config()
+        if len(self.filters) == 1:
+            cfg.filter_subject = self.filters[0]
+        else:
+            cfg.filter_subjects = self.filters
+        if self.durable is None and self._last_seq is not None:
+            cfg.deliver_policy = api.DeliverPolicy.BY_START_SEQUENCE
+            cfg.opt_start_seq = self._last_seq + 1
+        await self.bus.js.add_consumer(self.bus.names.stream, cfg)
+        self._psub = await self.bus.js.pull_subscribe_bind(consumer=self.name, stream=self.bus.names.stream)
+
+    async def _unbind(self) -> None:
+        psub, self._psub = self._psub, None
+        if psub is not None:
+            try:
+                await psub.unsubscribe()
+            except (nats.errors.Error, TimeoutError):
+                pass
+
+    async def _fetch(self, batch: int) -> list[Msg]:
+        """Wait up to ~1 s for messages; survive reconnects and lost consumers."""
+        retry = 0.1
+        while not self._stopping:
+            try:
+                if self._psub is None:
+                    await self._bind()
+                msgs = await self._psub.fetch(batch, timeout=1.0)
+            except nats.errors.TimeoutError:
+                return []
+            except _CLOSED:
+                self._stopping = True
+                return []
+            except (js_errors.NotFoundError, js_errors.ServiceUnavailableError, js_errors.APIError) as exc:
+                log.info("consumer %s unavailable (%s); re-creating", self.name, exc)
+                await self._unbind()
+            except (nats.errors.Error, OSError, TimeoutError) as exc:
+                log.debug("fetch on %s failed: %r", self.name, exc)
+            else:
+                if msgs:
+                    self._last_seq = msgs[-1].metadata.sequence.stream
+                return msgs
+            await asyncio.sleep(retry)
+            retry = min(retry * 2, 1.0)
+        return []
+
+
+class Consumer(_PullLoop):
+    """A durable consumer running a handler. Start it with :meth:`Bus.consume`."""
+
+    def __init__(
+        self,
+        bus: Bus,
+        types: Sequence[type[Envelope]],
+        *,
+        handler: Handler,
+        durable: str,
+        subject: str | list[str] | None,
+        max_deliver: int,
+        backoff: tuple[float, ...],
+        ack_wait: float,
+        deliver: str,
+    ) -> None:
+        super().__init__(bus, types, subject=subject, deliver=deliver)
+        if max_deliver < 1:
+            raise ValueError("max_deliver must be at least 1")
+        self.handler = handler
+        self.durable = self.name = durable
+        self.max_deliver = max_deliver
+        self.backoff = backoff or (1.0,)
+        self.ack_wait = ack_wait
+        self._task: asyncio.Task | None = None
+        self._busy = False  # True while a batch is being handled (never cancel then)
+
+    def _config(self) -> api.ConsumerConfig:
+        return api.ConsumerConfig(
+            durable_name=self.durable,
+            deliver_policy=_DELIVER[self.deliver],
+            ack_policy=api.AckPolicy.EXPLICIT,
+            ack_wait=self.ack_wait,
+            max_deliver=self.max_deliver + 1,  # the last delivery goes to the DLQ, we term it
+            max_ack_pending=1000,
+        )
+
+    async def start(self) -> None:
+        await self._bind()
+        self._task = asyncio.create_task(self._run(), name=f"consumer:{self.name}")
+
+    async def stop(self, timeout: float = 3.0) -> None:
+        self._stopping = True
+        if self._task is not None and not self._busy:
+            self._task.cancel()  # parked in fetch: nothing to finish
+        if self._task is not None:
+            try:
+                await asyncio.wait_for(asyncio.shield(self._task), timeout)
+            except TimeoutError:
+                self._task.cancel()
+            except asyncio.CancelledError:
+                pass
+            self._task = None
+        await self._unbind()
+        self.bus._forget(self)
+
+    async def _run(self) -> None:
+        while not self._stopping:
+            msgs = await self._fetch(batch=16)
+            self._busy = True
+            try:
+                for msg in msgs:
+                    try:
+                        await self._process(msg)
+                    except _CLOSED:
+                        return
+                    except Exception:  # never let one message kill the loop
+                        log.exception("consumer %s: unexpected error processing a message", self.name)
+            finally:
+                self._busy = False
+
+    async def _process(self, msg: Msg) -> None:
+        deliveries = msg.metadata.num_delivered or 1
+        try:
+            event = decode(msg.data, max_bytes=self.bus.max_payload)
+        except EventError as exc:
+            metrics.CONSUMED.labels(self.name, "rejected").inc()
+            await self.bus.dead_letter(
+                subject=msg.subject, payload=msg.data, error=exc, deliveries=deliveries
+            )
+            await msg.term()
+            return
+        if self.types and not isinstance(event, self.types):
+            await msg.ack()
+            return
+        if deliveries > self.max_deliver:  # the handler failed every time it was allowed to
+            await self.bus.dead_letter(
+                subject=msg.subject,
+                payload=msg.data,
+                deliveries=deliveries - 1,
+                error=f"handler failed {deliveries - 1} times",
+            )
+            metrics.CONSUMED.labels(self.name, "dead").inc()
+            await msg.term()
+            return
+        template = type(event).subject_template(self.bus.subjects.prefix)
+        started = time.perf_counter()
+        with self.bus.tracer.start_as_current_span(
+            f"process {template}",
+            context=extract_context(msg.headers),
+            kind=SpanKind.CONSUMER,
+            attributes=messaging_attributes(
+                operation="process",
+                subject=msg.subject,
+                template=template,
+                message_id=event.id,
+                event_type=event.type,
+                consumer=self.name,
+            ),
+        ) as span:
+            span.set_attribute("messaging.nats.delivery_count", deliveries)
+            try:
+                await self.handler(event)
+            except Exception as exc:
+                span.record_exception(exc)
+                span.set_status(Status(StatusCode.ERROR, str(exc)))
+                delay = self.backoff[min(deliveries - 1, len(self.backoff) - 1)]
+                log.warning(
+                    "consumer %s: handler failed for %s %s (delivery %d/%d, retry in %.1fs): %s",
+                    self.name,
+                    event.short_type,
+                    event.id,
+                    deliveries,
+                    self.max_deliver,
+                    delay,
+                    exc,
+                )
+                metrics.CONSUMED.labels(self.name, "failed").inc()
+                if deliveries >= self.max_deliver:
+                    await self.bus.dead_letter(
+                        subject=msg.subject, payload=msg.data, error=exc, deliveries=deliveries
+                    )
+                    await msg.term()
+                else:
+                    await msg.nak(delay=delay)
+                return
+            finally:
+                metrics.HANDLER_SECONDS.labels(self.name).observe(time.perf_counter() - started)
+        await msg.ack()
+        metrics.CONSUMED.labels(self.name, "ok").inc()
+
+
+@dataclass(frozen=True)
+class Received:
+    event: Envelope
+    subject: str
+    headers: dict[str, str]
+    sequence: int
+
+    @property
+    def trace_id(self) -> str | None:
+        parts = self.headers.get("traceparent", "").split("-")
+        return parts[1] if len(parts) == 4 else None
+
+
+class Subscription(_PullLoop):
+    """Ephemeral iterator over decoded events; use ``async for`` (and ``async with`` to close)."""
+
+    def __init__(
+        self,
+        bus: Bus,
+        types: Sequence[type[Envelope]],
+        *,
+        subject: str | list[str] | None,
+        deliver: str,
+        on_error: Callable[[str, bytes, Exception], None] | None,
+    ) -> None:
+        super().__init__(bus, types, subject=subject, deliver=deliver)
+        self.name = f"{bus.service}-sub-{uuid.uuid4().hex[:12]}"
+        self.on_error = on_error
+        self._buffer: list[Msg] = []
+
+    def _config(self) -> api.ConsumerConfig:
+        return api.ConsumerConfig(
+            name=self.name,
+            deliver_policy=_DELIVER[self.deliver],
+            ack_policy=api.AckPolicy.NONE,
+            inactive_threshold=30.0,
+            mem_storage=True,
+        )
+
+    async def start(self) -> Subscription:
+        """Create the consumer now (otherwise the first iteration does)."""
+        if self._psub is None:
+            await self._bind()
+        return self
+
+    def __aiter__(self) -> Subscription:
+        return self
+
+    async def __anext__(self) -> Envelope:
+        return (await self.next_received()).event
+
+    async def next_received(self) -> Received:
+        """The next matching event with its subject, headers and stream sequence."""
+        while True:
+            if self._stopping:
+                raise StopAsyncIteration
+            if not self._buffer:
+                self._buffer = await self._fetch(batch=64)
+                continue
+            msg = self._buffer.pop(0)
+            try:
+                event = decode(msg.data, max_bytes=self.bus.max_payload)
+            except EventError as exc:
+                if self.on_error:
+                    self.on_error(msg.subject, msg.data, exc)
+                else:
+                    log.warning("skipping undecodable message on %s: %s", msg.subject, exc)
+                continue
+            if self.types and not isinstance(event, self.types):
+                continue
+            return Received(
+                event=event,
+                subject=msg.subject,
+                headers=dict(msg.headers or {}),
+                sequence=msg.metadata.sequence.stream,
+            )
+
+    async def aclose(self) -> None:
+        self._stopping = True
+        await self._unbind()
+        try:
+            await self.bus.js.delete_consumer(self.bus.names.stream, self.name)
+        except (nats.errors.Error, js_errors.Error, TimeoutError):
+            pass
+
+    async def __aenter__(self) -> Subscription:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()

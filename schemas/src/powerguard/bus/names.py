@@ -1,0 +1,44 @@
+"""Names of the stream, KV buckets and subject prefix one deployment uses."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+
+from powerguard.schemas.subjects import Subjects
+
+
+@dataclass(frozen=True)
+class BusNames:
+    prefix: str = "pg"
+    stream: str = "PG_EVENTS"
+    sagas: str = "pg_sagas"
+    agents: str = "pg_agents"
+    leases: str = "pg_leases"
+    subjects: Subjects = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "subjects", Subjects(self.prefix))
+
+    @classmethod
+    def isolated(cls, tag: str | None = None) -> BusNames:
+        """Names no other user of the same server shares (tests, drills)."""
+        t = tag or uuid.uuid4().hex[:10]
+        return cls(
+            prefix=f"t{t}",
+            stream=f"PG_EVENTS_{t}",
+            sagas=f"pg_sagas_{t}",
+            agents=f"pg_agents_{t}",
+            leases=f"pg_leases_{t}",
+        )
+
+
+@dataclass(frozen=True)
+class StreamLimits:
+    max_age_s: float = 7 * 24 * 3600
+    max_bytes: int = 1024 * 1024 * 1024
+    duplicate_window_s: float = 120.0
+    replicas: int = 1
+    agents_ttl_s: float = 30.0
+    leases_ttl_s: float = 10.0
+    sagas_history: int = 10

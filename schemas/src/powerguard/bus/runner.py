@@ -1,0 +1,191 @@
+"""The service runner: config, logs, tracing, health/metrics server, NATS connection,
+signal handling and graceful drain. Every service's ``__main__`` is a few lines on top."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+from powerguard.schemas import ConfigError, PowerGuardError, SiteConfig, load_site
+
+from .client import Bus
+from .http import HealthServer
+from .logs import configure_logging
+from .names import BusNames
+from .tracing import configure_tracing
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ServiceContext:
+    name: str
+    bus: Bus
+    site: SiteConfig | None
+    stopping: asyncio.Event = field(default_factory=asyncio.Event)
+    http_port: int | None = None
+    args: argparse.Namespace | None = None
+    _ready: bool = False
+    _reason: str = "starting"
+
+    def set_ready(self, ready: bool = True, reason: str = "") -> None:
+        self._ready, self._reason = ready, reason or ("ok" if ready else "not ready")
+
+    def readiness(self) -> tuple[bool, str]:
+        if not self.bus.connected:
+            return False, "NATS disconnected"
+        return self._ready, self._reason
+
+
+Main = Callable[[ServiceContext], Awaitable[None]]
+
+
+async def run_service(
+    name: str,
+    main: Main,
+    *,
+    nats_url: str,
+    site: SiteConfig | None = None,
+    http_host: str = "127.0.0.1",
+    http_port: int | None = None,
+    names: BusNames | None = None,
+    drain_timeout: float = 10.0,
+    stop_event: asyncio.Event | None = None,
+    args: argparse.Namespace | None = None,
+) -> int:
+    """Run ``main`` until it returns or SIGTERM/SIGINT; then drain. Returns an exit code."""
+    nats = site.nats if site else None
+    password = nats.password.resolve().get_secret_value() if nats and nats.password else None
+    bus = await Bus.connect(
+        nats_url,
+        service=name,
+        names=names or BusNames(prefix=nats.prefix if nats else "pg"),
+        user=nats.user if nats else None,
+        password=password,
+        creds_file=nats.creds_file if nats else None,
+        tls_ca=nats.tls_ca if nats else None,
+    )
+    ctx = ServiceContext(name=name, bus=bus, site=site, stopping=stop_event or asyncio.Event(), args=args)
+    health = None
+    if http_port is not None:
+        health = HealthServer(host=http_host, port=http_port, ready=ctx.readiness)
+        ctx.http_port = await health.start()
+        log.info("health and metrics on http://%s:%d", http_host, ctx.http_port)
+
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        try:
+            loop.add_signal_handler(sig, ctx.stopping.set)
+        except (NotImplementedError, RuntimeError):  # not the main thread
+            pass
+    code = 0
+    task = asyncio.create_task(main(ctx), name=f"{name}:main")
+    stop_wait = asyncio.create_task(ctx.stopping.wait())
+    try:
+        await asyncio.wait({task, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
+        if not task.done():
+            log.info("stopping: draining (up to %.0fs)", drain_timeout)
+            ctx.set_ready(False, "stopping")
+            try:
+                await asyncio.wait_for(asyncio.shield(task), drain_timeout)
+            except TimeoutError:
+                task.cancel()
+        if task.done() and not task.cancelled() and task.exception() is not None:
+            exc = task.exception()
+            log.error("%s failed: %s", name, exc, exc_info=exc)
+            code = 1
+    finally:
+        stop_wait.cancel()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            try:
+                loop.remove_signal_handler(sig)
+            except (NotImplementedError, RuntimeError):
+                pass
+        await bus.drain()
+        if health:
+            await health.stop()
+    log.info("%s stopped", name)
+    return code
+
+
+def service_parser(name: str, description: str, default_port: int) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog=f"python -m powerguard.{name.replace('-', '_')}", description=description
+    )
+    p.add_argument(
+        "--config",
+        "-c",
+        metavar="SITE_YAML",
+        default=os.environ.get("POWERGUARD_CONFIG"),
+        help="site YAML (DESIGN §4); env POWERGUARD_CONFIG",
+    )
+    p.add_argument(
+        "--nats-url",
+        default=None,
+        help="NATS server URL (default: the site file's nats.url, env NATS_URL, nats://127.0.0.1:4222)",
+    )
+    p.add_argument(
+        "--http-host",
+        default=os.environ.get("POWERGUARD_HTTP_HOST", "127.0.0.1"),
+        help="address for /healthz, /readyz, /metrics (default 127.0.0.1)",
+    )
+    p.add_argument(
+        "--http-port",
+        type=int,
+        default=int(os.environ.get("POWERGUARD_HTTP_PORT", default_port)),
+        help=f"port for /healthz, /readyz, /metrics; 0 picks a free one (default {default_port})",
+    )
+    p.add_argument(
+        "--log-level",
+        default=os.environ.get("POWERGUARD_LOG_LEVEL", "INFO"),
+        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+        help="log level (default INFO)",
+    )
+    return p
+
+
+def service_main(
+    name: str,
+    main: Main,
+    *,
+    description: str,
+    default_port: int,
+    argv: list[str] | None = None,
+    extend: Callable[[argparse.ArgumentParser], None] | None = None,
+) -> int:
+    """Parse the standard flags, set up logs and tracing, run the service."""
+    parser = service_parser(name, description, default_port)
+    if extend:
+        extend(parser)
+    args = parser.parse_args(argv)
+    configure_logging(name, args.log_level)
+    configure_tracing(f"powerguard-{name}")
+    try:
+        site = load_site(args.config) if args.config else None
+    except ConfigError as exc:
+        parser.exit(2, f"error: {exc}\n")
+    url = (
+        args.nats_url
+        or (site.nats.url if site else None)
+        or os.environ.get("NATS_URL", "nats://127.0.0.1:4222")
+    )
+    try:
+        return asyncio.run(
+            run_service(
+                name,
+                main,
+                nats_url=url,
+                site=site,
+                args=args,
+                http_host=args.http_host,
+                http_port=args.http_port,
+            )
+        )
+    except PowerGuardError as exc:
+        log.error("%s", exc)
+        return 1

@@ -1,0 +1,44 @@
+"""Agent registration and heartbeats from ckpt-agent: ``pg.agent.<job>.<rank>``."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from .envelope import Data, Envelope
+from .subjects import Subjects
+
+Tier = Literal["local", "remote"]
+
+
+class AgentData(Data):
+    job: str
+    rank: int = Field(ge=0)
+    world_size: int = Field(ge=1)
+    node: str = Field(description="Node name as in the site YAML")
+    pid: int | None = None
+    tiers: list[Tier] = Field(default_factory=lambda: ["local"])
+    step: int | None = Field(default=None, ge=0, description="Current training step")
+    last_committed_step: int | None = Field(default=None, ge=0)
+    heartbeat_s: float = Field(default=5.0, gt=0, description="Heartbeat interval")
+
+
+class AgentEvent(Envelope):
+    data: AgentData
+    SUBJECT_TEMPLATE = "{prefix}.agent.{job}.{rank}"
+
+    def nats_subject(self, subjects: Subjects) -> str:
+        return subjects.agent(self.data.job, self.data.rank)
+
+
+class AgentRegistered(AgentEvent):
+    type: Literal["io.powerguard.agent.v1.registered"] = "io.powerguard.agent.v1.registered"
+
+
+class AgentHeartbeat(AgentEvent):
+    type: Literal["io.powerguard.agent.v1.heartbeat"] = "io.powerguard.agent.v1.heartbeat"
+
+
+class AgentDeregistered(AgentEvent):
+    type: Literal["io.powerguard.agent.v1.deregistered"] = "io.powerguard.agent.v1.deregistered"

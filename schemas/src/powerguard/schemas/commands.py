@@ -1,0 +1,92 @@
+"""Power commands (``pg.power.cmd.<node>``) and results (``pg.power.result.<node>``)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import AwareDatetime, Field
+
+from .envelope import Data, Envelope
+from .subjects import Subjects
+
+PowerAction = Literal[
+    "status", "on", "soft_off", "off", "cycle", "outlet_on", "outlet_off", "job_stop", "job_start"
+]
+NodePowerState = Literal["on", "off", "shutting_down", "booting", "ready", "unknown"]
+
+
+class PowerCommandData(Data):
+    saga_id: str
+    node: str
+    idempotency_key: str = Field(description="<saga>/<node>/<action>; a repeat does nothing new")
+    reason: str | None = None
+    jobs: list[str] = Field(default_factory=list, description="Jobs on the node to stop first")
+    deadline: AwareDatetime | None = None
+    dry_run: bool = False
+
+
+class PowerCommand(Envelope):
+    data: PowerCommandData
+    SUBJECT_TEMPLATE = "{prefix}.power.cmd.{node}"
+
+    def nats_subject(self, subjects: Subjects) -> str:
+        return subjects.power_cmd(self.data.node)
+
+
+class ShutdownRequested(PowerCommand):
+    """Stop the node's jobs, soft-off, hard-off after a timeout, optionally outlets off."""
+
+    type: Literal["io.powerguard.power.v1.shutdown_requested"] = "io.powerguard.power.v1.shutdown_requested"
+
+
+class PowerOnRequested(PowerCommand):
+    """Outlets on (staggered), BMC power-on (batched), wait until ready."""
+
+    type: Literal["io.powerguard.power.v1.on_requested"] = "io.powerguard.power.v1.on_requested"
+
+
+class PowerResultData(Data):
+    saga_id: str | None = None
+    node: str
+    action: PowerAction
+    idempotency_key: str | None = None
+    device: str | None = Field(default=None, description="bmc:<name>, pdu:<name>:<outlet>, ...")
+    power_state: NodePowerState | None = None
+    detail: str | None = None
+    error: str | None = None
+    duration_s: float | None = Field(default=None, ge=0)
+    dry_run: bool = False
+
+
+class PowerResult(Envelope):
+    data: PowerResultData
+    SUBJECT_TEMPLATE = "{prefix}.power.result.{node}"
+
+    def nats_subject(self, subjects: Subjects) -> str:
+        return subjects.power_result(self.data.node)
+
+
+class PowerActionDone(PowerResult):
+    type: Literal["io.powerguard.power.v1.action_done"] = "io.powerguard.power.v1.action_done"
+
+
+class PowerActionFailed(PowerResult):
+    type: Literal["io.powerguard.power.v1.action_failed"] = "io.powerguard.power.v1.action_failed"
+
+
+class NodeStateData(Data):
+    node: str
+    state: NodePowerState
+    saga_id: str | None = None
+    detail: str | None = None
+
+
+class NodeState(Envelope):
+    """A node's power/readiness state as power-control sees it."""
+
+    type: Literal["io.powerguard.node.v1.state"] = "io.powerguard.node.v1.state"
+    data: NodeStateData
+    SUBJECT_TEMPLATE = "{prefix}.power.result.{node}"
+
+    def nats_subject(self, subjects: Subjects) -> str:
+        return subjects.power_result(self.data.node)

@@ -1,0 +1,133 @@
+"""CloudEvents 1.0 envelope (structured JSON mode) and the ``type`` -> model registry."""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from datetime import UTC, datetime
+from typing import Any, ClassVar, Literal
+
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError
+
+from .errors import MalformedEvent, PayloadTooLarge, UnknownEventType, UnsupportedVersion
+from .subjects import Subjects
+
+TYPE_PREFIX = "io.powerguard."
+DEFAULT_MAX_PAYLOAD = 1024 * 1024
+_ID_NAMESPACE = uuid.UUID("6c1f0b8e-8f6b-4c57-9a4e-0e4f3c2b7a10")
+_VERSIONED = re.compile(r"^io\.powerguard\.(?P<family>[a-z_]+)\.v(?P<version>\d+)\.(?P<name>[a-z_]+)$")
+
+_REGISTRY: dict[str, type[Envelope]] = {}
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def new_id() -> str:
+    return str(uuid.uuid4())
+
+
+def deterministic_id(*parts: object) -> str:
+    """An id that is the same for the same parts on every host (JetStream dedup)."""
+    return str(uuid.uuid5(_ID_NAMESPACE, "/".join(str(p) for p in parts)))
+
+
+class Data(BaseModel):
+    """Base of every ``data`` model. Unknown fields are ignored (forward compatible)."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+
+class Envelope(BaseModel):
+    """A CloudEvents 1.0 event. Subclasses fix ``type`` and ``data``."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    specversion: Literal["1.0"] = "1.0"
+    id: str = Field(default_factory=new_id, min_length=1, max_length=256)
+    source: str = Field(default="/powerguard", min_length=1)
+    type: str
+    time: AwareDatetime = Field(default_factory=utcnow)
+    subject: str | None = None
+    datacontenttype: Literal["application/json"] = "application/json"
+    data: Data
+
+    TYPE: ClassVar[str] = ""
+    #: Subject template for docs, AsyncAPI and span names, e.g. ``{prefix}.power.{site}.{ups}``.
+    SUBJECT_TEMPLATE: ClassVar[str] = ""
+
+    @classmethod
+    def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
+        super().__pydantic_init_subclass__(**kwargs)
+        default = cls.model_fields["type"].default
+        if isinstance(default, str) and default.startswith(TYPE_PREFIX):
+            if default in _REGISTRY and _REGISTRY[default] is not cls:
+                raise RuntimeError(f"event type {default} registered twice")
+            cls.TYPE = default
+            _REGISTRY[default] = cls
+
+    def nats_subject(self, subjects: Subjects) -> str:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    @classmethod
+    def subject_template(cls, prefix: str = "pg") -> str:
+        return cls.SUBJECT_TEMPLATE.replace("{prefix}", prefix)
+
+    @classmethod
+    def wildcard(cls, subjects: Subjects) -> str:
+        """The subject filter that matches every event of this class."""
+        return re.sub(r"\{[a-z_]+\}", "*", cls.subject_template(subjects.prefix))
+
+    @property
+    def short_type(self) -> str:
+        return self.type.removeprefix(TYPE_PREFIX)
+
+
+def registry() -> dict[str, type[Envelope]]:
+    """Every registered event type, ``type`` -> model (a copy)."""
+    return dict(sorted(_REGISTRY.items()))
+
+
+def encode(event: Envelope) -> bytes:
+    return event.model_dump_json(exclude_none=True).encode()
+
+
+def decode(payload: bytes | str, *, max_bytes: int = DEFAULT_MAX_PAYLOAD) -> Envelope:
+    """Decode a structured-mode CloudEvent into its registered model.
+
+    Raises :class:`PayloadTooLarge`, :class:`MalformedEvent`, :class:`UnknownEventType`
+    or :class:`UnsupportedVersion`; never anything else for bad input.
+    """
+    raw = payload.encode() if isinstance(payload, str) else payload
+    if len(raw) > max_bytes:
+        raise PayloadTooLarge(len(raw), max_bytes)
+    try:
+        obj = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise MalformedEvent(f"payload is not JSON: {exc}") from None
+    if not isinstance(obj, dict):
+        raise MalformedEvent(f"payload is a JSON {type(obj).__name__}, not an object")
+    type_ = obj.get("type")
+    if not isinstance(type_, str):
+        raise MalformedEvent("envelope has no string 'type'")
+    model = _REGISTRY.get(type_)
+    if model is None:
+        match = _VERSIONED.match(type_)
+        if match:
+            same = [
+                t
+                for t in _REGISTRY
+                if (m := _VERSIONED.match(t)) and (m["family"], m["name"]) == (match["family"], match["name"])
+            ]
+            if same:
+                raise UnsupportedVersion(type_, same)
+        raise UnknownEventType(type_)
+    try:
+        return model.model_validate(obj)
+    except ValidationError as exc:
+        errors = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or '<root>'}: {e['msg']}" for e in exc.errors()[:5]
+        )
+        raise MalformedEvent(f"invalid {type_}: {errors}") from None

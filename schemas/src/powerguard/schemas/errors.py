@@ -1,0 +1,59 @@
+"""Error hierarchy shared by every PowerGuard package.
+
+One root (:class:`PowerGuardError`) with precise subclasses, so callers can catch
+exactly what they can handle.
+"""
+
+from __future__ import annotations
+
+
+class PowerGuardError(Exception):
+    """Root of every error PowerGuard raises on purpose."""
+
+
+class EventError(PowerGuardError):
+    """An event could not be decoded or encoded."""
+
+
+class MalformedEvent(EventError):
+    """The payload is not a valid event (bad JSON, missing or wrong fields)."""
+
+
+class UnknownEventType(EventError):
+    """The envelope names a ``type`` that no model is registered for."""
+
+    def __init__(self, type_: str) -> None:
+        super().__init__(f"unknown event type {type_!r}")
+        self.type = type_
+
+
+class UnsupportedVersion(UnknownEventType):
+    """The ``type`` is a PowerGuard type, but of a version this build does not speak."""
+
+    def __init__(self, type_: str, supported: list[str]) -> None:
+        EventError.__init__(
+            self, f"unsupported event version {type_!r}; this build speaks {', '.join(supported)}"
+        )
+        self.type = type_
+        self.supported = supported
+
+
+class PayloadTooLarge(EventError):
+    """The payload exceeds the configured maximum size."""
+
+    def __init__(self, size: int, limit: int) -> None:
+        super().__init__(f"payload of {size} bytes exceeds the limit of {limit} bytes")
+        self.size = size
+        self.limit = limit
+
+
+class InvalidSubjectToken(PowerGuardError, ValueError):
+    """A name used in a NATS subject (site, ups, job, node, ...) is not a valid token."""
+
+
+class ConfigError(PowerGuardError):
+    """A configuration file or value is invalid."""
+
+
+class SecretNotFound(ConfigError):
+    """A credential reference (env var or file) could not be resolved."""

@@ -1,0 +1,54 @@
+"""Saga state changes from the coordinator: ``pg.saga.<saga_id>``."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Literal
+
+from pydantic import AwareDatetime, Field
+
+from .envelope import Data, Envelope
+from .subjects import Subjects
+
+
+class SagaState(StrEnum):
+    DETECTED = "detected"
+    CHECKPOINTING = "checkpointing"
+    CHECKPOINTED = "checkpointed"
+    PARTIAL = "partial"
+    HOLDING = "holding"
+    SHUTTING_DOWN = "shutting_down"
+    DOWN = "down"
+    RESTORING = "restoring"
+    RESUMED = "resumed"
+    DONE = "done"
+    CANCELLED = "cancelled"
+    FAILED = "failed"
+
+    @property
+    def terminal(self) -> bool:
+        return self in (SagaState.DONE, SagaState.CANCELLED, SagaState.FAILED)
+
+
+class SagaData(Data):
+    saga_id: str
+    site: str
+    ups: list[str] = Field(default_factory=list, description="UPSes on battery in this outage")
+    state: SagaState
+    previous: SagaState | None = None
+    reason: str | None = None
+    jobs: list[str] = Field(default_factory=list)
+    nodes: list[str] = Field(default_factory=list, description="Nodes at risk")
+    missing_ranks: dict[str, list[int]] = Field(
+        default_factory=dict, description="job -> ranks that did not ack (state partial)"
+    )
+    deadline: AwareDatetime | None = None
+
+
+class SagaStateChanged(Envelope):
+    type: Literal["io.powerguard.saga.v1.state_changed"] = "io.powerguard.saga.v1.state_changed"
+    data: SagaData
+    SUBJECT_TEMPLATE = "{prefix}.saga.{saga_id}"
+
+    def nats_subject(self, subjects: Subjects) -> str:
+        return subjects.saga(self.data.saga_id)

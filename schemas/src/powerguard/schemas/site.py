@@ -1,0 +1,175 @@
+"""Site topology (DESIGN §4), shared by every service.
+
+UPSes, PDUs and nodes live here; jobs are not configured (agents register them).
+Credentials are *references* (``{env: NAME}`` or ``{file: PATH}``), never values, so the
+YAML can be committed and the secrets never reach logs or events.
+
+Service-specific sections (``coordinator:``, ``ups_monitor:``, ``power_control:``)
+are kept as extra fields and validated by the service that owns them.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from .errors import ConfigError, SecretNotFound
+from .subjects import site_token, token
+
+
+class SecretRef(BaseModel):
+    """Where a credential lives: exactly one of ``env`` or ``file``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    env: str | None = None
+    file: Path | None = None
+
+    @model_validator(mode="after")
+    def _one(self) -> SecretRef:
+        if (self.env is None) == (self.file is None):
+            raise ValueError("a secret reference needs exactly one of 'env' or 'file'")
+        return self
+
+    def resolve(self) -> SecretStr:
+        if self.env is not None:
+            value = os.environ.get(self.env)
+            if value is None:
+                raise SecretNotFound(f"environment variable {self.env} is not set")
+            return SecretStr(value)
+        assert self.file is not None
+        try:
+            return SecretStr(self.file.read_text().rstrip("\r\n"))
+        except OSError as exc:
+            raise SecretNotFound(f"cannot read secret file {self.file}: {exc.strerror}") from None
+
+    def __str__(self) -> str:  # never the value
+        return f"env:{self.env}" if self.env else f"file:{self.file}"
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class NatsSettings(_Model):
+    url: str = "nats://127.0.0.1:4222"
+    prefix: str = "pg"
+    user: str | None = None
+    password: SecretRef | None = None
+    creds_file: Path | None = None
+    tls_ca: Path | None = None
+
+
+class UpsConfig(_Model):
+    name: str
+    driver: Literal["snmp", "nut", "apcupsd"]
+    host: str = "127.0.0.1"
+    port: int | None = Field(default=None, ge=1, le=65535)
+    options: dict[str, Any] = Field(default_factory=dict, description="Driver settings")
+
+    _name = field_validator("name")(lambda v: token(v, what="ups"))
+
+
+class OutletRef(_Model):
+    pdu: str
+    outlet: int = Field(ge=1)
+
+
+class PduConfig(_Model):
+    name: str
+    driver: Literal["apc-snmp", "dry-run"] = "apc-snmp"
+    host: str = "127.0.0.1"
+    port: int = Field(default=161, ge=1, le=65535)
+    options: dict[str, Any] = Field(default_factory=dict)
+
+    _name = field_validator("name")(lambda v: token(v, what="pdu"))
+
+
+class BmcConfig(_Model):
+    driver: Literal["ipmi", "redfish", "dry-run"]
+    host: str = "127.0.0.1"
+    port: int | None = Field(default=None, ge=1, le=65535)
+    username: SecretRef | None = None
+    password: SecretRef | None = None
+    options: dict[str, Any] = Field(default_factory=dict)
+
+
+class NodeConfig(_Model):
+    name: str
+    feeds: list[str] = Field(min_length=1, description="UPSes feeding this node (A+B)")
+    outlets: list[OutletRef] = Field(default_factory=list)
+    bmc: BmcConfig | None = None
+    power_on_group: int = Field(default=0, ge=0)
+
+    _name = field_validator("name")(lambda v: token(v, what="node"))
+
+
+class SiteConfig(BaseModel):
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    site: str
+    nats: NatsSettings = Field(default_factory=NatsSettings)
+    ups: list[UpsConfig] = Field(default_factory=list)
+    pdus: list[PduConfig] = Field(default_factory=list)
+    nodes: list[NodeConfig] = Field(default_factory=list)
+
+    _site = field_validator("site")(lambda v: site_token(v))
+
+    @model_validator(mode="after")
+    def _references(self) -> SiteConfig:
+        for kind, names in (
+            ("ups", [u.name for u in self.ups]),
+            ("pdu", [p.name for p in self.pdus]),
+            ("node", [n.name for n in self.nodes]),
+        ):
+            dupes = sorted({n for n in names if names.count(n) > 1})
+            if dupes:
+                raise ValueError(f"duplicate {kind} names: {', '.join(dupes)}")
+        ups_names = {u.name for u in self.ups}
+        pdu_names = {p.name for p in self.pdus}
+        for node in self.nodes:
+            for feed in node.feeds:
+                if feed not in ups_names:
+                    raise ValueError(f"node {node.name}: feed {feed!r} is not a configured UPS")
+            for outlet in node.outlets:
+                if outlet.pdu not in pdu_names:
+                    raise ValueError(f"node {node.name}: outlet on unknown PDU {outlet.pdu!r}")
+        return self
+
+    def section(self, name: str) -> dict[str, Any]:
+        """A service's own section (``coordinator:``, ...) or ``{}``."""
+        extra = self.model_extra or {}
+        value = extra.get(name) or {}
+        if not isinstance(value, dict):
+            raise ConfigError(f"section {name!r} must be a mapping")
+        return value
+
+
+def load_site(path: str | Path) -> SiteConfig:
+    """Load and validate a site YAML file, with errors that name the file and field."""
+    p = Path(path)
+    try:
+        raw = yaml.safe_load(p.read_text())
+    except OSError as exc:
+        raise ConfigError(f"cannot read site file {p}: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{p}: not valid YAML: {exc}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{p}: the top level must be a mapping")
+    try:
+        return SiteConfig.model_validate(raw)
+    except ValidationError as exc:
+        lines = [f"{'.'.join(str(x) for x in e['loc']) or '<root>'}: {e['msg']}" for e in exc.errors()]
+        raise ConfigError(f"{p}: invalid site file:\n  " + "\n  ".join(lines)) from None

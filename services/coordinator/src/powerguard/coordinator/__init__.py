@@ -1,0 +1,1 @@
+"""PowerGuard coordinator: Outage saga (checkpoint every rank, then shut down, then restore)."""

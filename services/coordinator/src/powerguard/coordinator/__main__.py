@@ -1,0 +1,24 @@
+"""`python -m powerguard.coordinator --config site.yaml`"""
+
+from __future__ import annotations
+
+import sys
+
+from powerguard.bus import service_main
+
+from . import __doc__ as DESCRIPTION
+from .service import main as service
+
+
+def main(argv: list[str] | None = None) -> int:
+    return service_main(
+        "coordinator",
+        service,
+        description=DESCRIPTION,
+        default_port=9102,
+        argv=argv,
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""PowerGuard power-control: BMC (IPMI, Redfish), PDU and scheduler control for shutdown and restore."""

@@ -1,0 +1,1 @@
+"""``powerguard`` command line (typer + rich)."""

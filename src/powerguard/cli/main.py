@@ -1,0 +1,166 @@
+"""``powerguard``: operator and developer commands."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+
+import typer
+from rich.console import Console
+
+from powerguard.bus import BusError, BusNames
+from powerguard.schemas import PowerGuardError
+
+from .demo import run_demo
+
+app = typer.Typer(
+    name="powerguard",
+    help="PowerGuard: outage-safe GPU training. Monitor UPSes, checkpoint every rank, shut down, restore.",
+    no_args_is_help=True,
+    add_completion=False,
+)
+schemas_app = typer.Typer(help="The event contract: JSON Schema and AsyncAPI.", no_args_is_help=True)
+app.add_typer(schemas_app, name="schemas")
+
+err = Console(stderr=True)
+DEFAULT_URL = os.environ.get("NATS_URL", "nats://127.0.0.1:4222")
+
+
+@app.command()
+def tail(
+    subject: str = typer.Argument(
+        None, help="Subject filter, e.g. 'pg.power.>' (default: every event, '<prefix>.>')"
+    ),
+    url: str = typer.Option(DEFAULT_URL, "--url", "-s", help="NATS server URL (env NATS_URL)"),
+    count: int = typer.Option(0, "--count", "-n", min=0, help="Exit after N events (0: run until Ctrl-C)"),
+    as_json: bool = typer.Option(False, "--json", help="One JSON object per line: subject, trace_id, event"),
+    prefix: str = typer.Option("pg", help="Subject prefix of the deployment"),
+    stream: str = typer.Option("PG_EVENTS", help="JetStream stream holding the events"),
+    from_start: bool = typer.Option(
+        False, "--all", help="Replay the stream from its start, not only new events"
+    ),
+) -> None:
+    """Print events from the bus as they arrive: type, subject, time, trace id."""
+    names = BusNames(prefix=prefix, stream=stream)
+    try:
+        asyncio.run(_tail(url, names, subject or names.subjects.all, count, as_json, from_start))
+    except (BusError, PowerGuardError) as exc:
+        err.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(1) from None
+    except KeyboardInterrupt:
+        pass
+
+
+async def _tail(url: str, names: BusNames, subject: str, count: int, as_json: bool, from_start: bool) -> None:
+    from powerguard.bus import Bus
+
+    out = Console(highlight=False, soft_wrap=True)
+    bus = await Bus.connect(url, service="tail", names=names, setup=False)
+
+    def bad(subj: str, payload: bytes, exc: Exception) -> None:
+        err.print(f"[yellow]undecodable message on {subj}:[/yellow] {exc}")
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGINT, stop.set)
+    loop.add_signal_handler(signal.SIGTERM, stop.set)
+    sub = bus.subscribe(subject=subject, deliver="all" if from_start else "new", on_error=bad)
+    try:
+        await sub.start()
+        err.print(f"tail: listening on {subject} at {url}", style="dim")
+        seen = 0
+        while not stop.is_set() and (count == 0 or seen < count):
+            nxt = asyncio.create_task(sub.next_received())
+            stopper = asyncio.create_task(stop.wait())
+            done, _ = await asyncio.wait({nxt, stopper}, return_when=asyncio.FIRST_COMPLETED)
+            stopper.cancel()
+            if nxt not in done:
+                nxt.cancel()
+                break
+            rec = nxt.result()
+            seen += 1
+            if as_json:
+                line = {
+                    "subject": rec.subject,
+                    "trace_id": rec.trace_id,
+                    "event": rec.event.model_dump(mode="json", exclude_none=True),
+                }
+                sys.stdout.write(json.dumps(line) + "\n")
+                sys.stdout.flush()
+            else:
+                ev = rec.event
+                out.print(
+                    f"[dim]{ev.time:%H:%M:%S.%f}[/dim] [bold]{ev.short_type}[/bold] "
+                    f"[cyan]{rec.subject}[/cyan] trace={rec.trace_id or '-'} "
+                    f"{ev.data.model_dump_json(exclude_none=True)}"
+                )
+    finally:
+        await sub.aclose()
+        await bus.close()
+
+
+@app.command()
+def nats(
+    port: int = typer.Option(4222, help="Client port (0: pick a free one)"),
+    host: str = typer.Option("127.0.0.1", help="Listen address"),
+    store_dir: Path = typer.Option(Path(".powerguard/nats"), help="JetStream state directory (kept)"),
+) -> None:
+    """Run an embedded nats-server with JetStream in the foreground (Ctrl-C stops it)."""
+    from powerguard.bus import EmbeddedNats
+
+    store_dir.mkdir(parents=True, exist_ok=True)
+    server = EmbeddedNats(port=port or None, host=host, store_dir=store_dir)
+    try:
+        server.start()
+    except BusError as exc:
+        err.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(1) from None
+    err.print(
+        f"nats-server (JetStream) at {server.url}, state in {store_dir}, pid {server.pid}; Ctrl-C to stop"
+    )
+
+    def _stop(*_: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, _stop)
+    try:
+        server.proc.wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.stop()
+
+
+@schemas_app.command("export")
+def schemas_export(directory: Path = typer.Argument(..., help="Output directory")) -> None:
+    """Write asyncapi.yaml, events.md and one <type>.schema.json per event type."""
+    from powerguard.schemas.export import export
+
+    paths = export(directory)
+    err.print(f"wrote {len(paths)} files to {directory}")
+
+
+@app.command()
+def demo(
+    json_out: Path = typer.Option(None, "--json", help="Write the report as JSON to this file"),
+) -> None:
+    """Run the outage drill on this machine with an embedded NATS and a simulated site."""
+    try:
+        report = asyncio.run(run_demo(Console()))
+    except (BusError, PowerGuardError) as exc:
+        err.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(1) from None
+    if json_out:
+        json_out.write_text(json.dumps(report, indent=2) + "\n")
+
+
+def main() -> None:  # pragma: no cover
+    app()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,84 @@
+"""Shared fixtures: a real nats-server for the whole session, isolated stream/KV names per
+test, and an in-memory OpenTelemetry exporter."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import pytest
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from powerguard.bus import Bus, BusNames, EmbeddedNats
+
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def require_binary(name: str, package: str) -> str:
+    """Path of a peer's binary; skip (locally) or fail (CI) when its package is missing."""
+    path = shutil.which(name) or (f"/usr/sbin/{name}" if os.path.exists(f"/usr/sbin/{name}") else None)
+    if path:
+        return path
+    message = f"{name} not found: apt-get install {package}"
+    if IN_CI:
+        pytest.fail(message + " (CI must install every peer)")
+    pytest.skip(message)
+
+
+_EXPORTER = InMemorySpanExporter()
+trace.set_tracer_provider(TracerProvider())
+trace.get_tracer_provider().add_span_processor(SimpleSpanProcessor(_EXPORTER))
+
+
+@pytest.fixture
+def spans() -> InMemorySpanExporter:
+    _EXPORTER.clear()
+    return _EXPORTER
+
+
+@pytest.fixture(scope="session")
+def nats_server(tmp_path_factory: pytest.TempPathFactory) -> EmbeddedNats:
+    server = EmbeddedNats(store_dir=tmp_path_factory.mktemp("nats"))
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def names() -> BusNames:
+    return BusNames.isolated()
+
+
+@pytest.fixture
+async def make_bus(
+    nats_server: EmbeddedNats, names: BusNames
+) -> AsyncIterator[Callable[..., Awaitable[Bus]]]:
+    """Factory: ``await make_bus("service")`` connects a bus on this test's isolated names."""
+    buses: list[Bus] = []
+
+    async def make(service: str = "test", **kwargs) -> Bus:
+        bus = await Bus.connect(nats_server.url, service=service, names=kwargs.pop("names", names), **kwargs)
+        buses.append(bus)
+        return bus
+
+    yield make
+    if buses:
+        admin = buses[0]
+        for bus in reversed(buses[1:]):
+            await bus.close()
+        if admin.nc.is_connected:
+            for name in (names.stream, f"KV_{names.sagas}", f"KV_{names.agents}", f"KV_{names.leases}"):
+                try:
+                    await admin.js.delete_stream(name)
+                except Exception:
+                    pass
+        await admin.close()
+
+
+@pytest.fixture
+async def bus(make_bus: Callable[..., Awaitable[Bus]]) -> Bus:
+    return await make_bus("test")

@@ -1,0 +1,190 @@
+"""The typed bus against a real nats-server (session fixture, isolated names per test)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from opentelemetry.trace import SpanKind
+
+from powerguard.bus import Bus, BusNames, CasConflict, ConnectError, EmbeddedNats
+from powerguard.schemas import (
+    DeadLetter,
+    Envelope,
+    JobData,
+    JobResumed,
+    OnBattery,
+    OnLine,
+    PowerData,
+    deterministic_id,
+)
+
+pytestmark = pytest.mark.integration
+TIMEOUT = 10
+
+
+def power(on_battery: bool = True, ups: str = "ups-a", **kw) -> PowerData:
+    return PowerData(site="dc1", ups=ups, on_battery=on_battery, runtime_s=300.0, charge_pct=90.0, **kw)
+
+
+async def collect(bus: Bus, *types, durable: str = "t", **kw) -> asyncio.Queue[Envelope]:
+    queue: asyncio.Queue[Envelope] = asyncio.Queue()
+
+    async def handler(event: Envelope) -> None:
+        await queue.put(event)
+
+    await bus.consume(*types, handler=handler, durable=durable, **kw)
+    return queue
+
+
+async def test_event_round_trips_with_same_id_type_and_data(bus):
+    queue = await collect(bus, OnBattery)
+    sent = OnBattery(source="/powerguard/test", data=power())
+    ack = await bus.publish(sent)
+    got = await asyncio.wait_for(queue.get(), TIMEOUT)
+    assert ack.stream == bus.names.stream and not ack.duplicate
+    assert (got.id, got.type, got.data, got.source) == (sent.id, sent.type, sent.data, sent.source)
+
+
+async def test_same_event_published_twice_is_stored_once(make_bus):
+    a, b = await make_bus("monitor-a"), await make_bus("monitor-b")
+    queue = await collect(a, OnBattery, OnLine)
+    event = OnBattery(id=deterministic_id("dc1", "ups-a", "on_battery", 1), data=power())
+    first = await a.publish(event)
+    second = await b.publish(event)  # a second monitor sees the same transition
+    assert not first.duplicate and second.duplicate and second.seq == first.seq
+    await a.publish(OnLine(data=power(on_battery=False)))  # sentinel: everything before it is delivered
+    got = [await asyncio.wait_for(queue.get(), TIMEOUT) for _ in range(2)]
+    assert [type(e) for e in got] == [OnBattery, OnLine]
+    info = await a.js.stream_info(a.names.stream)
+    assert info.state.messages == 2
+
+
+async def test_malformed_payload_goes_to_dlq_and_processing_continues(bus):
+    dlq = bus.subscribe(DeadLetter, deliver="all")
+    await dlq.start()
+    queue = await collect(bus, OnBattery)
+    subject = bus.subjects.power("dc1", "ups-a")
+    await bus.nc.publish(subject, b'{"type": "io.powerguard.power.v1.on_battery", "data": {"site": 1}}')
+    await bus.nc.publish(subject, b"\x00 definitely not json")
+    good = OnBattery(data=power())
+    await bus.publish(good)
+    assert (await asyncio.wait_for(queue.get(), TIMEOUT)).id == good.id
+    letters = [await asyncio.wait_for(dlq.__anext__(), TIMEOUT) for _ in range(2)]
+    await dlq.aclose()
+    assert {d.data.error_type for d in letters} == {"MalformedEvent"}
+    assert all(d.data.service == "test" and d.data.subject == subject for d in letters)
+    assert letters[1].data.payload.endswith("definitely not json")
+    assert queue.empty()
+
+
+async def test_handler_failure_is_redelivered_then_acked(bus):
+    attempts: list[int] = []
+    done = asyncio.Event()
+
+    async def flaky(event: Envelope) -> None:
+        attempts.append(1)
+        if len(attempts) < 3:
+            raise RuntimeError("transient")
+        done.set()
+
+    consumer = await bus.consume(OnBattery, handler=flaky, durable="flaky", backoff=(0.05,))
+    await bus.publish(OnBattery(data=power()))
+    await asyncio.wait_for(done.wait(), TIMEOUT)
+    assert len(attempts) == 3
+    await consumer.stop()
+    info = await bus.js.consumer_info(bus.names.stream, "flaky")
+    assert info.num_ack_pending == 0 and info.num_pending == 0
+
+
+async def test_handler_that_always_fails_ends_in_dlq_after_bounded_deliveries(bus):
+    attempts: list[int] = []
+
+    async def broken(event: Envelope) -> None:
+        attempts.append(1)
+        raise ValueError("cannot handle this")
+
+    dlq = bus.subscribe(DeadLetter, deliver="all")
+    await dlq.start()
+    await bus.consume(OnBattery, handler=broken, durable="broken", max_deliver=3, backoff=(0.02,))
+    await bus.publish(OnBattery(data=power()))
+    letter = await asyncio.wait_for(dlq.__anext__(), TIMEOUT)
+    await dlq.aclose()
+    assert letter.data.deliveries == 3 and "cannot handle this" in letter.data.error
+    assert len(attempts) == 3
+
+
+async def test_consumer_span_is_in_the_producer_trace(bus, spans):
+    queue = await collect(bus, OnBattery)
+    await bus.publish(OnBattery(data=power()))
+    await asyncio.wait_for(queue.get(), TIMEOUT)
+    finished = spans.get_finished_spans()
+    producer = next(s for s in finished if s.name == f"publish {bus.names.prefix}.power.{{site}}.{{ups}}")
+    # the consumer span ends right after the handler returns
+    for _ in range(100):
+        consumer = [s for s in spans.get_finished_spans() if s.name.startswith("process ")]
+        if consumer:
+            break
+        await asyncio.sleep(0.01)
+    consumer = consumer[0]
+    assert producer.kind == SpanKind.PRODUCER and consumer.kind == SpanKind.CONSUMER
+    assert consumer.context.trace_id == producer.context.trace_id
+    assert consumer.parent.span_id == producer.context.span_id
+    assert consumer.attributes["messaging.system"] == "nats"
+    assert producer.attributes["messaging.destination.name"] == bus.subjects.power("dc1", "ups-a")
+
+
+async def test_kv_cas_refuses_a_stale_revision(bus):
+    sagas = await bus.sagas()
+    rev1 = await sagas.create("saga-1", {"state": "detected"})
+    rev2 = await sagas.update("saga-1", {"state": "checkpointing"}, revision=rev1)
+    with pytest.raises(CasConflict, match="stale"):
+        await sagas.update("saga-1", {"state": "cancelled"}, revision=rev1)
+    with pytest.raises(CasConflict):
+        await sagas.create("saga-1", {"state": "detected"})
+    entry = await sagas.get("saga-1")
+    assert entry.revision == rev2 and entry.json() == {"state": "checkpointing"}
+
+
+async def test_setup_is_idempotent_and_safe_to_race(make_bus, names):
+    buses = await asyncio.gather(*(make_bus(f"svc{i}", setup=False) for i in range(3)))
+    await asyncio.gather(*(b.setup() for b in buses))
+    await buses[0].setup()
+    info = await buses[0].js.stream_info(names.stream)
+    assert info.config.subjects == [f"{names.prefix}.>"] and info.config.duplicate_window == 120
+    assert (await buses[1].agents()).bucket == names.agents
+
+
+async def test_subscribe_iterates_typed_events(bus):
+    async with bus.subscribe(JobResumed) as sub:
+        await sub.start()
+        await bus.publish(OnBattery(data=power()))  # other type on another subject: not seen
+        await bus.publish(JobResumed(data=JobData(job="llama", step=40)))
+        event = await asyncio.wait_for(sub.__anext__(), TIMEOUT)
+    assert isinstance(event, JobResumed) and event.data.step == 40
+
+
+async def test_connect_to_nothing_fails_clearly():
+    with pytest.raises(ConnectError, match=r"cannot connect to NATS at nats://127\.0\.0\.1:1 "):
+        await Bus.connect("nats://127.0.0.1:1", service="x", connect_timeout=1.0)
+
+
+async def test_subscriber_survives_a_server_restart(tmp_path):
+    server = EmbeddedNats(store_dir=tmp_path).start()
+    names = BusNames.isolated()
+    try:
+        sub_bus = await Bus.connect(server.url, service="sub", names=names)
+        pub_bus = await Bus.connect(server.url, service="pub", names=names, setup=False)
+        queue = await collect(sub_bus, OnBattery, durable="survivor")
+        await pub_bus.publish(OnBattery(data=power(ups="before")))
+        assert (await asyncio.wait_for(queue.get(), TIMEOUT)).data.ups == "before"
+        port = server.port
+        server.stop()
+        server.start()  # same port, same store dir
+        assert server.port == port
+        await pub_bus.publish(OnBattery(data=power(ups="after")), timeout=20)
+        assert (await asyncio.wait_for(queue.get(), 20)).data.ups == "after"
+        await sub_bus.close()
+        await pub_bus.close()
+    finally:
+        server.cleanup()

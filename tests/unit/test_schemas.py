@@ -1,0 +1,203 @@
+"""The event contract: envelope, registry, decoding of bad input, subjects."""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+
+import pytest
+from pydantic import ValidationError
+
+from powerguard.schemas import (
+    POWER_EVENTS,
+    AgentData,
+    AgentRegistered,
+    CheckpointDurable,
+    CheckpointDurableData,
+    CheckpointFailed,
+    CheckpointFailedData,
+    CheckpointRequestData,
+    CheckpointRequested,
+    DeadLetter,
+    DeadLetterData,
+    InvalidSubjectToken,
+    JobData,
+    JobResumed,
+    MalformedEvent,
+    NodeState,
+    NodeStateData,
+    OnBattery,
+    PayloadTooLarge,
+    PowerActionFailed,
+    PowerCommandData,
+    PowerData,
+    PowerResultData,
+    SagaData,
+    SagaState,
+    SagaStateChanged,
+    ShutdownRequested,
+    Subjects,
+    UnknownEventType,
+    UnsupportedVersion,
+    decode,
+    deterministic_id,
+    encode,
+    registry,
+    utcnow,
+)
+
+S = Subjects()
+POWER = PowerData(
+    site="dc1",
+    ups="ups-a",
+    on_battery=True,
+    status=["OB", "DISCHRG"],
+    charge_pct=88.5,
+    runtime_s=412.0,
+    load_pct=51.0,
+    input_v=0.0,
+    via="trap",
+)
+
+
+def samples():
+    now = utcnow()
+    return [
+        *[cls(data=POWER) for cls in POWER_EVENTS],
+        AgentRegistered(
+            data=AgentData(job="llama", rank=3, world_size=8, node="n1", tiers=["local", "remote"])
+        ),
+        CheckpointRequested(
+            data=CheckpointRequestData(
+                request_id="r1", saga_id="s1", job="llama", deadline=now + timedelta(seconds=60)
+            )
+        ),
+        CheckpointDurable(
+            data=CheckpointDurableData(
+                job="llama",
+                rank=3,
+                step=1200,
+                path="/nvme/llama/step-1200",
+                bytes=123456,
+                digest="ab" * 16,
+                saga_id="s1",
+            )
+        ),
+        CheckpointFailed(data=CheckpointFailedData(job="llama", rank=2, error="disk full", saga_id="s1")),
+        SagaStateChanged(
+            data=SagaData(saga_id="s1", site="dc1", state=SagaState.PARTIAL, missing_ranks={"llama": [2]})
+        ),
+        ShutdownRequested(data=PowerCommandData(saga_id="s1", node="n1", idempotency_key="s1/n1/shutdown")),
+        PowerActionFailed(data=PowerResultData(node="n1", action="soft_off", error="BMC timeout")),
+        NodeState(data=NodeStateData(node="n1", state="off")),
+        JobResumed(data=JobData(job="llama", step=1200)),
+        DeadLetter(
+            data=DeadLetterData.capture(
+                service="coordinator", subject="pg.x", payload=b"\xff\x00", error=ValueError("bad")
+            )
+        ),
+    ]
+
+
+@pytest.mark.parametrize("event", samples(), ids=lambda e: e.short_type)
+def test_round_trip_keeps_id_type_and_data(event):
+    back = decode(encode(event))
+    assert type(back) is type(event)
+    assert back == event
+    assert back.id == event.id and back.type == event.type and back.data == event.data
+
+
+def test_every_registered_type_is_versioned_and_has_a_subject():
+    reg = registry()
+    assert len(reg) >= 27
+    for type_, model in reg.items():
+        assert type_.startswith("io.powerguard.") and ".v1." in type_
+        assert model.SUBJECT_TEMPLATE.startswith("{prefix}.")
+
+
+def test_subjects_follow_the_design():
+    events = {e.short_type: e for e in samples()}
+    assert events["power.v1.on_battery"].nats_subject(S) == "pg.power.dc1.ups-a"
+    assert events["agent.v1.registered"].nats_subject(S) == "pg.agent.llama.3"
+    assert events["ckpt.v1.requested"].nats_subject(S) == "pg.ckpt.llama.request"
+    assert events["ckpt.v1.durable"].nats_subject(S) == "pg.ckpt.llama.3.ack"
+    assert events["saga.v1.state_changed"].nats_subject(S) == "pg.saga.s1"
+    assert events["power.v1.shutdown_requested"].nats_subject(S) == "pg.power.cmd.n1"
+    assert events["power.v1.action_failed"].nats_subject(S) == "pg.power.result.n1"
+    assert events["job.v1.resumed"].nats_subject(S) == "pg.job.llama"
+    assert events["dlq.v1.dead_letter"].nats_subject(S) == "pg.dlq.coordinator"
+    assert OnBattery.wildcard(Subjects("site7")) == "site7.power.*.*"
+    assert CheckpointDurable.wildcard(S) == "pg.ckpt.*.*.ack"
+
+
+@pytest.mark.parametrize("bad", ["a.b", "with space", "", "*", ">", "x" * 129])
+def test_subject_tokens_are_validated(bad):
+    with pytest.raises(InvalidSubjectToken):
+        S.power("dc1", bad)
+
+
+@pytest.mark.parametrize("site", ["cmd", "result"])
+def test_site_names_that_collide_with_power_commands_are_reserved(site):
+    with pytest.raises(InvalidSubjectToken, match="reserved"):
+        S.power(site, "u1")
+
+
+def test_rank_must_be_a_number():
+    with pytest.raises(InvalidSubjectToken):
+        S.agent("job", "one")
+
+
+@pytest.mark.parametrize(
+    ("payload", "error", "match"),
+    [
+        (b"{not json", MalformedEvent, "not JSON"),
+        (b"[1, 2]", MalformedEvent, "JSON list"),
+        (b'{"id": "x"}', MalformedEvent, "no string 'type'"),
+        (b'{"type": "com.example.other", "data": {}}', UnknownEventType, "unknown event type"),
+        (b'{"type": "io.powerguard.power.v2.on_battery", "data": {}}', UnsupportedVersion, "v1.on_battery"),
+        (b"\xff\xfe", MalformedEvent, "not JSON"),
+    ],
+)
+def test_bad_input_raises_a_precise_error(payload, error, match):
+    with pytest.raises(error, match=match):
+        decode(payload)
+
+
+def test_invalid_data_names_the_field():
+    raw = json.loads(encode(OnBattery(data=POWER)))
+    raw["data"]["charge_pct"] = 150
+    with pytest.raises(MalformedEvent, match=r"data\.charge_pct"):
+        decode(json.dumps(raw))
+    raw["data"]["charge_pct"] = 50
+    raw["specversion"] = "0.3"
+    with pytest.raises(MalformedEvent, match="specversion"):
+        decode(json.dumps(raw))
+
+
+def test_oversize_payload_is_refused_before_parsing():
+    with pytest.raises(PayloadTooLarge):
+        decode(b" " * 2048, max_bytes=1024)
+
+
+def test_type_cannot_be_changed_on_a_model():
+    with pytest.raises(ValidationError):
+        OnBattery(type="io.powerguard.power.v1.on_line", data=POWER)
+
+
+def test_unknown_data_fields_are_ignored_for_forward_compatibility():
+    raw = json.loads(encode(OnBattery(data=POWER)))
+    raw["data"]["added_in_v1_1"] = True
+    assert decode(json.dumps(raw)).data == POWER
+
+
+def test_deterministic_ids_are_stable_and_distinct():
+    a = deterministic_id("dc1", "ups-a", "on_battery", 7)
+    assert a == deterministic_id("dc1", "ups-a", "on_battery", 7)
+    assert a != deterministic_id("dc1", "ups-a", "on_battery", 8)
+
+
+def test_dead_letter_keeps_a_bounded_copy():
+    big = DeadLetterData.capture(service="s", subject="pg.x", payload=b"a" * 10000, error="e", limit=100)
+    assert big.truncated and big.payload_size == 10000 and len(big.payload) == 100
+    binary = DeadLetterData.capture(service="s", subject="pg.x", payload=b"\xff\xfe", error="e")
+    assert binary.payload_encoding == "base64" and not binary.truncated

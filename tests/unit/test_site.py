@@ -1,0 +1,86 @@
+"""Site YAML: validation with errors that name the field, secrets by reference only."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from powerguard.schemas import ConfigError, SecretNotFound, SecretRef, load_site
+
+SITE = """
+site: dc1
+nats: {url: "nats://127.0.0.1:4222"}
+ups:
+  - {name: ups-a, driver: snmp, host: 127.0.0.1, port: 1161}
+  - {name: ups-b, driver: nut}
+pdus:
+  - {name: pdu1, host: 127.0.0.1}
+nodes:
+  - name: n1
+    feeds: [ups-a, ups-b]
+    outlets: [{pdu: pdu1, outlet: 3}]
+    bmc: {driver: ipmi, port: 6230, username: {env: BMC_USER}, password: {file: /run/secrets/bmc}}
+coordinator: {shutdown_reserve_s: 90}
+"""
+
+
+def write(tmp_path, text):
+    p = tmp_path / "site.yaml"
+    p.write_text(textwrap.dedent(text))
+    return p
+
+
+def test_valid_site_loads_with_service_sections(tmp_path):
+    site = load_site(write(tmp_path, SITE))
+    assert site.site == "dc1"
+    assert site.nodes[0].feeds == ["ups-a", "ups-b"]
+    assert site.section("coordinator") == {"shutdown_reserve_s": 90}
+    assert site.section("ups_monitor") == {}
+
+
+@pytest.mark.parametrize(
+    ("change", "match"),
+    [
+        (("feeds: [ups-a, ups-b]", "feeds: [ups-a, ups-z]"), "feed 'ups-z' is not a configured UPS"),
+        (("{pdu: pdu1, outlet: 3}", "{pdu: pdu9, outlet: 3}"), "unknown PDU 'pdu9'"),
+        (("driver: nut", "driver: usb"), r"ups\.1\.driver"),
+        (("site: dc1", "site: cmd"), "reserved"),
+        (("name: n1", "name: n1.example.com"), "cannot be used in a NATS subject"),
+        (("{env: BMC_USER}", "{env: A, file: /x}"), "exactly one"),
+        (("{env: BMC_USER}", "plaintext"), "username"),
+    ],
+)
+def test_invalid_sites_name_the_problem(tmp_path, change, match):
+    with pytest.raises(ConfigError, match=match):
+        load_site(write(tmp_path, SITE.replace(*change)))
+
+
+def test_unreadable_or_invalid_yaml(tmp_path):
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_site(tmp_path / "missing.yaml")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_site(write(tmp_path, "site: [unclosed"))
+
+
+def test_secret_refs_resolve_without_leaking(tmp_path, monkeypatch):
+    monkeypatch.setenv("PG_TEST_SECRET", "hunter2")
+    ref = SecretRef(env="PG_TEST_SECRET")
+    value = ref.resolve()
+    assert value.get_secret_value() == "hunter2"
+    assert "hunter2" not in repr(value) and "hunter2" not in str(ref)
+    f = tmp_path / "pw"
+    f.write_text("s3cret\n")
+    assert SecretRef(file=f).resolve().get_secret_value() == "s3cret"
+    with pytest.raises(SecretNotFound, match="PG_TEST_MISSING"):
+        SecretRef(env="PG_TEST_MISSING").resolve()
+    with pytest.raises(SecretNotFound, match="cannot read"):
+        SecretRef(file=tmp_path / "nope").resolve()
+
+
+def test_shipped_example_site_is_valid():
+    from pathlib import Path
+
+    example = Path(__file__).resolve().parents[2] / "compose" / "site.example.yaml"
+    site = load_site(example)
+    assert {n.name for n in site.nodes} == {"gpu01", "gpu02"}
