@@ -121,6 +121,7 @@ class Bus:
             max_payload=max_payload,
             tracer_provider=tracer_provider,
         )
+        bus._closing = closing
         if setup:
             await bus.setup()
         return bus
