@@ -54,9 +54,7 @@ def names() -> BusNames:
 
 
 @pytest.fixture
-async def make_bus(
-    nats_server: EmbeddedNats, names: BusNames
-) -> AsyncIterator[Callable[..., Awaitable[Bus]]]:
+async def make_bus(nats_server: EmbeddedNats, names: BusNames) -> AsyncIterator[Callable[..., Awaitable[Bus]]]:
     """Factory: ``await make_bus("service")`` connects a bus on this test's isolated names."""
     buses: list[Bus] = []
 

@@ -64,13 +64,9 @@ def samples():
     now = utcnow()
     return [
         *[cls(data=POWER) for cls in POWER_EVENTS],
-        AgentRegistered(
-            data=AgentData(job="llama", rank=3, world_size=8, node="n1", tiers=["local", "remote"])
-        ),
+        AgentRegistered(data=AgentData(job="llama", rank=3, world_size=8, node="n1", tiers=["local", "remote"])),
         CheckpointRequested(
-            data=CheckpointRequestData(
-                request_id="r1", saga_id="s1", job="llama", deadline=now + timedelta(seconds=60)
-            )
+            data=CheckpointRequestData(request_id="r1", saga_id="s1", job="llama", deadline=now + timedelta(seconds=60))
         ),
         CheckpointDurable(
             data=CheckpointDurableData(

@@ -47,12 +47,8 @@ async def run_demo(console: Console) -> dict:
             via="poll",
         )
         t0 = time.perf_counter()
-        ack_a = await monitor_a.publish(
-            OnBattery(id=transition, source="/powerguard/ups-monitor-a", data=reading)
-        )
-        ack_b = await monitor_b.publish(
-            OnBattery(id=transition, source="/powerguard/ups-monitor-b", data=reading)
-        )
+        ack_a = await monitor_a.publish(OnBattery(id=transition, source="/powerguard/ups-monitor-a", data=reading))
+        ack_b = await monitor_b.publish(OnBattery(id=transition, source="/powerguard/ups-monitor-b", data=reading))
         event, t1 = await asyncio.wait_for(received.get(), 10)
         await asyncio.sleep(0.2)
         extra = received.qsize()

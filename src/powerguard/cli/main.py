@@ -32,17 +32,13 @@ DEFAULT_URL = os.environ.get("NATS_URL", "nats://127.0.0.1:4222")
 
 @app.command()
 def tail(
-    subject: str = typer.Argument(
-        None, help="Subject filter, e.g. 'pg.power.>' (default: every event, '<prefix>.>')"
-    ),
+    subject: str = typer.Argument(None, help="Subject filter, e.g. 'pg.power.>' (default: every event, '<prefix>.>')"),
     url: str = typer.Option(DEFAULT_URL, "--url", "-s", help="NATS server URL (env NATS_URL)"),
     count: int = typer.Option(0, "--count", "-n", min=0, help="Exit after N events (0: run until Ctrl-C)"),
     as_json: bool = typer.Option(False, "--json", help="One JSON object per line: subject, trace_id, event"),
     prefix: str = typer.Option("pg", help="Subject prefix of the deployment"),
     stream: str = typer.Option("PG_EVENTS", help="JetStream stream holding the events"),
-    from_start: bool = typer.Option(
-        False, "--all", help="Replay the stream from its start, not only new events"
-    ),
+    from_start: bool = typer.Option(False, "--all", help="Replay the stream from its start, not only new events"),
 ) -> None:
     """Print events from the bus as they arrive: type, subject, time, trace id."""
     names = BusNames(prefix=prefix, stream=stream)
@@ -119,9 +115,7 @@ def nats(
     except BusError as exc:
         err.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(1) from None
-    err.print(
-        f"nats-server (JetStream) at {server.url}, state in {store_dir}, pid {server.pid}; Ctrl-C to stop"
-    )
+    err.print(f"nats-server (JetStream) at {server.url}, state in {store_dir}, pid {server.pid}; Ctrl-C to stop")
 
     def _stop(*_: object) -> None:
         raise KeyboardInterrupt

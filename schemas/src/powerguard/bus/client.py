@@ -245,9 +245,7 @@ class Bus:
                         subject, payload, timeout=max(0.2, min(remaining, attempt_timeout)), headers=hdrs
                     )
                 except (nats.errors.Error, TimeoutError, OSError) as exc:
-                    log.debug(
-                        "publish attempt failed after %.3fs: %r", time.monotonic() - deadline + timeout, exc
-                    )
+                    log.debug("publish attempt failed after %.3fs: %r", time.monotonic() - deadline + timeout, exc)
                     if time.monotonic() + delay >= deadline or self.nc.is_closed:
                         metrics.PUBLISH_ERRORS.labels(event.type).inc()
                         span.set_status(Status(StatusCode.ERROR, str(exc)))

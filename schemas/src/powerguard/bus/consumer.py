@@ -209,9 +209,7 @@ class Consumer(_PullLoop):
             event = decode(msg.data, max_bytes=self.bus.max_payload)
         except EventError as exc:
             metrics.CONSUMED.labels(self.name, "rejected").inc()
-            await self.bus.dead_letter(
-                subject=msg.subject, payload=msg.data, error=exc, deliveries=deliveries
-            )
+            await self.bus.dead_letter(subject=msg.subject, payload=msg.data, error=exc, deliveries=deliveries)
             await msg.term()
             return
         if self.types and not isinstance(event, self.types):
@@ -261,9 +259,7 @@ class Consumer(_PullLoop):
                 )
                 metrics.CONSUMED.labels(self.name, "failed").inc()
                 if deliveries >= self.max_deliver:
-                    await self.bus.dead_letter(
-                        subject=msg.subject, payload=msg.data, error=exc, deliveries=deliveries
-                    )
+                    await self.bus.dead_letter(subject=msg.subject, payload=msg.data, error=exc, deliveries=deliveries)
                     await msg.term()
                 else:
                     await msg.nak(delay=delay)

@@ -114,9 +114,7 @@ async def run_service(
 
 
 def service_parser(name: str, description: str, default_port: int) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog=f"python -m powerguard.{name.replace('-', '_')}", description=description
-    )
+    p = argparse.ArgumentParser(prog=f"python -m powerguard.{name.replace('-', '_')}", description=description)
     p.add_argument(
         "--config",
         "-c",
@@ -169,11 +167,7 @@ def service_main(
         site = load_site(args.config) if args.config else None
     except ConfigError as exc:
         parser.exit(2, f"error: {exc}\n")
-    url = (
-        args.nats_url
-        or (site.nats.url if site else None)
-        or os.environ.get("NATS_URL", "nats://127.0.0.1:4222")
-    )
+    url = args.nats_url or (site.nats.url if site else None) or os.environ.get("NATS_URL", "nats://127.0.0.1:4222")
     try:
         return asyncio.run(
             run_service(

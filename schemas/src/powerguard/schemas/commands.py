@@ -9,9 +9,7 @@ from pydantic import AwareDatetime, Field
 from .envelope import Data, Envelope
 from .subjects import Subjects
 
-PowerAction = Literal[
-    "status", "on", "soft_off", "off", "cycle", "outlet_on", "outlet_off", "job_stop", "job_start"
-]
+PowerAction = Literal["status", "on", "soft_off", "off", "cycle", "outlet_on", "outlet_off", "job_stop", "job_start"]
 NodePowerState = Literal["on", "off", "shutting_down", "booting", "ready", "unknown"]
 
 

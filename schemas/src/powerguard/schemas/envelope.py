@@ -127,7 +127,5 @@ def decode(payload: bytes | str, *, max_bytes: int = DEFAULT_MAX_PAYLOAD) -> Env
     try:
         return model.model_validate(obj)
     except ValidationError as exc:
-        errors = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc']) or '<root>'}: {e['msg']}" for e in exc.errors()[:5]
-        )
+        errors = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or '<root>'}: {e['msg']}" for e in exc.errors()[:5])
         raise MalformedEvent(f"invalid {type_}: {errors}") from None

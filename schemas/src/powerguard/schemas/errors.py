@@ -31,9 +31,7 @@ class UnsupportedVersion(UnknownEventType):
     """The ``type`` is a PowerGuard type, but of a version this build does not speak."""
 
     def __init__(self, type_: str, supported: list[str]) -> None:
-        EventError.__init__(
-            self, f"unsupported event version {type_!r}; this build speaks {', '.join(supported)}"
-        )
+        EventError.__init__(self, f"unsupported event version {type_!r}; this build speaks {', '.join(supported)}")
         self.type = type_
         self.supported = supported
 

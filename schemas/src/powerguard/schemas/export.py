@@ -113,9 +113,7 @@ def events_markdown(prefix: str = "pg") -> str:
 
 def render_all() -> dict[str, str]:
     """Every generated file: relative name -> text."""
-    files = {
-        name: json.dumps(schema, indent=2, sort_keys=True) + "\n" for name, schema in json_schemas().items()
-    }
+    files = {name: json.dumps(schema, indent=2, sort_keys=True) + "\n" for name, schema in json_schemas().items()}
     files["asyncapi.yaml"] = yaml.safe_dump(asyncapi(), sort_keys=False, width=100)
     files["events.md"] = events_markdown()
     return files

@@ -16,9 +16,7 @@ class PowerData(Data):
     site: str = Field(description="Site name from the site YAML")
     ups: str = Field(description="UPS name from the site YAML")
     on_battery: bool = Field(description="True when the load runs from the battery")
-    status: list[str] = Field(
-        default_factory=list, description="NUT-style status flags, e.g. ['OB', 'DISCHRG', 'LB']"
-    )
+    status: list[str] = Field(default_factory=list, description="NUT-style status flags, e.g. ['OB', 'DISCHRG', 'LB']")
     charge_pct: float | None = Field(default=None, ge=0, le=100, description="Battery charge %")
     runtime_s: float | None = Field(default=None, ge=0, description="Estimated runtime left, seconds")
     load_pct: float | None = Field(default=None, ge=0, description="Output load %")

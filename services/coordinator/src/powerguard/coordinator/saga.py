@@ -1,0 +1,502 @@
+"""The outage saga as a pure state machine: inputs and a clock in, commands out. No I/O.
+
+    detected -> checkpointing -> checkpointed | partial -> holding -> shutting_down -> down
+             -> restoring -> resumed -> done
+    exits: cancelled (power back before shutdown), failed (with a reason)
+
+:func:`handle` applies one input to a :class:`SagaRecord` (which is what the coordinator
+stores in KV) and returns the commands it implies. Every command carries an idempotency key
+(``<saga>/<node|job>/<action>``) and is issued at most once per saga; :func:`pending`
+re-derives what a restarted coordinator must send again.
+"""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from powerguard.schemas import SagaState
+
+from .policy import Policy
+from .topology import JobInfo, Topology
+
+S = SagaState
+BEFORE_SHUTDOWN = (S.DETECTED, S.CHECKPOINTING, S.CHECKPOINTED, S.PARTIAL, S.HOLDING)
+
+
+# --------------------------------------------------------------------------- inputs
+@dataclass(frozen=True)
+class Power:
+    """A reading of one UPS (any power event or telemetry)."""
+
+    ups: str
+    on_battery: bool
+    runtime_s: float | None = None
+    charge_pct: float | None = None
+    low_battery: bool = False
+    fsd: bool = False
+
+
+@dataclass(frozen=True)
+class Ack:
+    job: str
+    rank: int
+    request_id: str | None
+    step: int | None = None
+    ok: bool = True
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class NodeReport:
+    node: str
+    state: Literal["off", "ready", "failed_off", "failed_on"]
+    detail: str | None = None
+
+
+@dataclass(frozen=True)
+class Resumed:
+    job: str
+    step: int | None
+
+
+@dataclass(frozen=True)
+class Tick:
+    pass
+
+
+Input = Power | Ack | NodeReport | Resumed | Tick
+
+
+# --------------------------------------------------------------------------- commands
+CommandKind = Literal["ckpt_request", "job_stop", "shutdown", "power_on", "job_restart"]
+
+
+@dataclass(frozen=True)
+class Command:
+    kind: CommandKind
+    key: str  # idempotency key: <saga>/<target>/<action>
+    target: str  # job or node
+    args: dict[str, Any] = field(default_factory=dict, compare=False)
+
+
+# --------------------------------------------------------------------------- record
+class UpsView(BaseModel):
+    on_battery: bool = False
+    runtime_s: float | None = None
+    charge_pct: float | None = None
+    low_battery: bool = False
+    fsd: bool = False
+    since: float = 0.0  # when on_battery last changed
+
+
+class JobPlan(BaseModel):
+    job: str
+    world_size: int
+    ranks: dict[int, str]  # rank -> node at detection
+    step_at_detection: int | None = None
+    request_id: str
+    requested_at: float | None = None
+    deadline: float | None = None
+    acked: dict[int, int | None] = Field(default_factory=dict)  # rank -> step
+    failed: dict[int, str] = Field(default_factory=dict)
+    settled_at: float | None = None  # every rank answered, or the deadline passed
+    restart_at: float | None = None
+    resumed_at: float | None = None
+    resumed_step: int | None = None
+
+    @property
+    def missing(self) -> list[int]:
+        return [r for r in range(self.world_size) if r not in self.acked]
+
+    @property
+    def answered(self) -> bool:
+        return all(r in self.acked or r in self.failed for r in range(self.world_size))
+
+    @property
+    def step(self) -> int | None:
+        steps = {s for s in self.acked.values() if s is not None}
+        return max(steps) if steps else None
+
+
+class NodePlan(BaseModel):
+    node: str
+    shutdown_at: float | None = None
+    off_at: float | None = None
+    power_on_at: float | None = None
+    ready_at: float | None = None
+    error: str | None = None
+
+
+class Transition(BaseModel):
+    state: SagaState
+    at: float
+    reason: str | None = None
+
+
+class SagaRecord(BaseModel):
+    saga_id: str
+    site: str
+    state: SagaState = S.DETECTED
+    reason: str | None = None
+    created_at: float
+    updated_at: float
+    ups: dict[str, UpsView] = Field(default_factory=dict)
+    at_risk: list[str] = Field(default_factory=list)
+    jobs: dict[str, JobPlan] = Field(default_factory=dict)
+    nodes: dict[str, NodePlan] = Field(default_factory=dict)  # nodes ever at risk in this saga
+    deadline: float | None = None
+    shutdown_reason: str | None = None
+    shutdown_started_at: float | None = None
+    power_back_at: float | None = None
+    restore_started_at: float | None = None
+    issued: list[str] = Field(default_factory=list)
+    history: list[Transition] = Field(default_factory=list)
+    trace_id: str = Field(default_factory=lambda: secrets.token_hex(16))
+    root_span_id: str = Field(default_factory=lambda: secrets.token_hex(8))
+
+    @property
+    def terminal(self) -> bool:
+        return self.state.terminal
+
+    @property
+    def on_battery(self) -> list[str]:
+        return sorted(u for u, v in self.ups.items() if v.on_battery)
+
+    def acks(self) -> tuple[int, int]:
+        """(ranks acked, ranks expected) over every job."""
+        return (sum(len(j.acked) for j in self.jobs.values()), sum(j.world_size for j in self.jobs.values()))
+
+
+# --------------------------------------------------------------------------- the machine
+def start(*, saga_id: str, topo: Topology, ups: dict[str, UpsView], jobs: dict[str, JobInfo], now: float) -> SagaRecord:
+    """A new saga for the nodes at risk now (call only when some node is at risk)."""
+    rec = SagaRecord(
+        saga_id=saga_id, site=topo.site, created_at=now, updated_at=now, ups={u: v.model_copy() for u, v in ups.items()}
+    )
+    rec.history.append(Transition(state=S.DETECTED, at=now, reason=f"on battery: {', '.join(rec.on_battery)}"))
+    rec.at_risk = topo.nodes_at_risk(rec.on_battery)
+    _join(rec, rec.at_risk, jobs)
+    return rec
+
+
+def handle(
+    rec: SagaRecord, inp: Input, *, now: float, topo: Topology, policy: Policy, jobs: dict[str, JobInfo] | None = None
+) -> list[Command]:
+    """Apply one input; return the new commands (never one already issued in this saga).
+
+    ``jobs`` (the current agent registry) lets nodes that become at risk mid-saga join it.
+    """
+    if rec.terminal:
+        return []
+    out: list[Command] = []
+    match inp:
+        case Power():
+            _observe(rec, inp, now)
+        case Ack():
+            _ack(rec, inp, now)
+        case NodeReport():
+            _node_report(rec, inp, now)
+        case Resumed():
+            plan = rec.jobs.get(inp.job)
+            if plan is not None and rec.state == S.RESTORING and plan.resumed_at is None:
+                plan.resumed_at, plan.resumed_step = now, inp.step
+        case Tick():
+            pass
+    if rec.state in BEFORE_SHUTDOWN:
+        risk = topo.nodes_at_risk(rec.on_battery)
+        new_nodes = [n for n in risk if n not in rec.nodes]
+        rec.at_risk = risk
+        if new_nodes and jobs is not None:
+            _join(rec, new_nodes, jobs)
+    _advance(rec, now, topo, policy, out)
+    rec.updated_at = now
+    return out
+
+
+def _join(rec: SagaRecord, nodes: list[str], jobs: dict[str, JobInfo]) -> None:
+    for n in nodes:
+        rec.nodes.setdefault(n, NodePlan(node=n))
+    for name, info in sorted(jobs.items()):
+        if name in rec.jobs or not (info.nodes & set(nodes)):
+            continue
+        rec.jobs[name] = JobPlan(
+            job=name,
+            world_size=info.world_size,
+            ranks=dict(info.ranks),
+            step_at_detection=info.step,
+            request_id=f"{rec.saga_id}/{name}/ckpt",
+        )
+
+
+def _observe(rec: SagaRecord, p: Power, now: float) -> None:
+    view = rec.ups.setdefault(p.ups, UpsView(since=now))
+    if view.on_battery != p.on_battery:
+        view.since = now
+    view.on_battery = p.on_battery
+    if p.runtime_s is not None:
+        view.runtime_s = p.runtime_s
+    if p.charge_pct is not None:
+        view.charge_pct = p.charge_pct
+    view.low_battery = p.low_battery and p.on_battery
+    view.fsd = p.fsd
+
+
+def _ack(rec: SagaRecord, a: Ack, now: float) -> None:
+    plan = rec.jobs.get(a.job)
+    if plan is None or not 0 <= a.rank < plan.world_size:
+        return
+    if a.request_id is not None and a.request_id != plan.request_id:
+        return
+    if plan.settled_at is not None:
+        return  # late: the deadline decided already
+    if a.ok:
+        plan.acked[a.rank] = a.step
+        plan.failed.pop(a.rank, None)
+    elif a.rank not in plan.acked:
+        plan.failed[a.rank] = a.error or "failed"
+
+
+def _node_report(rec: SagaRecord, r: NodeReport, now: float) -> None:
+    plan = rec.nodes.get(r.node)
+    if plan is None:
+        return
+    if r.state in ("off", "failed_off") and plan.shutdown_at is not None and plan.off_at is None:
+        plan.off_at = now
+        plan.error = r.detail if r.state == "failed_off" else None
+    elif r.state == "ready" and plan.power_on_at is not None and plan.ready_at is None:
+        plan.ready_at = now
+    elif r.state == "failed_on" and plan.power_on_at is not None:
+        plan.error = r.detail or "power on failed"
+
+
+def _node_runtime(rec: SagaRecord, topo: Topology, node: str) -> float | None:
+    """Runtime left for one node at risk: its best feed (None when no feed reports one)."""
+    values = [rec.ups[u].runtime_s for u in topo.feeds.get(node, ()) if u in rec.ups]
+    known = [v for v in values if v is not None]
+    return max(known) if known else None
+
+
+def _runtime(rec: SagaRecord, topo: Topology) -> float | None:
+    """Runtime left for the nodes at risk: the worst node's best feed."""
+    known = [r for n in rec.at_risk if (r := _node_runtime(rec, topo, n)) is not None]
+    return min(known) if known else None
+
+
+def _low_battery(rec: SagaRecord, topo: Topology) -> str | None:
+    """A node at risk whose every feed reports low battery (or FSD)."""
+    for node in rec.at_risk:
+        views = [rec.ups[u] for u in topo.feeds.get(node, ()) if u in rec.ups]
+        if views and all(v.fsd for v in views):
+            return "forced shutdown (FSD)"
+        if views and all(v.low_battery or v.fsd for v in views):
+            return "low battery"
+    return None
+
+
+def _budget_deadline(rec: SagaRecord, now: float, topo: Topology, policy: Policy) -> float:
+    """deadline = min(ckpt_timeout_s, runtime - shutdown_reserve_s - margin_s); with low
+    battery and no runtime reading there is no budget left."""
+    runtime = _runtime(rec, topo)
+    budget = policy.ckpt_timeout_s
+    if runtime is not None:
+        budget = min(budget, runtime - policy.shutdown_reserve_s - policy.margin_s)
+    elif _low_battery(rec, topo):
+        budget = 0.0
+    return now + max(0.0, budget)
+
+
+def _shutdown_trigger(rec: SagaRecord, now: float, topo: Topology, policy: Policy) -> str | None:
+    if reason := _low_battery(rec, topo):
+        return reason
+    runtime = _runtime(rec, topo)
+    if runtime is not None and runtime < policy.shutdown_reserve_s:
+        return f"runtime {runtime:.0f}s below the {policy.shutdown_reserve_s:.0f}s shutdown reserve"
+    if now - rec.created_at >= policy.max_on_battery_s:
+        return f"on battery for {policy.max_on_battery_s:.0f}s (max_on_battery_s)"
+    return None
+
+
+def _set(rec: SagaRecord, state: SagaState, now: float, reason: str | None = None) -> None:
+    rec.state = state
+    rec.reason = reason
+    rec.history.append(Transition(state=state, at=now, reason=reason))
+
+
+def _issue(rec: SagaRecord, out: list[Command], kind: CommandKind, target: str, action: str, **args: Any) -> None:
+    key = f"{rec.saga_id}/{target}/{action}"
+    if key in rec.issued:
+        return
+    rec.issued.append(key)
+    out.append(Command(kind=kind, key=key, target=target, args=args))
+
+
+def _advance(rec: SagaRecord, now: float, topo: Topology, policy: Policy, out: list[Command]) -> None:
+    for _ in range(16):  # a bounded number of steps per input; each step changes state or stops
+        before = rec.state
+        _step(rec, now, topo, policy, out)
+        if rec.state == before:
+            return
+
+
+def _step(rec: SagaRecord, now: float, topo: Topology, policy: Policy, out: list[Command]) -> None:
+    state = rec.state
+    if state in BEFORE_SHUTDOWN and not rec.at_risk:
+        _set(rec, S.CANCELLED, now, "power back before shutdown")
+        return
+    if state == S.DETECTED or any(j.requested_at is None for j in rec.jobs.values()):
+        _request_checkpoints(rec, now, topo, policy, out)
+        if state != S.CHECKPOINTING:
+            _set(rec, S.CHECKPOINTING, now, f"{len(rec.jobs)} job(s) on {len(rec.at_risk)} node(s) at risk")
+            return
+    if state == S.CHECKPOINTING:
+        budget = _budget_deadline(rec, now, topo, policy)  # the battery only ever shrinks a deadline
+        for plan in rec.jobs.values():
+            if plan.settled_at is None and plan.deadline is not None:
+                plan.deadline = min(plan.deadline, budget)
+        open_deadlines = [p.deadline for p in rec.jobs.values() if p.settled_at is None and p.deadline]
+        rec.deadline = max(open_deadlines) if open_deadlines else rec.deadline
+        for plan in rec.jobs.values():
+            if plan.settled_at is None and (plan.answered or now >= (plan.deadline or now)):
+                plan.settled_at = now
+        if all(p.settled_at is not None for p in rec.jobs.values()):
+            missing = {j: p.missing for j, p in rec.jobs.items() if p.missing}
+            if missing:
+                _set(
+                    rec,
+                    S.PARTIAL,
+                    now,
+                    "missing acks: "
+                    + "; ".join(f"{j} ranks {','.join(map(str, r))}" for j, r in sorted(missing.items())),
+                )
+            else:
+                _set(rec, S.CHECKPOINTED, now, "every rank acked" if rec.jobs else "no job on the nodes at risk")
+        return
+    if state in (S.CHECKPOINTED, S.PARTIAL):
+        _set(rec, S.HOLDING, now, "holding while power may return")
+        return
+    if state == S.HOLDING:
+        reason = _shutdown_trigger(rec, now, topo, policy)
+        if reason:
+            _shutdown(rec, now, reason, out)
+        return
+    if state == S.SHUTTING_DOWN:
+        shut = [rec.nodes[n] for n in rec.nodes if rec.nodes[n].shutdown_at is not None]
+        if all(p.off_at is not None for p in shut):
+            _set(rec, S.DOWN, now, "every node at risk is off")
+        elif now - (rec.shutdown_started_at or now) >= policy.shutdown_timeout_s:
+            late = [p.node for p in shut if p.off_at is None]
+            _set(rec, S.DOWN, now, f"no off report from {', '.join(late)} within {policy.shutdown_timeout_s:.0f}s")
+        return
+    if state == S.DOWN:
+        feeds = {u for n, p in rec.nodes.items() if p.shutdown_at is not None for u in topo.feeds.get(n, ())}
+        views = [rec.ups.get(u, UpsView()) for u in feeds]
+        if views and all(not v.on_battery for v in views):
+            back = max(v.since for v in views)
+            rec.power_back_at = back
+            charged = all(v.charge_pct is None or v.charge_pct >= policy.min_restart_charge_pct for v in views)
+            if now - back >= policy.restore_stable_s and charged:
+                _restore(rec, now, out)
+        return
+    if state == S.RESTORING:
+        for name, plan in sorted(rec.jobs.items()):
+            nodes = set(plan.ranks.values())
+            if all(rec.nodes[n].ready_at is not None for n in nodes if n in rec.nodes) and plan.restart_at is None:
+                plan.restart_at = now
+                _issue(rec, out, "job_restart", name, "restart", nodes=sorted(nodes))
+        nodes_ready = all(p.ready_at is not None for p in rec.nodes.values() if p.power_on_at is not None)
+        if nodes_ready and all(p.resumed_at is not None for p in rec.jobs.values()):
+            _set(rec, S.RESUMED, now, "every job resumed")
+        elif now - (rec.restore_started_at or now) >= policy.restore_timeout_s:
+            late = [p.node for p in rec.nodes.values() if p.power_on_at is not None and p.ready_at is None]
+            stuck = [j for j, p in rec.jobs.items() if p.resumed_at is None]
+            _set(rec, S.FAILED, now, f"restore timed out: nodes not ready {late}, jobs not resumed {stuck}")
+        return
+    if state == S.RESUMED:
+        _set(rec, S.DONE, now, "outage handled")
+
+
+def _request_checkpoints(rec: SagaRecord, now: float, topo: Topology, policy: Policy, out: list[Command]) -> None:
+    deadline = _budget_deadline(rec, now, topo, policy)
+    rec.deadline = deadline
+    for name, plan in sorted(rec.jobs.items()):
+        if plan.requested_at is None:
+            plan.requested_at, plan.deadline = now, deadline
+            _issue(rec, out, "ckpt_request", name, "ckpt", request_id=plan.request_id, deadline=deadline)
+
+
+def _shutdown(rec: SagaRecord, now: float, reason: str, out: list[Command]) -> None:
+    rec.shutdown_reason, rec.shutdown_started_at = reason, now
+    _set(rec, S.SHUTTING_DOWN, now, reason)
+    targets = set(rec.at_risk)
+    for name, plan in sorted(rec.jobs.items()):
+        if set(plan.ranks.values()) & targets:
+            _issue(rec, out, "job_stop", name, "stop", nodes=sorted(set(plan.ranks.values())))
+    for node in sorted(targets):
+        rec.nodes[node].shutdown_at = now
+        jobs = sorted(j for j, p in rec.jobs.items() if node in p.ranks.values())
+        _issue(rec, out, "shutdown", node, "shutdown", jobs=jobs, reason=reason)
+    if not targets:
+        _set(rec, S.DOWN, now, "no node to shut down")
+
+
+def _restore(rec: SagaRecord, now: float, out: list[Command]) -> None:
+    rec.restore_started_at = now
+    _set(rec, S.RESTORING, now, "power stable")
+    for node, plan in sorted(rec.nodes.items()):
+        if plan.shutdown_at is not None:
+            plan.power_on_at = now
+            _issue(rec, out, "power_on", node, "power_on")
+
+
+def pending(rec: SagaRecord) -> list[Command]:
+    """Commands of the current phase whose result has not arrived: what a restarted
+    coordinator sends again (receivers deduplicate by idempotency key)."""
+    out: list[Command] = []
+
+    def again(kind: CommandKind, target: str, action: str, **args: Any) -> None:
+        out.append(Command(kind=kind, key=f"{rec.saga_id}/{target}/{action}", target=target, args=args))
+
+    if rec.state == S.CHECKPOINTING:
+        for name, p in sorted(rec.jobs.items()):
+            if p.requested_at is not None and p.settled_at is None:
+                again("ckpt_request", name, "ckpt", request_id=p.request_id, deadline=p.deadline)
+    elif rec.state == S.SHUTTING_DOWN:
+        for name, p in sorted(rec.jobs.items()):
+            if f"{rec.saga_id}/{name}/stop" in rec.issued:
+                again("job_stop", name, "stop", nodes=sorted(set(p.ranks.values())))
+        for node, p in sorted(rec.nodes.items()):
+            if p.shutdown_at is not None and p.off_at is None:
+                jobs = sorted(j for j, jp in rec.jobs.items() if node in jp.ranks.values())
+                again("shutdown", node, "shutdown", jobs=jobs, reason=rec.shutdown_reason)
+    elif rec.state == S.RESTORING:
+        for node, p in sorted(rec.nodes.items()):
+            if p.power_on_at is not None and p.ready_at is None:
+                again("power_on", node, "power_on")
+        for name, p in sorted(rec.jobs.items()):
+            if p.restart_at is not None and p.resumed_at is None:
+                again("job_restart", name, "restart", nodes=sorted(set(p.ranks.values())))
+    return out
+
+
+def rpo_steps(rec: SagaRecord) -> int | None:
+    """Steps lost: step at detection minus the step restored from, worst job (0 when none)."""
+    lost = [
+        max(0, p.step_at_detection - p.resumed_step)
+        for p in rec.jobs.values()
+        if p.step_at_detection is not None and p.resumed_step is not None
+    ]
+    return max(lost) if lost else None
+
+
+def rto_s(rec: SagaRecord) -> float | None:
+    """Power back to every job resumed."""
+    if rec.power_back_at is None:
+        return None
+    resumed = [p.resumed_at for p in rec.jobs.values() if p.resumed_at is not None]
+    if not resumed or len(resumed) != len(rec.jobs):
+        return None
+    return max(resumed) - rec.power_back_at
