@@ -30,7 +30,9 @@ def require_binary(name: str, package: str) -> str:
 
 
 _EXPORTER = InMemorySpanExporter()
-trace.set_tracer_provider(TracerProvider())
+from powerguard.bus.tracing import PresetIdGenerator  # noqa: E402
+
+trace.set_tracer_provider(TracerProvider(id_generator=PresetIdGenerator()))
 trace.get_tracer_provider().add_span_processor(SimpleSpanProcessor(_EXPORTER))
 
 

@@ -12,8 +12,16 @@ from powerguard.schemas import AgentData
 
 # n1, n2 on feed A; n3 on A+B; n4 on B
 TOPO = Topology(site="dc1", feeds={"n1": ("A",), "n2": ("A",), "n3": ("A", "B"), "n4": ("B",)})
-POLICY = Policy(ckpt_timeout_s=120, shutdown_reserve_s=60, margin_s=10, max_on_battery_s=900,
-                restore_stable_s=30, min_restart_charge_pct=30, shutdown_timeout_s=300, restore_timeout_s=600)
+POLICY = Policy(
+    ckpt_timeout_s=120,
+    shutdown_reserve_s=60,
+    margin_s=10,
+    max_on_battery_s=900,
+    restore_stable_s=30,
+    min_restart_charge_pct=30,
+    shutdown_timeout_s=300,
+    restore_timeout_s=600,
+)
 
 
 def registry() -> AgentRegistry:
@@ -36,10 +44,18 @@ class Drive:
     commands: list[Command] = field(default_factory=list)
     ups: dict[str, UpsView] = field(default_factory=lambda: {"A": UpsView(), "B": UpsView()})
 
-    def power(self, ups: str, on_battery: bool, runtime_s: float | None = 300.0, charge_pct: float = 90.0,
-              low_battery: bool = False, fsd: bool = False) -> list[Command]:
-        p = Power(ups=ups, on_battery=on_battery, runtime_s=runtime_s, charge_pct=charge_pct,
-                  low_battery=low_battery, fsd=fsd)
+    def power(
+        self,
+        ups: str,
+        on_battery: bool,
+        runtime_s: float | None = 300.0,
+        charge_pct: float = 90.0,
+        low_battery: bool = False,
+        fsd: bool = False,
+    ) -> list[Command]:
+        p = Power(
+            ups=ups, on_battery=on_battery, runtime_s=runtime_s, charge_pct=charge_pct, low_battery=low_battery, fsd=fsd
+        )
         view = self.ups[ups]
         if view.on_battery != on_battery:
             view.since = self.now
@@ -52,8 +68,9 @@ class Drive:
             return self._feed(Tick())
         return self._feed(p)
 
-    def ack(self, job: str, rank: int, *, ok: bool = True, request_id: str | None = "auto",
-            step: int = 101) -> list[Command]:
+    def ack(
+        self, job: str, rank: int, *, ok: bool = True, request_id: str | None = "auto", step: int = 101
+    ) -> list[Command]:
         rid = f"s1/{job}/ckpt" if request_id == "auto" else request_id
         return self._feed(Ack(job=job, rank=rank, request_id=rid, step=step, ok=ok, error=None if ok else "disk full"))
 

@@ -17,7 +17,9 @@ power = st.tuples(
     st.booleans(),
 )
 ack = st.tuples(st.just("ack"), st.sampled_from(["j1", "j2", "j3"]), st.integers(0, 4), st.booleans())
-report = st.tuples(st.just("node"), st.sampled_from(sorted(TOPO.feeds)), st.sampled_from(["off", "ready", "failed_off"]))
+report = st.tuples(
+    st.just("node"), st.sampled_from(sorted(TOPO.feeds)), st.sampled_from(["off", "ready", "failed_off"])
+)
 resumed = st.tuples(st.just("resumed"), st.sampled_from(["j1", "j2", "j3"]))
 advance = st.tuples(st.just("advance"), st.floats(min_value=0, max_value=400))
 steps = st.lists(st.one_of(power, ack, report, resumed, advance), min_size=1, max_size=40)

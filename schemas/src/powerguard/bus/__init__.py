@@ -7,8 +7,8 @@ setup, OTel propagation, an embedded broker and the service runner.
         print(event.data.runtime_s)
 """
 
-from .client import Bus, Handler
-from .consumer import Consumer, Received, Subscription
+from .client import BatchHandler, Bus, Handler
+from .consumer import BatchConsumer, Consumer, Received, Subscription
 from .embedded import EmbeddedNats, find_nats_server
 from .errors import BusError, CasConflict, ConnectError, EmbeddedServerError, PublishError, SetupError
 from .kv import Kv, KvEntry
@@ -16,6 +16,8 @@ from .names import BusNames, StreamLimits
 from .runner import ServiceContext, run_service, service_main
 
 __all__ = [
+    "BatchConsumer",
+    "BatchHandler",
     "Bus",
     "BusError",
     "BusNames",

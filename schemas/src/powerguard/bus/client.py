@@ -7,7 +7,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import nats
 from nats.aio.client import Client as NatsClient
@@ -23,9 +23,13 @@ from .kv import Kv
 from .names import BusNames, StreamLimits
 from .tracing import inject_headers, messaging_attributes, tracer
 
+if TYPE_CHECKING:
+    from .consumer import Received
+
 log = logging.getLogger(__name__)
 
 Handler = Callable[[Envelope], Awaitable[None]]
+BatchHandler = Callable[[list["Received"]], Awaitable[None]]
 
 
 class Bus:
@@ -330,6 +334,38 @@ class Bus:
             backoff=backoff,
             ack_wait=ack_wait,
             deliver=deliver,
+        )
+        await consumer.start()
+        self._consumers.append(consumer)
+        return consumer
+
+    async def consume_batches(
+        self,
+        *types: type[Envelope],
+        batch_handler: BatchHandler,
+        durable: str,
+        subject: str | list[str] | None = None,
+        batch: int = 256,
+        max_deliver: int = 5,
+        backoff: tuple[float, ...] = (0.2, 1.0, 5.0, 15.0),
+        ack_wait: float = 30.0,
+        deliver: str = "all",
+    ):
+        """Like :meth:`consume`, but ``batch_handler`` gets up to ``batch`` events at once
+        as :class:`~powerguard.bus.consumer.Received` (event, subject, headers, sequence)."""
+        from .consumer import BatchConsumer
+
+        consumer = BatchConsumer(
+            self,
+            types,
+            batch_handler=batch_handler,
+            durable=durable,
+            subject=subject,
+            max_deliver=max_deliver,
+            backoff=backoff,
+            ack_wait=ack_wait,
+            deliver=deliver,
+            batch=batch,
         )
         await consumer.start()
         self._consumers.append(consumer)

@@ -23,7 +23,7 @@ from . import metrics
 from .tracing import extract_context, messaging_attributes
 
 if TYPE_CHECKING:
-    from .client import Bus, Handler
+    from .client import BatchHandler, Bus, Handler
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +63,19 @@ def filter_subjects(bus: Bus, types: Sequence[type[Envelope]], subject: str | li
         if not any(s != other and covers(other, s) for other in wanted):
             unique.append(s)
     return unique
+
+
+@dataclass(frozen=True)
+class Received:
+    event: Envelope
+    subject: str
+    headers: dict[str, str]
+    sequence: int
+
+    @property
+    def trace_id(self) -> str | None:
+        parts = self.headers.get("traceparent", "").split("-")
+        return parts[1] if len(parts) == 4 else None
 
 
 class _PullLoop:
@@ -133,7 +146,7 @@ class _PullLoop:
 
 
 class Consumer(_PullLoop):
-    """A durable consumer running a handler. Start it with :meth:`Bus.consume`."""
+    """A durable consumer running a handler per event. Start it with :meth:`Bus.consume`."""
 
     def __init__(
         self,
@@ -147,6 +160,7 @@ class Consumer(_PullLoop):
         backoff: tuple[float, ...],
         ack_wait: float,
         deliver: str,
+        batch: int = 16,
     ) -> None:
         super().__init__(bus, types, subject=subject, deliver=deliver)
         if max_deliver < 1:
@@ -156,6 +170,7 @@ class Consumer(_PullLoop):
         self.max_deliver = max_deliver
         self.backoff = backoff or (1.0,)
         self.ack_wait = ack_wait
+        self.batch = batch
         self._task: asyncio.Task | None = None
         self._busy = False  # True while a batch is being handled (never cancel then)
 
@@ -166,7 +181,7 @@ class Consumer(_PullLoop):
             ack_policy=api.AckPolicy.EXPLICIT,
             ack_wait=self.ack_wait,
             max_deliver=self.max_deliver + 1,  # the last delivery goes to the DLQ, we term it
-            max_ack_pending=1000,
+            max_ack_pending=max(1000, self.batch * 4),
         )
 
     async def start(self) -> None:
@@ -190,20 +205,21 @@ class Consumer(_PullLoop):
 
     async def _run(self) -> None:
         while not self._stopping:
-            msgs = await self._fetch(batch=16)
+            msgs = await self._fetch(batch=self.batch)
             self._busy = True
             try:
-                for msg in msgs:
-                    try:
-                        await self._process(msg)
-                    except _CLOSED:
-                        return
-                    except Exception:  # never let one message kill the loop
-                        log.exception("consumer %s: unexpected error processing a message", self.name)
+                admitted = [r for r in [await self._admit(m) for m in msgs] if r is not None]
+                if admitted:
+                    await self._dispatch(admitted)
+            except _CLOSED:
+                return
+            except Exception:  # never let one batch kill the loop
+                log.exception("consumer %s: unexpected error processing messages", self.name)
             finally:
                 self._busy = False
 
-    async def _process(self, msg: Msg) -> None:
+    async def _admit(self, msg: Msg) -> tuple[Msg, Received] | None:
+        """Decode; dead-letter what cannot be handled; ack and skip other types."""
         deliveries = msg.metadata.num_delivered or 1
         try:
             event = decode(msg.data, max_bytes=self.bus.max_payload)
@@ -211,10 +227,10 @@ class Consumer(_PullLoop):
             metrics.CONSUMED.labels(self.name, "rejected").inc()
             await self.bus.dead_letter(subject=msg.subject, payload=msg.data, error=exc, deliveries=deliveries)
             await msg.term()
-            return
+            return None
         if self.types and not isinstance(event, self.types):
             await msg.ack()
-            return
+            return None
         if deliveries > self.max_deliver:  # the handler failed every time it was allowed to
             await self.bus.dead_letter(
                 subject=msg.subject,
@@ -224,7 +240,18 @@ class Consumer(_PullLoop):
             )
             metrics.CONSUMED.labels(self.name, "dead").inc()
             await msg.term()
-            return
+            return None
+        rec = Received(
+            event=event, subject=msg.subject, headers=dict(msg.headers or {}), sequence=msg.metadata.sequence.stream
+        )
+        return msg, rec
+
+    async def _dispatch(self, admitted: list[tuple[Msg, Received]]) -> None:
+        for msg, rec in admitted:
+            await self._handle_one(msg, rec)
+
+    async def _handle_one(self, msg: Msg, rec: Received) -> None:
+        event = rec.event
         template = type(event).subject_template(self.bus.subjects.prefix)
         started = time.perf_counter()
         with self.bus.tracer.start_as_current_span(
@@ -240,47 +267,61 @@ class Consumer(_PullLoop):
                 consumer=self.name,
             ),
         ) as span:
-            span.set_attribute("messaging.nats.delivery_count", deliveries)
+            span.set_attribute("messaging.nats.delivery_count", msg.metadata.num_delivered or 1)
             try:
                 await self.handler(event)
             except Exception as exc:
                 span.record_exception(exc)
                 span.set_status(Status(StatusCode.ERROR, str(exc)))
-                delay = self.backoff[min(deliveries - 1, len(self.backoff) - 1)]
-                log.warning(
-                    "consumer %s: handler failed for %s %s (delivery %d/%d, retry in %.1fs): %s",
-                    self.name,
-                    event.short_type,
-                    event.id,
-                    deliveries,
-                    self.max_deliver,
-                    delay,
-                    exc,
-                )
-                metrics.CONSUMED.labels(self.name, "failed").inc()
-                if deliveries >= self.max_deliver:
-                    await self.bus.dead_letter(subject=msg.subject, payload=msg.data, error=exc, deliveries=deliveries)
-                    await msg.term()
-                else:
-                    await msg.nak(delay=delay)
+                await self._failed(msg, exc, describe=f"{event.short_type} {event.id}")
                 return
             finally:
                 metrics.HANDLER_SECONDS.labels(self.name).observe(time.perf_counter() - started)
         await msg.ack()
         metrics.CONSUMED.labels(self.name, "ok").inc()
 
+    async def _failed(self, msg: Msg, exc: Exception, *, describe: str) -> None:
+        deliveries = msg.metadata.num_delivered or 1
+        delay = self.backoff[min(deliveries - 1, len(self.backoff) - 1)]
+        log.warning(
+            "consumer %s: handler failed for %s (delivery %d/%d, retry in %.1fs): %s",
+            self.name,
+            describe,
+            deliveries,
+            self.max_deliver,
+            delay,
+            exc,
+        )
+        metrics.CONSUMED.labels(self.name, "failed").inc()
+        if deliveries >= self.max_deliver:
+            await self.bus.dead_letter(subject=msg.subject, payload=msg.data, error=exc, deliveries=deliveries)
+            await msg.term()
+        else:
+            await msg.nak(delay=delay)
 
-@dataclass(frozen=True)
-class Received:
-    event: Envelope
-    subject: str
-    headers: dict[str, str]
-    sequence: int
 
-    @property
-    def trace_id(self) -> str | None:
-        parts = self.headers.get("traceparent", "").split("-")
-        return parts[1] if len(parts) == 4 else None
+class BatchConsumer(Consumer):
+    """A durable consumer whose handler takes every admitted event of one fetch at once
+    (with subjects and headers): one state write per batch instead of one per event.
+    Success acks the batch; an exception naks (or dead-letters) each of its messages."""
+
+    def __init__(self, *args, batch_handler: BatchHandler, **kwargs) -> None:
+        super().__init__(*args, handler=None, **kwargs)  # type: ignore[arg-type]
+        self.batch_handler = batch_handler
+
+    async def _dispatch(self, admitted: list[tuple[Msg, Received]]) -> None:
+        started = time.perf_counter()
+        try:
+            await self.batch_handler([rec for _, rec in admitted])
+        except Exception as exc:
+            for msg, rec in admitted:
+                await self._failed(msg, exc, describe=f"{rec.event.short_type} {rec.event.id}")
+            return
+        finally:
+            metrics.HANDLER_SECONDS.labels(self.name).observe(time.perf_counter() - started)
+        for msg, _ in admitted:
+            await msg.ack()
+        metrics.CONSUMED.labels(self.name, "ok").inc(len(admitted))
 
 
 class Subscription(_PullLoop):

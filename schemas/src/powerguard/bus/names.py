@@ -5,6 +5,7 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass, field
 
+from powerguard.schemas.site import NatsSettings
 from powerguard.schemas.subjects import Subjects
 
 
@@ -19,6 +20,16 @@ class BusNames:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "subjects", Subjects(self.prefix))
+
+    @classmethod
+    def from_settings(cls, nats: NatsSettings) -> BusNames:
+        return cls(
+            prefix=nats.prefix,
+            stream=nats.stream,
+            sagas=nats.sagas_bucket,
+            agents=nats.agents_bucket,
+            leases=nats.leases_bucket,
+        )
 
     @classmethod
     def isolated(cls, tag: str | None = None) -> BusNames:

@@ -64,7 +64,7 @@ async def run_service(
     bus = await Bus.connect(
         nats_url,
         service=name,
-        names=names or BusNames(prefix=nats.prefix if nats else "pg"),
+        names=names or (BusNames.from_settings(nats) if nats else BusNames()),
         user=nats.user if nats else None,
         password=password,
         creds_file=nats.creds_file if nats else None,

@@ -76,10 +76,16 @@ from .power import (
     ReplaceBattery,
 )
 from .saga import SagaData, SagaState, SagaStateChanged
-from .site import SecretRef, SiteConfig, load_site
+from .site import BmcConfig, NatsSettings, NodeConfig, OutletRef, PduConfig, SecretRef, SiteConfig, UpsConfig, load_site
 from .subjects import Subjects
 
 __all__ = [
+    "UpsConfig",
+    "PduConfig",
+    "OutletRef",
+    "NodeConfig",
+    "NatsSettings",
+    "BmcConfig",
     "AgentData",
     "AgentDeregistered",
     "AgentEvent",

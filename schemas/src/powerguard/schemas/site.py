@@ -66,6 +66,10 @@ class _Model(BaseModel):
 class NatsSettings(_Model):
     url: str = "nats://127.0.0.1:4222"
     prefix: str = "pg"
+    stream: str = "PG_EVENTS"
+    sagas_bucket: str = "pg_sagas"
+    agents_bucket: str = "pg_agents"
+    leases_bucket: str = "pg_leases"
     user: str | None = None
     password: SecretRef | None = None
     creds_file: Path | None = None

@@ -2,12 +2,24 @@
 
 from __future__ import annotations
 
+import argparse
+import os
+import socket
 import sys
 
 from powerguard.bus import service_main
 
 from . import __doc__ as DESCRIPTION
 from .service import main as service
+
+
+def _flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--instance",
+        default=os.environ.get("POWERGUARD_INSTANCE") or socket.gethostname(),
+        help="this replica's name in the leader lease (default: the host name; a replica restarted "
+        "under the same name takes its lease back at once)",
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -17,6 +29,7 @@ def main(argv: list[str] | None = None) -> int:
         description=DESCRIPTION,
         default_port=9102,
         argv=argv,
+        extend=_flags,
     )
 
 

@@ -157,6 +157,8 @@ class SagaRecord(BaseModel):
     history: list[Transition] = Field(default_factory=list)
     trace_id: str = Field(default_factory=lambda: secrets.token_hex(16))
     root_span_id: str = Field(default_factory=lambda: secrets.token_hex(8))
+    parent_span_id: str | None = None  # the span that published the first on_battery
+    spans_done: list[str] = Field(default_factory=list)
 
     @property
     def terminal(self) -> bool:
@@ -172,11 +174,23 @@ class SagaRecord(BaseModel):
 
 
 # --------------------------------------------------------------------------- the machine
-def start(*, saga_id: str, topo: Topology, ups: dict[str, UpsView], jobs: dict[str, JobInfo], now: float) -> SagaRecord:
-    """A new saga for the nodes at risk now (call only when some node is at risk)."""
+def start(
+    *,
+    saga_id: str,
+    topo: Topology,
+    ups: dict[str, UpsView],
+    jobs: dict[str, JobInfo],
+    now: float,
+    trace: tuple[str, str] | None = None,
+) -> SagaRecord:
+    """A new saga for the nodes at risk now (call only when some node is at risk).
+
+    ``trace`` is (trace id, span id) of the event that started it: the outage joins that trace."""
     rec = SagaRecord(
         saga_id=saga_id, site=topo.site, created_at=now, updated_at=now, ups={u: v.model_copy() for u, v in ups.items()}
     )
+    if trace is not None:
+        rec.trace_id, rec.parent_span_id = trace
     rec.history.append(Transition(state=S.DETECTED, at=now, reason=f"on battery: {', '.join(rec.on_battery)}"))
     rec.at_risk = topo.nodes_at_risk(rec.on_battery)
     _join(rec, rec.at_risk, jobs)

@@ -1,19 +1,352 @@
-"""The coordinator service loop.
+"""The coordinator service: events in, saga transitions stored with CAS, commands out.
 
-For now it connects to NATS, makes sure the stream and KV buckets exist, reports ready
-and drains on SIGTERM; the service's own logic is added by its issue.
+Only the replica holding the lease consumes. Inputs arrive in batches on one durable
+consumer; each batch is applied to the sagas in memory, every changed saga is written to
+KV (CAS) *before* the commands it implies are published, and only then is the batch acked.
+A replica that starts (or takes over) loads the open sagas and re-sends what is pending.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import secrets
+import socket
+import time
+from datetime import UTC, datetime
 
-from powerguard.bus import ServiceContext
+from opentelemetry import context as otel_context
+
+from powerguard.bus import Bus, CasConflict, Received, ServiceContext
+from powerguard.bus.agents import AgentWatch
+from powerguard.bus.tracing import parse_traceparent
+from powerguard.schemas import (
+    AgentData,
+    CheckpointDurable,
+    CheckpointFailed,
+    ConfigError,
+    Envelope,
+    ForcedShutdown,
+    JobResumed,
+    LowBattery,
+    NodeState,
+    PowerActionFailed,
+    PowerEvent,
+    SiteConfig,
+)
+
+from . import metrics, saga
+from .lease import Lease
+from .outbox import command_event, state_events
+from .policy import Policy
+from .saga import Ack, Command, Input, NodeReport, Power, Resumed, SagaRecord, Tick, UpsView
+from .spans import emit_finished, root_context
+from .store import SagaStore
+from .topology import AgentRegistry, Topology
 
 log = logging.getLogger(__name__)
 
+INPUT_TYPES = (PowerEvent, CheckpointDurable, CheckpointFailed, NodeState, PowerActionFailed, JobResumed)
+
+
+class _Open:
+    """An open saga in memory: the record and the KV revision it was read or written at."""
+
+    def __init__(self, rec: SagaRecord, revision: int) -> None:
+        self.rec = rec
+        self.revision = revision
+
+
+class Coordinator:
+    def __init__(self, bus: Bus, site: SiteConfig, *, policy: Policy | None = None, instance: str | None = None):
+        self.bus = bus
+        self.site = site
+        self.topo = Topology.from_site(site)
+        self.policy = policy or Policy.model_validate(site.section("coordinator"))
+        self.instance = instance or socket.gethostname()
+        self.registry = AgentRegistry(ttl_s=bus.limits.agents_ttl_s)
+        self.ups: dict[str, UpsView] = {}
+        self.open: dict[str, _Open] = {}
+        self.leader = False
+        self._lock = asyncio.Lock()
+        self._consumer = None
+        self._watch: AgentWatch | None = None
+        self._store: SagaStore | None = None
+        self._lease: Lease | None = None
+        self._resend: set[str] = set()  # sagas whose last publish failed: re-send what is pending
+
+    # ------------------------------------------------------------------ lifecycle
+    async def run(self, stopping: asyncio.Event, on_ready=None) -> None:
+        self._store = SagaStore(await self.bus.sagas())
+        self._lease = Lease(
+            await self.bus.leases(),
+            key=f"coordinator.{self.site.site}",
+            holder=self.instance,
+            ttl_s=self.policy.lease_ttl_s,
+        )
+        if on_ready:
+            on_ready()
+        renew_every = self.policy.lease_ttl_s / 3
+        last_renew = 0.0
+        try:
+            while not stopping.is_set():
+                if time.monotonic() - last_renew >= renew_every or not self.leader:
+                    last_renew = time.monotonic()
+                    try:
+                        held = await self._lease.keep()
+                    except Exception as exc:
+                        log.warning("lease check failed: %s", exc)
+                        held = False
+                    if held and not self.leader:
+                        await self._lead()
+                    elif not held and self.leader:
+                        await self._follow("lease lost")
+                if self.leader:
+                    await self.tick()
+                try:
+                    await asyncio.wait_for(stopping.wait(), self.policy.tick_s if self.leader else renew_every)
+                except TimeoutError:
+                    pass
+        finally:
+            if self.leader:
+                await self._follow("stopping")
+                await self._lease.release()
+
+    async def _lead(self) -> None:
+        log.info("%s leads site %s", self.instance, self.site.site)
+        self.leader = True
+        metrics.LEADER.set(1)
+        self._watch = AgentWatch(self.bus, self._on_agent)
+        await self._watch.start()
+        try:
+            await asyncio.wait_for(self._watch.ready.wait(), 10)
+        except TimeoutError:
+            log.warning("agent registry not fully loaded after 10s; continuing")
+        self.open = {r.saga_id: _Open(r, rev) for r, rev in await self._store.load(site=self.site.site, open_only=True)}
+        for o in self.open.values():
+            for r in o.rec.ups:
+                self.ups.setdefault(r, o.rec.ups[r].model_copy())
+            again = saga.pending(o.rec)
+            log.info("resuming saga %s in state %s; re-sending %d command(s)", o.rec.saga_id, o.rec.state, len(again))
+            await self._publish(o.rec, again)
+        metrics.OPEN_SAGAS.set(len(self.open))
+        subjects = [
+            self.bus.subjects.power_events(self.site.site),
+            self.bus.subjects.ckpt_ack("*", "*"),
+            self.bus.subjects.power_result("*"),
+            self.bus.subjects.job("*"),
+        ]
+        self._consumer = await self.bus.consume_batches(
+            *INPUT_TYPES,
+            batch_handler=self.on_batch,
+            durable=f"coordinator-{self.site.site}",
+            subject=subjects,
+            batch=512,
+        )
+
+    async def _follow(self, why: str) -> None:
+        log.info("%s stops leading (%s)", self.instance, why)
+        self.leader = False
+        metrics.LEADER.set(0)
+        if self._consumer is not None:
+            await self._consumer.stop()
+            self._consumer = None
+        if self._watch is not None:
+            await self._watch.stop()
+            self._watch = None
+
+    def _on_agent(self, agent: AgentData | None, key: str, seen_at: float) -> None:
+        if agent is None:
+            self.registry.remove_key(key)
+        else:
+            self.registry.update(agent, seen_at)
+
+    # ------------------------------------------------------------------ inputs
+    async def on_batch(self, items: list[Received]) -> None:
+        async with self._lock:
+            if not self.leader:
+                raise RuntimeError("not the leader")
+            now = time.time()
+            before = {sid: self._snapshot(o.rec) for sid, o in self.open.items()}
+            out: dict[str, list[Command]] = {}
+            for item in items:
+                self._route(item, now, out)
+            await self._commit(before, out, now)
+
+    def _route(self, item: Received, now: float, out: dict[str, list[Command]]) -> None:
+        ev = item.event
+        if isinstance(ev, PowerEvent):
+            d = ev.data
+            if d.site != self.site.site:
+                return
+            if d.ups not in self.topo.ups:
+                metrics.IGNORED.labels("unknown_ups").inc()
+                log.warning("power event for unknown UPS %s (site %s) ignored", d.ups, d.site)
+                return
+            p = Power(
+                ups=d.ups,
+                on_battery=d.on_battery,
+                runtime_s=d.runtime_s,
+                charge_pct=d.charge_pct,
+                low_battery=isinstance(ev, LowBattery) or "LB" in d.status,
+                fsd=isinstance(ev, ForcedShutdown) or "FSD" in d.status,
+            )
+            view = self.ups.setdefault(d.ups, UpsView(since=now))
+            if view.on_battery != p.on_battery:
+                view.since = now
+            view.on_battery, view.low_battery, view.fsd = p.on_battery, p.low_battery, p.fsd
+            view.runtime_s = p.runtime_s if p.runtime_s is not None else view.runtime_s
+            view.charge_pct = p.charge_pct if p.charge_pct is not None else view.charge_pct
+            if self.open:
+                for o in self.open.values():
+                    self._apply(o, p, now, out)
+            else:
+                self._maybe_start(now, parse_traceparent(item.headers.get("traceparent")), out)
+            return
+        if isinstance(ev, CheckpointDurable | CheckpointFailed):
+            d = ev.data
+            o = self.open.get(d.saga_id or "")
+            if o is None:
+                metrics.IGNORED.labels("unknown_saga").inc()
+                log.info("ack from %s rank %d for saga %s that is not open: ignored", d.job, d.rank, d.saga_id)
+                return
+            ok = isinstance(ev, CheckpointDurable)
+            self._apply(
+                o,
+                Ack(
+                    job=d.job,
+                    rank=d.rank,
+                    request_id=d.request_id,
+                    step=d.step,
+                    ok=ok,
+                    error=None if ok else ev.data.error,
+                ),
+                now,
+                out,
+            )
+            return
+        if isinstance(ev, NodeState):
+            state = {"off": "off", "ready": "ready"}.get(ev.data.state)
+            if state:
+                self._to_node_saga(ev.data.node, NodeReport(node=ev.data.node, state=state), now, out)
+            return
+        if isinstance(ev, PowerActionFailed):
+            d = ev.data
+            kind = "failed_on" if d.action == "on" else "failed_off" if d.action in ("off", "soft_off") else None
+            if kind:
+                self._to_node_saga(d.node, NodeReport(node=d.node, state=kind, detail=d.error), now, out)
+            return
+        if isinstance(ev, JobResumed):
+            for o in self.open.values():
+                if ev.data.job in o.rec.jobs:
+                    self._apply(o, Resumed(job=ev.data.job, step=ev.data.step), now, out)
+
+    def _to_node_saga(self, node: str, report: NodeReport, now: float, out: dict[str, list[Command]]) -> None:
+        for o in self.open.values():
+            if node in o.rec.nodes:
+                self._apply(o, report, now, out)
+
+    def _apply(self, o: _Open, inp: Input, now: float, out: dict[str, list[Command]]) -> None:
+        cmds = saga.handle(o.rec, inp, now=now, topo=self.topo, policy=self.policy, jobs=self.registry.jobs(now))
+        out.setdefault(o.rec.saga_id, []).extend(cmds)
+
+    def _maybe_start(self, now: float, trace: tuple[str, str] | None, out: dict[str, list[Command]]) -> None:
+        on_battery = [u for u, v in self.ups.items() if v.on_battery]
+        if self.open or not self.topo.nodes_at_risk(on_battery):
+            return
+        saga_id = f"{self.site.site}-{datetime.fromtimestamp(now, UTC):%Y%m%dT%H%M%S}-{secrets.token_hex(2)}"
+        rec = saga.start(
+            saga_id=saga_id, topo=self.topo, ups=self.ups, jobs=self.registry.jobs(now), now=now, trace=trace
+        )
+        self.open[saga_id] = _Open(rec, 0)
+        log.info("saga %s started: nodes at risk %s, jobs %s", saga_id, rec.at_risk, sorted(rec.jobs))
+        self._apply(self.open[saga_id], Tick(), now, out)
+
+    # ------------------------------------------------------------------ clock
+    async def tick(self) -> None:
+        async with self._lock:
+            if not self.leader or not self.open:
+                return
+            now = time.time()
+            for sid in list(self._resend):
+                if sid in self.open:
+                    self._resend.discard(sid)
+                    await self._publish(self.open[sid].rec, saga.pending(self.open[sid].rec))
+            before = {sid: self._snapshot(o.rec) for sid, o in self.open.items()}
+            out: dict[str, list[Command]] = {}
+            for o in list(self.open.values()):
+                self._apply(o, Tick(), now, out)
+            await self._commit(before, out, now)
+
+    # ------------------------------------------------------------------ output
+    @staticmethod
+    def _snapshot(rec: SagaRecord) -> tuple[str, int]:
+        return rec.model_dump_json(exclude={"updated_at"}), len(rec.history)
+
+    async def _commit(self, before: dict[str, tuple[str, int]], out: dict[str, list[Command]], now: float) -> None:
+        for sid, o in list(self.open.items()):
+            snap, n_hist = before.get(sid, ("", 0))
+            if self._snapshot(o.rec)[0] == snap and not out.get(sid):
+                continue
+            emit_finished(self.bus.tracer, o.rec, now)  # marks spans as done in the record
+            try:
+                if o.revision == 0:
+                    o.revision = await self._store.create(o.rec)
+                else:
+                    o.revision = await self._store.save(o.rec, o.revision)
+            except CasConflict:
+                log.error("saga %s was written by another coordinator: stepping down", sid)
+                await self._follow("saga written elsewhere")
+                raise
+            for t in o.rec.history[n_hist:]:
+                metrics.TRANSITIONS.labels(t.state.value).inc()
+                log.info("saga %s -> %s (%s)", sid, t.state.value, t.reason)
+            await self._publish(o.rec, out.get(sid, []), state_from=n_hist)
+            if o.rec.terminal:
+                del self.open[sid]
+        metrics.OPEN_SAGAS.set(len(self.open))
+        if not self.open:
+            pending: dict[str, list[Command]] = {}
+            self._maybe_start(now, None, pending)  # e.g. power failed again while restoring
+            if pending:
+                await self._commit({}, pending, now)
+
+    async def _publish(self, rec: SagaRecord, cmds: list[Command], state_from: int | None = None) -> None:
+        events: list[Envelope] = []
+        if state_from is not None:
+            events += state_events(rec, state_from)
+        events += [command_event(rec, c) for c in cmds]
+        for c in cmds:
+            metrics.COMMANDS.labels(c.kind).inc()
+        if not events:
+            return
+        token = otel_context.attach(root_context(rec))
+        try:
+            sem = asyncio.Semaphore(128)
+
+            async def one(ev: Envelope) -> None:
+                async with sem:
+                    await self.bus.publish(ev)
+
+            results = await asyncio.gather(*(one(e) for e in events), return_exceptions=True)
+        finally:
+            otel_context.detach(token)
+        failed = [r for r in results if isinstance(r, BaseException)]
+        if failed:
+            # the record is stored; the next tick re-sends what is pending (receivers deduplicate)
+            log.error(
+                "saga %s: %d of %d events not stored (%s); re-sending on the next tick",
+                rec.saga_id,
+                len(failed),
+                len(events),
+                failed[0],
+            )
+            self._resend.add(rec.saga_id)
+
 
 async def main(ctx: ServiceContext) -> None:
-    ctx.set_ready(True)
-    log.info("coordinator ready")
-    await ctx.stopping.wait()
+    if ctx.site is None:
+        raise ConfigError("the coordinator needs --config site.yaml (its topology and policy)")
+    instance = getattr(ctx.args, "instance", None) if ctx.args else None
+    coordinator = Coordinator(ctx.bus, ctx.site, instance=instance)
+    await coordinator.run(ctx.stopping, on_ready=lambda: ctx.set_ready(True))

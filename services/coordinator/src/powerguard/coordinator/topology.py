@@ -40,30 +40,36 @@ class JobInfo:
 
 
 class AgentRegistry:
-    """Jobs and ranks learned from agent registrations and heartbeats."""
+    """Jobs and ranks learned from agent registrations and heartbeats (the ``pg_agents`` KV).
 
-    def __init__(self) -> None:
-        self._agents: dict[tuple[str, int], AgentData] = {}
+    An agent not seen for ``ttl_s`` no longer counts (the bucket's TTL drops it silently)."""
 
-    def update(self, agent: AgentData) -> None:
-        self._agents[(agent.job, agent.rank)] = agent
+    def __init__(self, ttl_s: float = 30.0) -> None:
+        self.ttl_s = ttl_s
+        self._agents: dict[tuple[str, int], tuple[AgentData, float]] = {}
+
+    def update(self, agent: AgentData, seen_at: float = float("inf")) -> None:
+        self._agents[(agent.job, agent.rank)] = (agent, seen_at)
 
     def remove(self, job: str, rank: int) -> None:
         self._agents.pop((job, rank), None)
 
+    def remove_key(self, key: str) -> None:
+        job, _, rank = key.rpartition(".")
+        if rank.isdigit():
+            self.remove(job, int(rank))
+
     def __len__(self) -> int:
         return len(self._agents)
 
-    def jobs(self) -> dict[str, JobInfo]:
+    def jobs(self, now: float | None = None) -> dict[str, JobInfo]:
         out: dict[str, JobInfo] = {}
-        for (job, rank), a in self._agents.items():
+        for (job, rank), (a, seen) in self._agents.items():
+            if now is not None and seen < now - self.ttl_s:
+                continue
             info = out.setdefault(job, JobInfo(job=job, world_size=a.world_size))
             info.world_size = max(info.world_size, a.world_size)
             info.ranks[rank] = a.node
             if a.step is not None:
                 info.step = max(info.step or 0, a.step)
         return out
-
-    def jobs_on(self, nodes: Iterable[str]) -> dict[str, JobInfo]:
-        wanted = set(nodes)
-        return {j: info for j, info in self.jobs().items() if info.nodes & wanted}

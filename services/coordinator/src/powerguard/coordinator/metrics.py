@@ -1,0 +1,8 @@
+from prometheus_client import Counter, Gauge
+
+LEADER = Gauge("powerguard_coordinator_leader", "1 while this replica holds the lease")
+OPEN_SAGAS = Gauge("powerguard_sagas_open", "Sagas not yet terminal")
+TRANSITIONS = Counter("powerguard_saga_transitions_total", "Saga state changes", ["state"])
+COMMANDS = Counter("powerguard_saga_commands_total", "Commands issued", ["kind"])
+IGNORED = Counter("powerguard_coordinator_ignored_total", "Inputs that matched no saga", ["reason"])
+MISSING_RANKS = Gauge("powerguard_saga_missing_ranks", "Ranks that did not ack in the last partial checkpoint")

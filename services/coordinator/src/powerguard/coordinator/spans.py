@@ -1,0 +1,139 @@
+"""The outage trace: one trace per saga, built from the saga record.
+
+Phase spans are exported when a phase ends, with the start and end times the record holds,
+as children of the root span ``outage <site>``. The root span is exported last, when the saga
+is terminal, under the span id every child already points to (stored in the record), so a
+coordinator restarted mid-saga continues the same trace."""
+
+from __future__ import annotations
+
+from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer
+
+from powerguard.bus.tracing import preset_ids, remote_context
+from powerguard.schemas import SagaState
+
+from . import saga
+from .saga import SagaRecord
+
+S = SagaState
+
+
+def _ns(t: float) -> int:
+    return int(t * 1e9)
+
+
+def root_context(rec: SagaRecord):
+    return remote_context(rec.trace_id, rec.root_span_id)
+
+
+def _emit(
+    tracer: Tracer,
+    rec: SagaRecord,
+    key: str,
+    name: str,
+    start: float,
+    end: float,
+    attrs: dict,
+    error: str | None = None,
+) -> None:
+    if key in rec.spans_done:
+        return
+    span: Span = tracer.start_span(
+        name, context=root_context(rec), start_time=_ns(start), attributes={"powerguard.saga_id": rec.saga_id, **attrs}
+    )
+    if error:
+        span.set_status(Status(StatusCode.ERROR, error))
+    span.end(end_time=_ns(max(start, end)))
+    rec.spans_done.append(key)
+
+
+def emit_finished(tracer: Tracer, rec: SagaRecord, now: float) -> None:
+    """Export every phase span that has ended and was not exported yet."""
+    for name, p in sorted(rec.jobs.items()):
+        if p.requested_at is not None and p.settled_at is not None:
+            _emit(
+                tracer,
+                rec,
+                f"ckpt/{name}",
+                f"checkpoint {name}",
+                p.requested_at,
+                p.settled_at,
+                {
+                    "powerguard.job": name,
+                    "powerguard.ranks_expected": p.world_size,
+                    "powerguard.ranks_acked": len(p.acked),
+                    "powerguard.step": p.step if p.step is not None else -1,
+                    "powerguard.missing_ranks": ",".join(map(str, p.missing)),
+                },
+                error=f"ranks {p.missing} did not ack" if p.missing else None,
+            )
+        if p.restart_at is not None and p.resumed_at is not None:
+            _emit(
+                tracer,
+                rec,
+                f"restart/{name}",
+                f"restart {name}",
+                p.restart_at,
+                p.resumed_at,
+                {
+                    "powerguard.job": name,
+                    "powerguard.resumed_step": p.resumed_step if p.resumed_step is not None else -1,
+                },
+            )
+    for node, n in sorted(rec.nodes.items()):
+        if n.shutdown_at is not None and n.off_at is not None:
+            _emit(
+                tracer,
+                rec,
+                f"off/{node}",
+                f"shutdown {node}",
+                n.shutdown_at,
+                n.off_at,
+                {"powerguard.node": node},
+                error=n.error,
+            )
+        if n.power_on_at is not None and n.ready_at is not None:
+            _emit(tracer, rec, f"on/{node}", f"power_on {node}", n.power_on_at, n.ready_at, {"powerguard.node": node})
+    for i, t in enumerate(rec.history[:-1]):
+        if t.state == S.HOLDING:
+            _emit(
+                tracer,
+                rec,
+                f"hold/{i}",
+                "hold",
+                t.at,
+                rec.history[i + 1].at,
+                {"powerguard.next_state": rec.history[i + 1].state.value},
+            )
+    if rec.terminal:
+        _emit_root(tracer, rec, now)
+
+
+def _emit_root(tracer: Tracer, rec: SagaRecord, now: float) -> None:
+    if "root" in rec.spans_done:
+        return
+    parent = remote_context(rec.trace_id, rec.parent_span_id) if rec.parent_span_id else None
+    attrs = {
+        "powerguard.saga_id": rec.saga_id,
+        "powerguard.site": rec.site,
+        "powerguard.state": rec.state.value,
+        "powerguard.jobs": len(rec.jobs),
+        "powerguard.nodes": len(rec.nodes),
+    }
+    rpo, rto = saga.rpo_steps(rec), saga.rto_s(rec)
+    if rpo is not None:
+        attrs["powerguard.rpo_steps"] = rpo
+    if rto is not None:
+        attrs["powerguard.rto_s"] = rto
+    with preset_ids(None if parent else rec.trace_id, rec.root_span_id):
+        span = tracer.start_span(
+            f"outage {rec.site}",
+            context=parent,
+            kind=SpanKind.INTERNAL,
+            start_time=_ns(rec.created_at),
+            attributes=attrs,
+        )
+    if rec.state == S.FAILED:
+        span.set_status(Status(StatusCode.ERROR, rec.reason or "failed"))
+    span.end(end_time=_ns(now))
+    rec.spans_done.append("root")

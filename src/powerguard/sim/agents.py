@@ -1,0 +1,115 @@
+"""Simulated training ranks, many per process: they register in ``pg_agents`` and answer
+checkpoint requests with acks over the real bus. Used by coordinator tests and benchmarks
+where real ``torch.distributed`` ranks would only add minutes."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from powerguard.bus import Bus
+from powerguard.bus.agents import announce
+from powerguard.schemas import (
+    AgentData,
+    AgentRegistered,
+    CheckpointDurable,
+    CheckpointDurableData,
+    CheckpointFailed,
+    CheckpointFailedData,
+    CheckpointRequested,
+    Durations,
+    decode,
+)
+
+
+@dataclass
+class SimulatedRanks:
+    """``jobs`` maps a job to the node of each rank (``{"j1": ["n1", "n1", "n2", "n2"]}``)."""
+
+    bus: Bus
+    jobs: dict[str, list[str]]
+    step: int = 100
+    ack_delay_s: float = 0.0
+    silent: set[tuple[str, int]] = field(default_factory=set)  # never answer
+    failing: set[tuple[str, int]] = field(default_factory=set)  # answer ckpt.failed
+    requests_seen: dict[tuple[str, int], float] = field(default_factory=dict)  # (job, rank) -> perf_counter
+    acked: dict[str, set[int]] = field(default_factory=lambda: defaultdict(set))
+    _subs: list = field(default_factory=list)
+    _tasks: set = field(default_factory=set)
+
+    async def start(self, *, register: bool = True) -> None:
+        sem = asyncio.Semaphore(256)
+
+        async def reg(job: str, rank: int, node: str) -> None:
+            async with sem:
+                await announce(
+                    self.bus,
+                    AgentRegistered(
+                        source=f"/powerguard/sim/{job}/{rank}",
+                        data=AgentData(
+                            job=job,
+                            rank=rank,
+                            world_size=len(self.jobs[job]),
+                            node=node,
+                            pid=os.getpid(),
+                            step=self.step,
+                        ),
+                    ),
+                )
+
+        if register:
+            await asyncio.gather(*(reg(j, r, n) for j, nodes in self.jobs.items() for r, n in enumerate(nodes)))
+        for job, nodes in self.jobs.items():
+            for rank in range(len(nodes)):
+                sub = await self.bus.nc.subscribe(self.bus.subjects.ckpt_request(job), cb=self._handler(job, rank))
+                self._subs.append(sub)
+        await self.bus.nc.flush()
+
+    def _handler(self, job: str, rank: int):
+        async def on_request(msg) -> None:
+            self.requests_seen.setdefault((job, rank), time.perf_counter())
+            request = decode(msg.data)
+            assert isinstance(request, CheckpointRequested)
+            if (job, rank) in self.silent:
+                return
+            task = asyncio.create_task(self._ack(request, job, rank))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+        return on_request
+
+    async def _ack(self, request: CheckpointRequested, job: str, rank: int) -> None:
+        if self.ack_delay_s:
+            await asyncio.sleep(self.ack_delay_s)
+        base = dict(
+            request_id=request.data.request_id,
+            saga_id=request.data.saga_id,
+            job=job,
+            rank=rank,
+            world_size=len(self.jobs[job]),
+            step=self.step,
+        )
+        if (job, rank) in self.failing:
+            event = CheckpointFailed(data=CheckpointFailedData(**base, error="simulated disk full"))
+        else:
+            event = CheckpointDurable(
+                data=CheckpointDurableData(
+                    **base,
+                    path=f"/sim/{job}/step-{self.step}",
+                    bytes=1024,
+                    digest="0" * 32,
+                    durations=Durations(total_s=self.ack_delay_s),
+                )
+            )
+        await self.bus.publish(event)
+        self.acked[job].add(rank)
+
+    async def stop(self) -> None:
+        for sub in self._subs:
+            await sub.unsubscribe()
+        self._subs.clear()
+        for task in list(self._tasks):
+            task.cancel()

@@ -1,0 +1,98 @@
+"""Shared pieces of the coordinator integration tests."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+
+from powerguard.bus import Bus
+from powerguard.coordinator.policy import Policy
+from powerguard.schemas import (
+    NodeConfig,
+    OnBattery,
+    OnLine,
+    PowerData,
+    PowerStatus,
+    SagaStateChanged,
+    SiteConfig,
+    UpsConfig,
+)
+
+JOBS = {"j1": ["n1", "n1", "n2", "n2"], "j2": ["n3", "n3", "n4", "n4"]}
+NODES = ["n1", "n2", "n3", "n4"]
+POLICY = dict(ckpt_timeout_s=30, shutdown_reserve_s=60, margin_s=5, restore_stable_s=0.3, min_restart_charge_pct=20,
+              shutdown_timeout_s=30, restore_timeout_s=60, tick_s=0.05, lease_ttl_s=2.0)
+
+
+def site(**nats) -> SiteConfig:
+    return SiteConfig(
+        site="dc1",
+        nats=nats or {},
+        ups=[UpsConfig(name="ups-a", driver="nut")],
+        nodes=[NodeConfig(name=n, feeds=["ups-a"]) for n in NODES],
+        coordinator=POLICY,
+    )
+
+
+def policy() -> Policy:
+    return Policy(**POLICY)
+
+
+def power(on_battery: bool, runtime_s: float = 300.0, charge: float = 80.0) -> PowerData:
+    return PowerData(site="dc1", ups="ups-a", on_battery=on_battery, runtime_s=runtime_s, charge_pct=charge)
+
+
+async def outage(bus: Bus, runtime_s: float = 300.0) -> OnBattery:
+    event = OnBattery(source="/powerguard/ups-monitor", data=power(True, runtime_s))
+    await bus.publish(event)
+    return event
+
+
+async def drain_battery(bus: Bus, runtime_s: float = 40.0) -> None:
+    await bus.publish(PowerStatus(source="/powerguard/ups-monitor", data=power(True, runtime_s)))
+
+
+async def power_back(bus: Bus) -> None:
+    await bus.publish(OnLine(source="/powerguard/ups-monitor", data=power(False, 600, 90)))
+
+
+async def eventually(cond: Callable[[], bool], timeout: float = 15.0, what: str = "condition") -> None:
+    """Poll a condition that has no event to await (bounded)."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+class SagaWatch:
+    """Collects saga state changes from the bus."""
+
+    def __init__(self, bus: Bus) -> None:
+        self.bus = bus
+        self.states: list[str] = []
+        self.events: list[SagaStateChanged] = []
+        self._task: asyncio.Task | None = None
+        self._sub = None
+
+    async def start(self) -> SagaWatch:
+        self._sub = self.bus.subscribe(SagaStateChanged, deliver="all")
+        await self._sub.start()
+        self._task = asyncio.create_task(self._run())
+        return self
+
+    async def _run(self) -> None:
+        async for ev in self._sub:
+            if ev.id not in {e.id for e in self.events}:
+                self.events.append(ev)
+                self.states.append(ev.data.state.value)
+
+    async def reach(self, state: str, timeout: float = 20.0) -> None:
+        await eventually(lambda: state in self.states, timeout, f"saga state {state} (seen {self.states})")
+
+    async def stop(self) -> None:
+        if self._task:
+            self._task.cancel()
+        if self._sub:
+            await self._sub.aclose()
