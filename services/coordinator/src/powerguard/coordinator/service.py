@@ -86,6 +86,8 @@ class Coordinator:
         )
         if on_ready:
             on_ready()
+        log.info("coordinator %s ready for site %s (lease ttl %.1fs)", self.instance, self.site.site,
+                 self.policy.lease_ttl_s)
         renew_every = self.policy.lease_ttl_s / 3
         last_renew = 0.0
         try:

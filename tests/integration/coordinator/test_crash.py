@@ -1,0 +1,156 @@
+"""The coordinator as a real process: SIGKILL in every state, restart, the saga completes in the
+same trace with no command executed twice; two replicas, exactly one acts."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from powerguard.coordinator.store import SagaStore
+from powerguard.sim.agents import SimulatedRanks
+from powerguard.sim.executor import SimulatedPowerControl
+
+from .helpers import JOBS, NODES, SagaWatch, drain_battery, eventually, outage, power_back, site
+
+pytestmark = pytest.mark.integration
+
+
+class CoordinatorProcess:
+    def __init__(self, config: Path, url: str, instance: str) -> None:
+        self.config, self.url, self.instance = config, url, instance
+        self.proc: asyncio.subprocess.Process | None = None
+        self.lines: list[dict] = []
+        self._reader: asyncio.Task | None = None
+
+    async def start(self) -> CoordinatorProcess:
+        self.proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "powerguard.coordinator", "--config", str(self.config), "--nats-url", self.url,
+            "--instance", self.instance, "--http-port", "0", "--log-level", "INFO",
+            stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+        )
+        self._reader = asyncio.create_task(self._read())
+        return self
+
+    async def _read(self) -> None:
+        assert self.proc and self.proc.stderr
+        async for raw in self.proc.stderr:
+            try:
+                self.lines.append(json.loads(raw))
+            except ValueError:
+                self.lines.append({"msg": raw.decode(errors="replace")})
+
+    def said(self, text: str) -> bool:
+        return any(text in line.get("msg", "") for line in self.lines)
+
+    async def kill(self) -> None:
+        if self.proc and self.proc.returncode is None:
+            self.proc.send_signal(signal.SIGKILL)
+            await self.proc.wait()
+
+    async def stop(self) -> int:
+        if self.proc and self.proc.returncode is None:
+            self.proc.send_signal(signal.SIGTERM)
+            await asyncio.wait_for(self.proc.wait(), 20)
+        if self._reader:
+            await asyncio.wait_for(self._reader, 5)
+        return self.proc.returncode if self.proc else 0
+
+
+@pytest.fixture
+async def world(make_bus, names, nats_server, tmp_path):
+    cfg = site(prefix=names.prefix, stream=names.stream, sagas_bucket=names.sagas, agents_bucket=names.agents,
+               leases_bucket=names.leases)
+    path = tmp_path / "site.yaml"
+    path.write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
+    sim_bus, ctl_bus, obs_bus = await make_bus("sim"), await make_bus("power-control"), await make_bus("observer")
+    ranks = SimulatedRanks(sim_bus, JOBS, step=80)
+    await ranks.start()
+    executor = SimulatedPowerControl(ctl_bus, resume_step={j: 80 for j in JOBS})
+    await executor.start()
+    watch = await SagaWatch(obs_bus).start()
+    procs: list[CoordinatorProcess] = []
+
+    async def spawn(instance: str = "c1") -> CoordinatorProcess:
+        p = await CoordinatorProcess(path, nats_server.url, instance).start()
+        procs.append(p)
+        return p
+
+    yield dict(sim=sim_bus, obs=obs_bus, ranks=ranks, executor=executor, watch=watch, spawn=spawn)
+    for p in procs:
+        await p.kill()
+    await watch.stop()
+    await executor.stop()
+    await ranks.stop()
+
+
+EXPECTED = sorted([(n, "shutdown") for n in NODES] + [(n, "power_on") for n in NODES]
+                  + [(j, "stop") for j in JOBS] + [(j, "restart") for j in JOBS])
+
+
+@pytest.mark.parametrize("kill_in", ["checkpointing", "holding", "shutting_down", "down", "restoring"])
+async def test_sigkill_in_every_state_then_restart_completes_the_saga(world, kill_in):
+    w = world
+    ranks, executor, watch = w["ranks"], w["executor"], w["watch"]
+    if kill_in == "checkpointing":
+        ranks.ack_delay_s = 1.5
+    if kill_in in ("shutting_down", "restoring"):
+        executor.delay_s = 0.4
+    proc = await w["spawn"]()
+    await eventually(lambda: proc.said("leads site"), 20, "leadership")
+    await outage(w["sim"])
+    if kill_in == "checkpointing":
+        await watch.reach("checkpointing")
+    else:
+        await watch.reach("holding")
+        if kill_in != "holding":
+            await drain_battery(w["sim"])
+            await watch.reach("shutting_down" if kill_in == "shutting_down" else "down")
+            if kill_in == "restoring":
+                await power_back(w["sim"])
+                await watch.reach("restoring")
+    sagas = SagaStore(await w["obs"].sagas())
+    (before, _), = await sagas.load()
+    await proc.kill()
+    proc = await w["spawn"]()  # same instance name: takes its lease back at once
+    if kill_in in ("checkpointing", "holding"):
+        await watch.reach("holding")
+        await drain_battery(w["sim"])
+    if kill_in in ("checkpointing", "holding", "shutting_down"):
+        await watch.reach("down")
+    if kill_in != "restoring":
+        await power_back(w["sim"])
+    await watch.reach("done", 30)
+    assert await proc.stop() == 0
+    (after, _), = await sagas.load()
+    assert after.trace_id == before.trace_id and after.root_span_id == before.root_span_id
+    assert sorted(executor.actions()) == EXPECTED  # every command executed exactly once
+    assert len(executor.executed) == len(set(executor.executed))
+    assert watch.states[-3:] == ["restoring", "resumed", "done"]
+    assert len(watch.states) == len(set(watch.states))  # no transition published twice
+
+
+async def test_two_replicas_exactly_one_acts_and_the_other_takes_over(world):
+    w = world
+    a = await w["spawn"]("replica-a")
+    await eventually(lambda: a.said("leads site"), 20, "first leader")
+    b = await w["spawn"]("replica-b")
+    await eventually(lambda: b.said("ready for site"), 20, "standby up")
+    await outage(w["sim"])
+    await w["watch"].reach("holding")
+    assert not b.said("leads site")
+    await a.kill()
+    await eventually(lambda: b.said("leads site"), 20, "takeover")
+    await drain_battery(w["sim"])
+    await power_back(w["sim"])
+    await w["watch"].reach("done", 30)
+    assert sorted(w["executor"].actions()) == EXPECTED
+    assert not a.said("resuming saga")  # a never restarted
+    assert b.said("resuming saga")
+    assert await b.stop() == 0
