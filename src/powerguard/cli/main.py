@@ -129,6 +129,57 @@ def nats(
         server.stop()
 
 
+@app.command()
+def status(
+    url: str = typer.Option(DEFAULT_URL, "--url", "-s", help="NATS server URL (env NATS_URL)"),
+    config: Path = typer.Option(None, "--config", "-c", help="Site YAML (for the NATS names it sets)"),
+    show_all: bool = typer.Option(False, "--all", help="Also list finished sagas"),
+    as_json: bool = typer.Option(False, "--json", help="JSON instead of a table"),
+) -> None:
+    """Show open outage sagas: state, acks received/expected, checkpoint budget left."""
+    from rich.table import Table
+
+    from powerguard.bus import Bus
+    from powerguard.coordinator.status import sagas
+    from powerguard.schemas import load_site
+
+    async def fetch() -> list[dict]:
+        names = BusNames.from_settings(load_site(config).nats) if config else BusNames()
+        bus = await Bus.connect(url, service="status", names=names, setup=False)
+        try:
+            return await sagas(bus, include_closed=show_all)
+        finally:
+            await bus.close()
+
+    try:
+        rows = asyncio.run(fetch())
+    except (BusError, PowerGuardError) as exc:
+        err.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(1) from None
+    if as_json:
+        sys.stdout.write(json.dumps(rows, indent=2) + "\n")
+        return
+    if not rows:
+        err.print("no open sagas" if not show_all else "no sagas")
+        return
+    table = Table(title="outage sagas")
+    for col in ("saga", "state", "acks", "budget left", "on battery", "at risk", "age", "reason"):
+        table.add_column(col)
+    for r in rows:
+        budget = "-" if r["budget_left_s"] is None else f"{r['budget_left_s']:.0f}s"
+        table.add_row(
+            r["saga"],
+            r["state"],
+            r["acks"],
+            budget,
+            ",".join(r["ups_on_battery"]),
+            ",".join(r["nodes_at_risk"]),
+            f"{r['age_s']:.0f}s",
+            r["reason"] or "",
+        )
+    Console().print(table)
+
+
 @schemas_app.command("export")
 def schemas_export(directory: Path = typer.Argument(..., help="Output directory")) -> None:
     """Write asyncapi.yaml, events.md and one <type>.schema.json per event type."""

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import signal
 import sys
 from pathlib import Path
@@ -82,7 +81,7 @@ async def world(make_bus, names, nats_server, tmp_path):
         procs.append(p)
         return p
 
-    yield dict(sim=sim_bus, obs=obs_bus, ranks=ranks, executor=executor, watch=watch, spawn=spawn)
+    yield dict(path=path, url=nats_server.url, sim=sim_bus, obs=obs_bus, ranks=ranks, executor=executor, watch=watch, spawn=spawn)
     for p in procs:
         await p.kill()
     await watch.stop()
@@ -145,11 +144,21 @@ async def test_two_replicas_exactly_one_acts_and_the_other_takes_over(world):
     await outage(w["sim"])
     await w["watch"].reach("holding")
     assert not b.said("leads site")
+    out = await asyncio.create_subprocess_exec(
+        str(Path(sys.executable).parent / "powerguard"), "status", "--json", "--url", w["url"], "--config",
+        str(w["path"]), stdout=asyncio.subprocess.PIPE)
+    stdout, _ = await out.communicate()
+    (row,) = json.loads(stdout)
+    assert (row["state"], row["acks"], row["nodes_at_risk"]) == ("holding", "8/8", NODES)
     await a.kill()
     await eventually(lambda: b.said("leads site"), 20, "takeover")
     await drain_battery(w["sim"])
     await power_back(w["sim"])
-    await w["watch"].reach("done", 30)
+    try:
+        await w["watch"].reach("done", 30)
+    except AssertionError:
+        print("\n".join(str(x) for x in b.lines))
+        raise
     assert sorted(w["executor"].actions()) == EXPECTED
     assert not a.said("resuming saga")  # a never restarted
     assert b.said("resuming saga")

@@ -298,3 +298,23 @@ def test_record_round_trips_through_json():
     d.ack("j1", 0)
     back = saga.SagaRecord.model_validate_json(d.rec.model_dump_json())
     assert back == d.rec
+
+
+def test_a_batch_of_inputs_counts_power_readings_in_order():
+    d = Drive()
+    d.power("A", True)
+    d.ack_all("j1")
+    low = saga.Power(ups="A", on_battery=True, runtime_s=40)
+    back = saga.Power(ups="A", on_battery=False, runtime_s=600, charge_pct=90)
+    d.ups["A"].on_battery = False
+    cmds = d._feed([low, back])  # the coordinator was busy: both readings arrive together
+    assert d.state == "shutting_down"  # the low reading decided before power came back (power race)
+    assert ("shutdown", "n1") in d.kinds(cmds)
+
+
+def test_a_batch_of_acks_settles_like_one_by_one():
+    d = Drive()
+    d.power("A", True)
+    acks = [saga.Ack(job="j1", rank=r, request_id="s1/j1/ckpt", step=101) for r in range(4)]
+    d._feed(acks)
+    assert d.state == "holding" and d.rec.jobs["j1"].missing == []

@@ -13,6 +13,8 @@ re-derives what a restarted coordinator must send again.
 from __future__ import annotations
 
 import secrets
+from collections import defaultdict
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -153,12 +155,12 @@ class SagaRecord(BaseModel):
     shutdown_started_at: float | None = None
     power_back_at: float | None = None
     restore_started_at: float | None = None
-    issued: list[str] = Field(default_factory=list)
+    issued: set[str] = Field(default_factory=set)
     history: list[Transition] = Field(default_factory=list)
     trace_id: str = Field(default_factory=lambda: secrets.token_hex(16))
     root_span_id: str = Field(default_factory=lambda: secrets.token_hex(8))
     parent_span_id: str | None = None  # the span that published the first on_battery
-    spans_done: list[str] = Field(default_factory=list)
+    spans_done: set[str] = Field(default_factory=set)
 
     @property
     def terminal(self) -> bool:
@@ -167,6 +169,13 @@ class SagaRecord(BaseModel):
     @property
     def on_battery(self) -> list[str]:
         return sorted(u for u, v in self.ups.items() if v.on_battery)
+
+    def jobs_by_node(self) -> dict[str, list[str]]:
+        out: dict[str, list[str]] = defaultdict(list)
+        for name in sorted(self.jobs):
+            for node in sorted(set(self.jobs[name].ranks.values())):
+                out[node].append(name)
+        return out
 
     def acks(self) -> tuple[int, int]:
         """(ranks acked, ranks expected) over every job."""
@@ -198,37 +207,53 @@ def start(
 
 
 def handle(
-    rec: SagaRecord, inp: Input, *, now: float, topo: Topology, policy: Policy, jobs: dict[str, JobInfo] | None = None
+    rec: SagaRecord,
+    inputs: Input | Sequence[Input],
+    *,
+    now: float,
+    topo: Topology,
+    policy: Policy,
+    jobs: dict[str, JobInfo] | Callable[[], dict[str, JobInfo]] | None = None,
 ) -> list[Command]:
-    """Apply one input; return the new commands (never one already issued in this saga).
+    """Apply one input (or a batch of inputs, then advance once); return the new commands,
+    never one already issued in this saga.
 
-    ``jobs`` (the current agent registry) lets nodes that become at risk mid-saga join it.
+    ``jobs`` (the current agent registry, or a function returning it, called only when needed)
+    lets nodes that become at risk mid-saga join it.
     """
     if rec.terminal:
         return []
     out: list[Command] = []
-    match inp:
-        case Power():
-            _observe(rec, inp, now)
-        case Ack():
-            _ack(rec, inp, now)
-        case NodeReport():
-            _node_report(rec, inp, now)
-        case Resumed():
-            plan = rec.jobs.get(inp.job)
-            if plan is not None and rec.state == S.RESTORING and plan.resumed_at is None:
-                plan.resumed_at, plan.resumed_step = now, inp.step
-        case Tick():
-            pass
+    for inp in inputs if isinstance(inputs, Sequence) else (inputs,):
+        match inp:
+            case Power():
+                _observe(rec, inp, now)
+                _settle(rec, now, topo, policy, jobs, out)  # power readings count one by one, in order
+            case Ack():
+                _ack(rec, inp, now)
+            case NodeReport():
+                _node_report(rec, inp, now)
+            case Resumed():
+                plan = rec.jobs.get(inp.job)
+                if plan is not None and rec.state == S.RESTORING and plan.resumed_at is None:
+                    plan.resumed_at, plan.resumed_step = now, inp.step
+            case Tick():
+                pass
+        if rec.terminal:
+            break
+    _settle(rec, now, topo, policy, jobs, out)
+    rec.updated_at = now
+    return out
+
+
+def _settle(rec: SagaRecord, now: float, topo: Topology, policy: Policy, jobs, out: list[Command]) -> None:
     if rec.state in BEFORE_SHUTDOWN:
         risk = topo.nodes_at_risk(rec.on_battery)
         new_nodes = [n for n in risk if n not in rec.nodes]
         rec.at_risk = risk
         if new_nodes and jobs is not None:
-            _join(rec, new_nodes, jobs)
+            _join(rec, new_nodes, jobs() if callable(jobs) else jobs)
     _advance(rec, now, topo, policy, out)
-    rec.updated_at = now
-    return out
 
 
 def _join(rec: SagaRecord, nodes: list[str], jobs: dict[str, JobInfo]) -> None:
@@ -272,6 +297,8 @@ def _ack(rec: SagaRecord, a: Ack, now: float) -> None:
         plan.failed.pop(a.rank, None)
     elif a.rank not in plan.acked:
         plan.failed[a.rank] = a.error or "failed"
+    if plan.answered:
+        plan.settled_at = now
 
 
 def _node_report(rec: SagaRecord, r: NodeReport, now: float) -> None:
@@ -344,7 +371,7 @@ def _issue(rec: SagaRecord, out: list[Command], kind: CommandKind, target: str, 
     key = f"{rec.saga_id}/{target}/{action}"
     if key in rec.issued:
         return
-    rec.issued.append(key)
+    rec.issued.add(key)
     out.append(Command(kind=kind, key=key, target=target, args=args))
 
 
@@ -449,10 +476,10 @@ def _shutdown(rec: SagaRecord, now: float, reason: str, out: list[Command]) -> N
     for name, plan in sorted(rec.jobs.items()):
         if set(plan.ranks.values()) & targets:
             _issue(rec, out, "job_stop", name, "stop", nodes=sorted(set(plan.ranks.values())))
+    by_node = rec.jobs_by_node()
     for node in sorted(targets):
         rec.nodes[node].shutdown_at = now
-        jobs = sorted(j for j, p in rec.jobs.items() if node in p.ranks.values())
-        _issue(rec, out, "shutdown", node, "shutdown", jobs=jobs, reason=reason)
+        _issue(rec, out, "shutdown", node, "shutdown", jobs=by_node.get(node, []), reason=reason)
     if not targets:
         _set(rec, S.DOWN, now, "no node to shut down")
 
@@ -482,10 +509,10 @@ def pending(rec: SagaRecord) -> list[Command]:
         for name, p in sorted(rec.jobs.items()):
             if f"{rec.saga_id}/{name}/stop" in rec.issued:
                 again("job_stop", name, "stop", nodes=sorted(set(p.ranks.values())))
+        by_node = rec.jobs_by_node()
         for node, p in sorted(rec.nodes.items()):
             if p.shutdown_at is not None and p.off_at is None:
-                jobs = sorted(j for j, jp in rec.jobs.items() if node in jp.ranks.values())
-                again("shutdown", node, "shutdown", jobs=jobs, reason=rec.shutdown_reason)
+                again("shutdown", node, "shutdown", jobs=by_node.get(node, []), reason=rec.shutdown_reason)
     elif rec.state == S.RESTORING:
         for node, p in sorted(rec.nodes.items()):
             if p.power_on_at is not None and p.ready_at is None:

@@ -86,8 +86,9 @@ class Coordinator:
         )
         if on_ready:
             on_ready()
-        log.info("coordinator %s ready for site %s (lease ttl %.1fs)", self.instance, self.site.site,
-                 self.policy.lease_ttl_s)
+        log.info(
+            "coordinator %s ready for site %s (lease ttl %.1fs)", self.instance, self.site.site, self.policy.lease_ttl_s
+        )
         renew_every = self.policy.lease_ttl_s / 3
         last_renew = 0.0
         try:
@@ -171,11 +172,16 @@ class Coordinator:
             now = time.time()
             before = {sid: self._snapshot(o.rec) for sid, o in self.open.items()}
             out: dict[str, list[Command]] = {}
+            inputs: dict[str, list[Input]] = {}
             for item in items:
-                self._route(item, now, out)
+                self._route(item, now, inputs, out)
+            for sid, batch in inputs.items():
+                if sid in self.open:
+                    self._apply(self.open[sid], batch, now, out)
             await self._commit(before, out, now)
 
-    def _route(self, item: Received, now: float, out: dict[str, list[Command]]) -> None:
+    def _route(self, item: Received, now: float, inputs: dict[str, list[Input]], out: dict[str, list[Command]]) -> None:
+        """Turn one event into saga inputs (queued per saga in ``inputs``)."""
         ev = item.event
         if isinstance(ev, PowerEvent):
             d = ev.data
@@ -200,8 +206,8 @@ class Coordinator:
             view.runtime_s = p.runtime_s if p.runtime_s is not None else view.runtime_s
             view.charge_pct = p.charge_pct if p.charge_pct is not None else view.charge_pct
             if self.open:
-                for o in self.open.values():
-                    self._apply(o, p, now, out)
+                for sid in self.open:
+                    inputs.setdefault(sid, []).append(p)
             else:
                 self._maybe_start(now, parse_traceparent(item.headers.get("traceparent")), out)
             return
@@ -230,26 +236,28 @@ class Coordinator:
         if isinstance(ev, NodeState):
             state = {"off": "off", "ready": "ready"}.get(ev.data.state)
             if state:
-                self._to_node_saga(ev.data.node, NodeReport(node=ev.data.node, state=state), now, out)
+                self._to_node_saga(ev.data.node, NodeReport(node=ev.data.node, state=state), inputs)
             return
         if isinstance(ev, PowerActionFailed):
             d = ev.data
             kind = "failed_on" if d.action == "on" else "failed_off" if d.action in ("off", "soft_off") else None
             if kind:
-                self._to_node_saga(d.node, NodeReport(node=d.node, state=kind, detail=d.error), now, out)
+                self._to_node_saga(d.node, NodeReport(node=d.node, state=kind, detail=d.error), inputs)
             return
         if isinstance(ev, JobResumed):
-            for o in self.open.values():
+            for sid, o in self.open.items():
                 if ev.data.job in o.rec.jobs:
-                    self._apply(o, Resumed(job=ev.data.job, step=ev.data.step), now, out)
+                    inputs.setdefault(sid, []).append(Resumed(job=ev.data.job, step=ev.data.step))
 
-    def _to_node_saga(self, node: str, report: NodeReport, now: float, out: dict[str, list[Command]]) -> None:
-        for o in self.open.values():
+    def _to_node_saga(self, node: str, report: NodeReport, inputs: dict[str, list[Input]]) -> None:
+        for sid, o in self.open.items():
             if node in o.rec.nodes:
-                self._apply(o, report, now, out)
+                inputs.setdefault(sid, []).append(report)
 
-    def _apply(self, o: _Open, inp: Input, now: float, out: dict[str, list[Command]]) -> None:
-        cmds = saga.handle(o.rec, inp, now=now, topo=self.topo, policy=self.policy, jobs=self.registry.jobs(now))
+    def _apply(self, o: _Open, inp: Input | list[Input], now: float, out: dict[str, list[Command]]) -> None:
+        cmds = saga.handle(
+            o.rec, inp, now=now, topo=self.topo, policy=self.policy, jobs=lambda: self.registry.jobs(now)
+        )
         out.setdefault(o.rec.saga_id, []).extend(cmds)
 
     def _maybe_start(self, now: float, trace: tuple[str, str] | None, out: dict[str, list[Command]]) -> None:

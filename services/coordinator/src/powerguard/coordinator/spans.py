@@ -44,7 +44,7 @@ def _emit(
     if error:
         span.set_status(Status(StatusCode.ERROR, error))
     span.end(end_time=_ns(max(start, end)))
-    rec.spans_done.append(key)
+    rec.spans_done.add(key)
 
 
 def emit_finished(tracer: Tracer, rec: SagaRecord, now: float) -> None:
@@ -136,4 +136,4 @@ def _emit_root(tracer: Tracer, rec: SagaRecord, now: float) -> None:
     if rec.state == S.FAILED:
         span.set_status(Status(StatusCode.ERROR, rec.reason or "failed"))
     span.end(end_time=_ns(now))
-    rec.spans_done.append("root")
+    rec.spans_done.add("root")

@@ -1,0 +1,37 @@
+"""What ``powerguard status`` shows: the sagas in KV, their state, acks and time budget."""
+
+from __future__ import annotations
+
+import time
+
+from powerguard.bus import Bus
+
+from .saga import SagaRecord
+from .store import SagaStore
+
+
+def summarize(rec: SagaRecord, now: float | None = None) -> dict:
+    now = time.time() if now is None else now
+    acked, expected = rec.acks()
+    budget = None
+    if rec.state.value == "checkpointing" and rec.deadline is not None:
+        budget = max(0.0, rec.deadline - now)
+    return {
+        "saga": rec.saga_id,
+        "site": rec.site,
+        "state": rec.state.value,
+        "reason": rec.reason,
+        "acks": f"{acked}/{expected}",
+        "budget_left_s": None if budget is None else round(budget, 1),
+        "ups_on_battery": rec.on_battery,
+        "nodes_at_risk": rec.at_risk,
+        "missing": {j: p.missing for j, p in rec.jobs.items() if p.missing and p.settled_at is not None},
+        "started": rec.created_at,
+        "age_s": round(now - rec.created_at, 1),
+        "trace_id": rec.trace_id,
+    }
+
+
+async def sagas(bus: Bus, *, include_closed: bool = False) -> list[dict]:
+    store = SagaStore(await bus.sagas())
+    return [summarize(rec) for rec, _ in await store.load(open_only=not include_closed)]
