@@ -91,7 +91,9 @@ def test_embedded_server_starts_on_a_free_port_and_stops_by_pid(tmp_path):
 
 
 @pytest.mark.parametrize("service", ["ups_monitor", "coordinator", "power_control", "ckpt_agent"])
-async def test_service_starts_reports_ready_and_drains_on_sigterm(service, nats_server):
+async def test_service_starts_reports_ready_and_drains_on_sigterm(service, nats_server, tmp_path):
+    site = tmp_path / "site.yaml"
+    site.write_text("site: dc1\nups: [{name: ups-a, driver: nut}]\nnodes: [{name: n1, feeds: [ups-a]}]\n")
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
@@ -100,6 +102,8 @@ async def test_service_starts_reports_ready_and_drains_on_sigterm(service, nats_
         nats_server.url,
         "--http-port",
         "0",
+        "--config",
+        str(site),
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
     )

@@ -37,8 +37,10 @@ class SimulatedRanks:
     failing: set[tuple[str, int]] = field(default_factory=set)  # answer ckpt.failed
     requests_seen: dict[tuple[str, int], float] = field(default_factory=dict)  # (job, rank) -> perf_counter
     acked: dict[str, set[int]] = field(default_factory=lambda: defaultdict(set))
+    acked_at: dict[tuple[str, int], float] = field(default_factory=dict)  # perf_counter after the ack was stored
     _subs: list = field(default_factory=list)
     _tasks: set = field(default_factory=set)
+    _ack_slots: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(256))
 
     async def start(self, *, register: bool = True) -> None:
         sem = asyncio.Semaphore(256)
@@ -62,22 +64,26 @@ class SimulatedRanks:
 
         if register:
             await asyncio.gather(*(reg(j, r, n) for j, nodes in self.jobs.items() for r, n in enumerate(nodes)))
-        for job, nodes in self.jobs.items():
-            for rank in range(len(nodes)):
-                sub = await self.bus.nc.subscribe(self.bus.subjects.ckpt_request(job), cb=self._handler(job, rank))
-                self._subs.append(sub)
+        for job in self.jobs:
+            sub = await self.bus.nc.subscribe(self.bus.subjects.ckpt_request(job), cb=self._handler(job))
+            self._subs.append(sub)
         await self.bus.nc.flush()
 
-    def _handler(self, job: str, rank: int):
+    def _handler(self, job: str):
+        """One subscription per job stands in for the job's ranks: every rank sees the request
+        when it reaches this process (decoded once, not once per simulated rank)."""
+
         async def on_request(msg) -> None:
-            self.requests_seen.setdefault((job, rank), time.perf_counter())
+            seen = time.perf_counter()
             request = decode(msg.data)
             assert isinstance(request, CheckpointRequested)
-            if (job, rank) in self.silent:
-                return
-            task = asyncio.create_task(self._ack(request, job, rank))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            for rank in range(len(self.jobs[job])):
+                self.requests_seen.setdefault((job, rank), seen)
+                if (job, rank) in self.silent:
+                    continue
+                task = asyncio.create_task(self._ack(request, job, rank))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
 
         return on_request
 
@@ -93,7 +99,9 @@ class SimulatedRanks:
             step=self.step,
         )
         if (job, rank) in self.failing:
-            event = CheckpointFailed(data=CheckpointFailedData(**base, error="simulated disk full"))
+            event: CheckpointDurable | CheckpointFailed = CheckpointFailed(
+                data=CheckpointFailedData(**base, error="simulated disk full")
+            )
         else:
             event = CheckpointDurable(
                 data=CheckpointDurableData(
@@ -104,7 +112,9 @@ class SimulatedRanks:
                     durations=Durations(total_s=self.ack_delay_s),
                 )
             )
-        await self.bus.publish(event)
+        async with self._ack_slots:  # one process stands in for many ranks: bound its in-flight acks
+            await self.bus.publish(event)
+        self.acked_at[(job, rank)] = time.perf_counter()
         self.acked[job].add(rank)
 
     async def stop(self) -> None:

@@ -21,8 +21,17 @@ from powerguard.schemas import (
 
 JOBS = {"j1": ["n1", "n1", "n2", "n2"], "j2": ["n3", "n3", "n4", "n4"]}
 NODES = ["n1", "n2", "n3", "n4"]
-POLICY = dict(ckpt_timeout_s=30, shutdown_reserve_s=60, margin_s=5, restore_stable_s=0.3, min_restart_charge_pct=20,
-              shutdown_timeout_s=30, restore_timeout_s=60, tick_s=0.05, lease_ttl_s=2.0)
+POLICY = dict(
+    ckpt_timeout_s=30,
+    shutdown_reserve_s=60,
+    margin_s=5,
+    restore_stable_s=0.3,
+    min_restart_charge_pct=20,
+    shutdown_timeout_s=30,
+    restore_timeout_s=60,
+    tick_s=0.05,
+    lease_ttl_s=2.0,
+)
 
 
 def site(**nats) -> SiteConfig:

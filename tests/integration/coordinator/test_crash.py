@@ -30,9 +30,21 @@ class CoordinatorProcess:
 
     async def start(self) -> CoordinatorProcess:
         self.proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "powerguard.coordinator", "--config", str(self.config), "--nats-url", self.url,
-            "--instance", self.instance, "--http-port", "0", "--log-level", "INFO",
-            stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+            sys.executable,
+            "-m",
+            "powerguard.coordinator",
+            "--config",
+            str(self.config),
+            "--nats-url",
+            self.url,
+            "--instance",
+            self.instance,
+            "--http-port",
+            "0",
+            "--log-level",
+            "INFO",
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.PIPE,
         )
         self._reader = asyncio.create_task(self._read())
         return self
@@ -64,8 +76,13 @@ class CoordinatorProcess:
 
 @pytest.fixture
 async def world(make_bus, names, nats_server, tmp_path):
-    cfg = site(prefix=names.prefix, stream=names.stream, sagas_bucket=names.sagas, agents_bucket=names.agents,
-               leases_bucket=names.leases)
+    cfg = site(
+        prefix=names.prefix,
+        stream=names.stream,
+        sagas_bucket=names.sagas,
+        agents_bucket=names.agents,
+        leases_bucket=names.leases,
+    )
     path = tmp_path / "site.yaml"
     path.write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
     sim_bus, ctl_bus, obs_bus = await make_bus("sim"), await make_bus("power-control"), await make_bus("observer")
@@ -81,7 +98,16 @@ async def world(make_bus, names, nats_server, tmp_path):
         procs.append(p)
         return p
 
-    yield dict(path=path, url=nats_server.url, sim=sim_bus, obs=obs_bus, ranks=ranks, executor=executor, watch=watch, spawn=spawn)
+    yield dict(
+        path=path,
+        url=nats_server.url,
+        sim=sim_bus,
+        obs=obs_bus,
+        ranks=ranks,
+        executor=executor,
+        watch=watch,
+        spawn=spawn,
+    )
     for p in procs:
         await p.kill()
     await watch.stop()
@@ -89,8 +115,12 @@ async def world(make_bus, names, nats_server, tmp_path):
     await ranks.stop()
 
 
-EXPECTED = sorted([(n, "shutdown") for n in NODES] + [(n, "power_on") for n in NODES]
-                  + [(j, "stop") for j in JOBS] + [(j, "restart") for j in JOBS])
+EXPECTED = sorted(
+    [(n, "shutdown") for n in NODES]
+    + [(n, "power_on") for n in NODES]
+    + [(j, "stop") for j in JOBS]
+    + [(j, "restart") for j in JOBS]
+)
 
 
 @pytest.mark.parametrize("kill_in", ["checkpointing", "holding", "shutting_down", "down", "restoring"])
@@ -115,7 +145,7 @@ async def test_sigkill_in_every_state_then_restart_completes_the_saga(world, kil
                 await power_back(w["sim"])
                 await watch.reach("restoring")
     sagas = SagaStore(await w["obs"].sagas())
-    (before, _), = await sagas.load()
+    ((before, _),) = await sagas.load()
     await proc.kill()
     proc = await w["spawn"]()  # same instance name: takes its lease back at once
     if kill_in in ("checkpointing", "holding"):
@@ -127,7 +157,7 @@ async def test_sigkill_in_every_state_then_restart_completes_the_saga(world, kil
         await power_back(w["sim"])
     await watch.reach("done", 30)
     assert await proc.stop() == 0
-    (after, _), = await sagas.load()
+    ((after, _),) = await sagas.load()
     assert after.trace_id == before.trace_id and after.root_span_id == before.root_span_id
     assert sorted(executor.actions()) == EXPECTED  # every command executed exactly once
     assert len(executor.executed) == len(set(executor.executed))
@@ -145,8 +175,15 @@ async def test_two_replicas_exactly_one_acts_and_the_other_takes_over(world):
     await w["watch"].reach("holding")
     assert not b.said("leads site")
     out = await asyncio.create_subprocess_exec(
-        str(Path(sys.executable).parent / "powerguard"), "status", "--json", "--url", w["url"], "--config",
-        str(w["path"]), stdout=asyncio.subprocess.PIPE)
+        str(Path(sys.executable).parent / "powerguard"),
+        "status",
+        "--json",
+        "--url",
+        w["url"],
+        "--config",
+        str(w["path"]),
+        stdout=asyncio.subprocess.PIPE,
+    )
     stdout, _ = await out.communicate()
     (row,) = json.loads(stdout)
     assert (row["state"], row["acks"], row["nodes_at_risk"]) == ("holding", "8/8", NODES)

@@ -46,16 +46,32 @@ async def test_full_saga_with_two_jobs_of_four_ranks(make_bus, spans):
         await watch.reach("down")
         await power_back(sim_bus)
         await watch.reach("done")
-    assert watch.states == ["detected", "checkpointing", "checkpointed", "holding", "shutting_down", "down",
-                            "restoring", "resumed", "done"]
+    assert watch.states == [
+        "detected",
+        "checkpointing",
+        "checkpointed",
+        "holding",
+        "shutting_down",
+        "down",
+        "restoring",
+        "resumed",
+        "done",
+    ]
     actions = sorted(executor.actions())
-    assert actions == sorted([(n, "shutdown") for n in NODES] + [(n, "power_on") for n in NODES]
-                             + [(j, "stop") for j in JOBS] + [(j, "restart") for j in JOBS])
-    (rec, _), = await SagaStore(await bus.sagas()).load()
+    assert actions == sorted(
+        [(n, "shutdown") for n in NODES]
+        + [(n, "power_on") for n in NODES]
+        + [(j, "stop") for j in JOBS]
+        + [(j, "restart") for j in JOBS]
+    )
+    ((rec, _),) = await SagaStore(await bus.sagas()).load()
     assert rec.state.value == "done" and rec.acks() == (8, 8)
     # one trace: the ups-monitor's on_battery publish span is the parent of the outage
-    publish = next(s for s in spans.get_finished_spans()
-                   if s.name.startswith("publish") and s.attributes.get("messaging.message.id") == first.id)
+    publish = next(
+        s
+        for s in spans.get_finished_spans()
+        if s.name.startswith("publish") and s.attributes.get("messaging.message.id") == first.id
+    )
     trace_id = publish.context.trace_id
     assert rec.trace_id == f"{trace_id:032x}"
     names = {s.name for s in spans.get_finished_spans() if s.context.trace_id == trace_id}
@@ -64,8 +80,12 @@ async def test_full_saga_with_two_jobs_of_four_ranks(make_bus, spans):
     assert root.parent.span_id == publish.context.span_id
     assert root.attributes["powerguard.rpo_steps"] == 0
     # power-control's process spans for the commands are in the outage trace too
-    assert any(s.name.startswith("process") and s.context.trace_id == trace_id
-               and "power.cmd" in s.attributes["messaging.destination.name"] for s in spans.get_finished_spans())
+    assert any(
+        s.name.startswith("process")
+        and s.context.trace_id == trace_id
+        and "power.cmd" in s.attributes["messaging.destination.name"]
+        for s in spans.get_finished_spans()
+    )
     await watch.stop()
 
 
@@ -101,13 +121,16 @@ async def test_silent_rank_makes_the_saga_partial_and_bad_input_changes_nothing(
         # bad input first: unknown UPS, malformed payload, ack for an unknown saga
         await sim_bus.publish(OnBattery(data=PowerData(site="dc1", ups="ups-zz", on_battery=True)))
         await sim_bus.nc.publish(sim_bus.subjects.power("dc1", "ups-a"), b"{garbage")
-        await sim_bus.publish(CheckpointDurable(data=CheckpointDurableData(
-            saga_id="nope", job="j1", rank=3, step=1, path="/x", bytes=1, digest="0")))
+        await sim_bus.publish(
+            CheckpointDurable(
+                data=CheckpointDurableData(saga_id="nope", job="j1", rank=3, step=1, path="/x", bytes=1, digest="0")
+            )
+        )
         await outage(sim_bus)
         await watch.reach("holding")
     partial = next(e for e in watch.events if e.data.state.value == "partial")
     assert partial.data.missing_ranks == {"j1": [3]}
-    (rec, _), = await SagaStore(await bus.sagas()).load()
+    ((rec, _),) = await SagaStore(await bus.sagas()).load()
     assert rec.jobs["j1"].missing == [3] and rec.jobs["j2"].missing == []
     assert "ups-zz" not in rec.ups
     await watch.stop()

@@ -56,6 +56,7 @@ class Bus:
         self._kv: dict[str, Kv] = {}
         self._consumers: list[Any] = []
         self._closing = [False]
+        self._reconnected = [asyncio.Event()]
 
     # connection ---------------------------------------------------------------
     @classmethod
@@ -80,6 +81,7 @@ class Bus:
         server answers within ``connect_timeout``."""
         servers = [url] if isinstance(url, str) else list(url)
         closing = [False]  # set by drain()/close(): expected disconnects are not warnings
+        reconnected = [asyncio.Event()]  # set (and replaced) at every reconnect
 
         async def on_error(exc: Exception) -> None:
             (log.debug if closing[0] else log.warning)("nats: %s", exc or type(exc).__name__)
@@ -90,6 +92,8 @@ class Bus:
 
         async def on_reconnect() -> None:
             log.info("nats: reconnected")
+            reconnected[0].set()
+            reconnected[0] = asyncio.Event()
 
         options: dict[str, Any] = dict(
             servers=servers,
@@ -126,6 +130,7 @@ class Bus:
             tracer_provider=tracer_provider,
         )
         bus._closing = closing
+        bus._reconnected = reconnected
         if setup:
             await bus.setup()
         return bus
@@ -241,13 +246,11 @@ class Bus:
             hdrs = {"Nats-Msg-Id": event.id, "Ce-Type": event.type, **(headers or {})}
             inject_headers(hdrs)
             deadline = time.monotonic() + timeout
-            delay, attempt_timeout = 0.05, 1.0  # a lost request (socket died under it) costs 1 s, not 10
+            delay = 0.05
             while True:
                 remaining = deadline - time.monotonic()
                 try:
-                    ack = await self.js.publish(
-                        subject, payload, timeout=max(0.2, min(remaining, attempt_timeout)), headers=hdrs
-                    )
+                    ack = await self._publish_once(subject, payload, hdrs, max(0.2, remaining))
                 except (nats.errors.Error, TimeoutError, OSError) as exc:
                     log.debug("publish attempt failed after %.3fs: %r", time.monotonic() - deadline + timeout, exc)
                     if time.monotonic() + delay >= deadline or self.nc.is_closed:
@@ -258,13 +261,28 @@ class Bus:
                             f"{type(exc).__name__} {exc}"
                         ) from None
                     await asyncio.sleep(delay)
-                    delay, attempt_timeout = min(delay * 2, 1.0), min(attempt_timeout * 2, 5.0)
+                    delay = min(delay * 2, 1.0)
                     continue
                 span.set_attribute("messaging.nats.stream.sequence", ack.seq)
                 if ack.duplicate:
                     span.set_attribute("messaging.nats.duplicate", True)
                 metrics.PUBLISHED.labels(event.type).inc()
                 return ack
+
+    async def _publish_once(self, subject: str, payload: bytes, headers: dict[str, str], timeout: float):
+        """One JetStream publish; abandoned at once when the connection is re-established under
+        it (the request may have died with the old socket), so a retry need not wait it out."""
+        reconnected = self._reconnected[0]
+        attempt = asyncio.ensure_future(self.js.publish(subject, payload, timeout=timeout, headers=headers))
+        watcher = asyncio.ensure_future(reconnected.wait())
+        try:
+            await asyncio.wait({attempt, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            watcher.cancel()
+        if not attempt.done():
+            attempt.cancel()
+            raise nats.errors.TimeoutError  # reconnected while waiting: retry (deduplicated by id)
+        return attempt.result()
 
     async def dead_letter(
         self, *, subject: str, payload: bytes, error: BaseException | str, deliveries: int | None = None

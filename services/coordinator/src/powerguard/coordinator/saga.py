@@ -314,23 +314,22 @@ def _node_report(rec: SagaRecord, r: NodeReport, now: float) -> None:
         plan.error = r.detail or "power on failed"
 
 
-def _node_runtime(rec: SagaRecord, topo: Topology, node: str) -> float | None:
-    """Runtime left for one node at risk: its best feed (None when no feed reports one)."""
-    values = [rec.ups[u].runtime_s for u in topo.feeds.get(node, ()) if u in rec.ups]
-    known = [v for v in values if v is not None]
+def _feeds_runtime(rec: SagaRecord, feeds: tuple[str, ...]) -> float | None:
+    """Runtime left for nodes on these feeds: their best feed (None when no feed reports one)."""
+    known = [v for u in feeds if u in rec.ups and (v := rec.ups[u].runtime_s) is not None]
     return max(known) if known else None
 
 
 def _runtime(rec: SagaRecord, topo: Topology) -> float | None:
     """Runtime left for the nodes at risk: the worst node's best feed."""
-    known = [r for n in rec.at_risk if (r := _node_runtime(rec, topo, n)) is not None]
+    known = [r for fs in topo.feed_sets_at_risk(rec.on_battery) if (r := _feeds_runtime(rec, fs)) is not None]
     return min(known) if known else None
 
 
 def _low_battery(rec: SagaRecord, topo: Topology) -> str | None:
-    """A node at risk whose every feed reports low battery (or FSD)."""
-    for node in rec.at_risk:
-        views = [rec.ups[u] for u in topo.feeds.get(node, ()) if u in rec.ups]
+    """Nodes at risk whose every feed reports low battery (or FSD)."""
+    for feeds in topo.feed_sets_at_risk(rec.on_battery):
+        views = [rec.ups[u] for u in feeds if u in rec.ups]
         if views and all(v.fsd for v in views):
             return "forced shutdown (FSD)"
         if views and all(v.low_battery or v.fsd for v in views):

@@ -146,6 +146,12 @@ class Coordinator:
             subject=subjects,
             batch=512,
         )
+        log.info(
+            "consuming inputs for site %s (%d ranks known, %d open saga(s))",
+            self.site.site,
+            len(self.registry),
+            len(self.open),
+        )
 
     async def _follow(self, why: str) -> None:
         log.info("%s stops leading (%s)", self.instance, why)
@@ -219,19 +225,10 @@ class Coordinator:
                 log.info("ack from %s rank %d for saga %s that is not open: ignored", d.job, d.rank, d.saga_id)
                 return
             ok = isinstance(ev, CheckpointDurable)
-            self._apply(
-                o,
-                Ack(
-                    job=d.job,
-                    rank=d.rank,
-                    request_id=d.request_id,
-                    step=d.step,
-                    ok=ok,
-                    error=None if ok else ev.data.error,
-                ),
-                now,
-                out,
+            ack = Ack(
+                job=d.job, rank=d.rank, request_id=d.request_id, step=d.step, ok=ok, error=None if ok else ev.data.error
             )
+            inputs.setdefault(o.rec.saga_id, []).append(ack)
             return
         if isinstance(ev, NodeState):
             state = {"off": "off", "ready": "ready"}.get(ev.data.state)

@@ -12,6 +12,13 @@ from powerguard.schemas import AgentData, SiteConfig
 class Topology:
     site: str
     feeds: Mapping[str, tuple[str, ...]]  # node -> UPSes feeding it
+    groups: Mapping[tuple[str, ...], tuple[str, ...]] = field(init=False)  # feed set -> its nodes
+
+    def __post_init__(self) -> None:
+        groups: dict[tuple[str, ...], list[str]] = {}
+        for node, feeds in sorted(self.feeds.items()):
+            groups.setdefault(tuple(sorted(set(feeds))), []).append(node)
+        object.__setattr__(self, "groups", {k: tuple(v) for k, v in groups.items()})
 
     @classmethod
     def from_site(cls, site: SiteConfig) -> Topology:
@@ -24,7 +31,11 @@ class Topology:
     def nodes_at_risk(self, on_battery: Iterable[str]) -> list[str]:
         """Nodes whose every feed is on battery (A+B: one healthy feed keeps a node safe)."""
         down = set(on_battery)
-        return sorted(n for n, feeds in self.feeds.items() if feeds and all(f in down for f in feeds))
+        return sorted(n for feeds, nodes in self.groups.items() if feeds and set(feeds) <= down for n in nodes)
+
+    def feed_sets_at_risk(self, on_battery: Iterable[str]) -> list[tuple[str, ...]]:
+        down = set(on_battery)
+        return [feeds for feeds in self.groups if feeds and set(feeds) <= down]
 
 
 @dataclass

@@ -1,0 +1,210 @@
+"""Saga latency with simulated ranks (DESIGN §6).
+
+  A. on_battery -> checkpoint request seen by every one of 1,024 ranks (target <= 100 ms at 1,000)
+  B. last ack of 10,240 ranks -> shutdown commands for all their nodes issued (target <= 1 s at 10,000)
+
+A real nats-server (embedded), the coordinator as its own process, simulated ranks (core NATS
+subscriptions, one per rank) and the measuring clock in this process. Writes
+bench/results/saga.json.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+from powerguard.bus import Bus, BusNames, EmbeddedNats
+from powerguard.schemas import LowBattery, NatsSettings, NodeConfig, OnBattery, OnLine, PowerData, SiteConfig, UpsConfig
+from powerguard.sim.agents import SimulatedRanks
+
+RESULTS = Path(__file__).parent / "results" / "saga.json"
+RANKS_PER_NODE = 8
+
+
+def topology(ranks: int, ranks_per_job: int) -> tuple[SiteConfig, dict[str, list[str]]]:
+    nodes = [f"node{i:05d}" for i in range(ranks // RANKS_PER_NODE)]
+    site = SiteConfig(
+        site="bench",
+        ups=[UpsConfig(name="ups-a", driver="nut")],
+        nodes=[NodeConfig(name=n, feeds=["ups-a"]) for n in nodes],
+        coordinator={
+            "ckpt_timeout_s": 60,
+            "shutdown_reserve_s": 60,
+            "margin_s": 5,
+            "tick_s": 0.1,
+            "restore_stable_s": 0.1,
+        },
+    )
+    per_job_nodes = ranks_per_job // RANKS_PER_NODE
+    jobs = {}
+    for j in range(len(nodes) // per_job_nodes):
+        job_nodes = nodes[j * per_job_nodes : (j + 1) * per_job_nodes]
+        jobs[f"job{j:04d}"] = [n for n in job_nodes for _ in range(RANKS_PER_NODE)]
+    return site, jobs
+
+
+async def start_coordinator(server: EmbeddedNats, site: SiteConfig, names: BusNames, tmp: Path):
+    nats = NatsSettings(
+        prefix=names.prefix,
+        stream=names.stream,
+        sagas_bucket=names.sagas,
+        agents_bucket=names.agents,
+        leases_bucket=names.leases,
+    )
+    cfg = site.model_copy(update={"nats": nats})
+    path = tmp / f"{site.site}.yaml"
+    path.write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "powerguard.coordinator",
+        "--config",
+        str(path),
+        "--nats-url",
+        server.url,
+        "--http-port",
+        "0",
+        "--instance",
+        "bench",
+        stderr=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.DEVNULL,
+    )
+    async for line in proc.stderr:
+        if b"consuming inputs" in line:
+            break
+    drain = asyncio.create_task(_drain(proc.stderr))
+    return proc, drain
+
+
+async def _drain(stream) -> None:
+    async for _ in stream:
+        pass
+
+
+def power(on_battery: bool, runtime: float) -> PowerData:
+    return PowerData(site="bench", ups="ups-a", on_battery=on_battery, runtime_s=runtime, charge_pct=90)
+
+
+async def scenario_a(server: EmbeddedNats, tmp: Path, runs: int = 5) -> dict:
+    site, jobs = topology(1024, 16)
+    total = sum(len(r) for r in jobs.values())
+    names = BusNames.isolated("benchA")
+    bus = await Bus.connect(server.url, service="bench", names=names)
+    # A measures the fan-out of requests: the ranks stay silent so that acks (B) do not share the clock
+    ranks = SimulatedRanks(bus, jobs, silent={(j, r) for j, nodes in jobs.items() for r in range(len(nodes))})
+    await ranks.start()
+    proc, drain = await start_coordinator(server, site, names, tmp)
+    all_requested, per_rank = [], []
+    try:
+        for _ in range(runs):
+            ranks.requests_seen.clear()
+            t0 = time.perf_counter()
+            await bus.publish(OnBattery(data=power(True, 3000)))
+            while len(ranks.requests_seen) < total:
+                await asyncio.sleep(0.001)
+            seen = [t - t0 for t in ranks.requests_seen.values()]
+            all_requested.append(max(seen))
+            per_rank += seen
+            await bus.publish(OnLine(data=power(False, 3000)))  # flap: the saga is cancelled
+            await asyncio.sleep(0.5)
+    finally:
+        proc.terminate()
+        await proc.wait()
+        drain.cancel()
+        await ranks.stop()
+        await bus.close()
+    return {
+        "ranks": total,
+        "runs": runs,
+        "all_ranks_requested_ms": {"p50": _ms(statistics.median(all_requested)), "max": _ms(max(all_requested))},
+        "per_rank_ms": {"p50": _ms(statistics.median(per_rank)), "max": _ms(max(per_rank))},
+        "target_ms": 100,
+    }
+
+
+async def scenario_b(server: EmbeddedNats, tmp: Path) -> dict:
+    site, jobs = topology(10_240, 64)
+    names = BusNames.isolated("benchB")
+    bus = await Bus.connect(server.url, service="bench", names=names)
+    ranks = SimulatedRanks(bus, jobs)
+    t = time.perf_counter()
+    await ranks.start()
+    register_s = time.perf_counter() - t
+    proc, drain = await start_coordinator(server, site, names, tmp)
+    shutdowns: dict[str, float] = {}
+
+    async def on_cmd(msg) -> None:
+        if b"shutdown_requested" in msg.data:
+            shutdowns.setdefault(msg.subject, time.perf_counter())
+
+    sub = await bus.nc.subscribe(bus.subjects.power_cmd("*"), cb=on_cmd)
+    try:
+        t0 = time.perf_counter()
+        # low battery with 300 s left: checkpoint budget 235 s, and shutdown as soon as every rank acked
+        await bus.publish(LowBattery(data=power(True, 300).model_copy(update={"status": ["OB", "LB"]})))
+        nodes = len(site.nodes)
+        deadline = time.monotonic() + 120
+        while len(shutdowns) < nodes and time.monotonic() < deadline:
+            await asyncio.sleep(0.005)
+        if len(shutdowns) < nodes:
+            raise RuntimeError(f"only {len(shutdowns)} of {nodes} shutdown commands within 120 s")
+        last_ack = max(ranks.acked_at.values())
+        requested = max(ranks.requests_seen.values()) - t0
+    finally:
+        await sub.unsubscribe()
+        proc.terminate()
+        await proc.wait()
+        drain.cancel()
+        await ranks.stop()
+        await bus.close()
+    return {
+        "ranks": sum(len(r) for r in jobs.values()),
+        "nodes": len(site.nodes),
+        "jobs": len(jobs),
+        "register_s": round(register_s, 2),
+        "all_ranks_requested_ms": _ms(requested),
+        "acks_window_s": round(last_ack - min(ranks.acked_at.values()), 3),
+        "last_ack_to_all_shutdowns_ms": _ms(max(shutdowns.values()) - last_ack),
+        "last_ack_to_first_shutdown_ms": _ms(min(shutdowns.values()) - last_ack),
+        "target_ms": 1000,
+    }
+
+
+def _ms(seconds: float) -> float:
+    return round(seconds * 1000, 1)
+
+
+async def main() -> None:
+    with tempfile.TemporaryDirectory() as tmp, EmbeddedNats(store_dir=tmp) as server:
+        a = await scenario_a(server, Path(tmp))
+        print(
+            f"A {a['ranks']} ranks: on_battery -> every rank requested  p50 {a['all_ranks_requested_ms']['p50']} ms,"
+            f" max {a['all_ranks_requested_ms']['max']} ms (target <= 100 ms)"
+        )
+        b = await scenario_b(server, Path(tmp))
+        print(
+            f"B {b['ranks']} ranks: last ack -> {b['nodes']} shutdown commands  {b['last_ack_to_all_shutdowns_ms']} ms "
+            f"(target <= 1000 ms); on_battery -> every rank requested {b['all_ranks_requested_ms']} ms"
+        )
+    result = {
+        "machine": f"{os.cpu_count()} cores",
+        "python": sys.version.split()[0],
+        "date": time.strftime("%Y-%m-%d"),
+        "on_battery_to_requests": a,
+        "last_ack_to_shutdown": b,
+    }
+    RESULTS.parent.mkdir(exist_ok=True)
+    RESULTS.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {RESULTS}")
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
