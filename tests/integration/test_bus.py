@@ -188,3 +188,24 @@ async def test_subscriber_survives_a_server_restart(tmp_path):
         await pub_bus.close()
     finally:
         server.cleanup()
+
+
+async def test_batch_consumer_gets_events_with_headers_and_retries_a_failed_batch(bus):
+    batches: list[list] = []
+    done = asyncio.Event()
+
+    async def handle(items) -> None:
+        batches.append(items)
+        if len(batches) == 1:
+            raise RuntimeError("store unavailable")
+        if sum(len(b) for b in batches[1:]) >= 3:
+            done.set()
+
+    for i in range(3):
+        await bus.publish(OnBattery(data=power(ups=f"u{i}")))
+    await bus.consume_batches(OnBattery, batch_handler=handle, durable="batch", backoff=(0.05,))
+    await asyncio.wait_for(done.wait(), TIMEOUT)
+    assert len(batches[0]) == 3  # everything pending arrived as one batch
+    again = [item for b in batches[1:] for item in b]
+    assert sorted(i.event.data.ups for i in again) == ["u0", "u1", "u2"]  # redelivered after the failure
+    assert all(len(i.trace_id or "") == 32 and i.subject.startswith(bus.names.prefix) for i in again)
