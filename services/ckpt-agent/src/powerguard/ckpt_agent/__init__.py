@@ -1,1 +1,20 @@
-"""PowerGuard ckpt-agent: Consistent, durable, two-tier PyTorch DCP checkpoints inside every training rank."""
+"""PowerGuard ckpt-agent: consistent, durable, two-tier PyTorch checkpoints inside every
+training rank, taken at one step on a power event and acked over NATS.
+
+Flat public API::
+
+    from powerguard.ckpt_agent import CheckpointAgent, verify_checkpoint
+"""
+
+from .agent import CheckpointAgent
+from .errors import CheckpointError, CommitError, CorruptCheckpoint, StepAgreementTimeout
+from .verify import verify_checkpoint
+
+__all__ = [
+    "CheckpointAgent",
+    "CheckpointError",
+    "CommitError",
+    "CorruptCheckpoint",
+    "StepAgreementTimeout",
+    "verify_checkpoint",
+]

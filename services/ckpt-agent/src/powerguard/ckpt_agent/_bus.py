@@ -1,0 +1,223 @@
+"""The agent's NATS side: its own asyncio loop in a daemon thread, so training never waits on
+the network. Registers the rank, heartbeats, receives checkpoint requests, publishes acks, and
+answers ``ckpt.failed`` for a request whose deadline passes before this rank acked (a hung
+training loop cannot leave the coordinator guessing)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import threading
+import time
+from collections import deque
+from concurrent.futures import Future
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+from powerguard.bus import Bus, BusNames
+from powerguard.bus.agents import announce
+from powerguard.schemas import (
+    AgentData,
+    AgentDeregistered,
+    AgentHeartbeat,
+    AgentRegistered,
+    CheckpointFailed,
+    CheckpointFailedData,
+    CheckpointRequestData,
+    CheckpointRequested,
+    Envelope,
+    new_id,
+)
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Request:
+    seq: int
+    data: CheckpointRequestData
+    received: float
+
+    @property
+    def deadline_ts(self) -> float:
+        return self.data.deadline.timestamp()
+
+
+class BusThread:
+    def __init__(
+        self, *, url: str, names: BusNames, agent: AgentData, heartbeat_s: float = 5.0, connect_timeout: float = 10.0
+    ) -> None:
+        self.url, self.names, self.agent = url, names, agent
+        self.heartbeat_s = heartbeat_s
+        self.connect_timeout = connect_timeout
+        self.requests: deque[Request] = deque()
+        self.request_seq = 0  # read by the training thread without a lock (int assignment is atomic)
+        self.acked: set[str] = set()  # request ids this rank answered
+        self.step = 0
+        self.last_committed_step: int | None = None
+        self.bus: Bus | None = None
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._run, name=f"pg-ckpt-bus-{agent.rank}", daemon=True)
+        self._ready: Future = Future()
+        self._stop: asyncio.Event | None = None
+        self._lock = threading.Lock()
+        self.http_port: int | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> None:
+        self._thread.start()
+        self._ready.result(timeout=self.connect_timeout + 5)  # raises the connect error, if any
+
+    def close(self, timeout: float = 5.0) -> None:
+        if not self._thread.is_alive():
+            return
+        if self._stop is not None:
+            self.loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(timeout)
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        try:
+            self.loop.run_until_complete(self._main())
+        finally:
+            self.loop.close()
+
+    async def _main(self) -> None:
+        self._stop = asyncio.Event()
+        try:
+            self.bus = await Bus.connect(
+                self.url,
+                service=f"ckpt-agent-{self.agent.job}-{self.agent.rank}",
+                names=self.names,
+                connect_timeout=self.connect_timeout,
+            )
+            await announce(self.bus, AgentRegistered(source=self._source, data=self._data()))
+            sub = self.bus.subscribe(CheckpointRequested, subject=self.bus.subjects.ckpt_request(self.agent.job))
+            await sub.start()
+        except BaseException as exc:
+            self._ready.set_exception(exc)
+            return
+        self._ready.set_result(None)
+        tasks = [
+            asyncio.create_task(self._receive(sub)),
+            asyncio.create_task(self._heartbeat()),
+            asyncio.create_task(self._watchdog()),
+        ]
+        await self._stop.wait()
+        for t in tasks:
+            t.cancel()
+        try:
+            await announce(self.bus, AgentDeregistered(source=self._source, data=self._data()))
+        except Exception as exc:
+            log.debug("deregistration failed: %s", exc)
+        await sub.aclose()
+        await self.bus.drain()
+
+    @property
+    def _source(self) -> str:
+        return f"/powerguard/ckpt-agent/{self.agent.job}/{self.agent.rank}"
+
+    def _data(self) -> AgentData:
+        return self.agent.model_copy(
+            update={
+                "step": self.step,
+                "last_committed_step": self.last_committed_step,
+                "pid": os.getpid(),
+                "heartbeat_s": self.heartbeat_s,
+            }
+        )
+
+    # ------------------------------------------------------------------ loops
+    async def _receive(self, sub) -> None:
+        async for event in sub:
+            assert isinstance(event, CheckpointRequested)
+            with self._lock:
+                if any(r.data.request_id == event.data.request_id for r in self.requests):
+                    continue  # a re-sent request
+                if event.data.request_id in self.acked:
+                    continue
+                self.request_seq += 1
+                self.requests.append(Request(self.request_seq, event.data, time.time()))
+            log.info("checkpoint requested: %s (deadline %s)", event.data.request_id, event.data.deadline)
+
+    async def _heartbeat(self) -> None:
+        while True:
+            await asyncio.sleep(self.heartbeat_s)
+            try:
+                await announce(self.bus, AgentHeartbeat(source=self._source, data=self._data()))
+            except Exception as exc:
+                log.warning("heartbeat failed: %s", exc)
+
+    async def _watchdog(self) -> None:
+        """A request this rank has not answered by its deadline gets ckpt.failed."""
+        while True:
+            await asyncio.sleep(0.2)
+            now = time.time()
+            for r in list(self.requests):
+                if r.data.request_id not in self.acked and now > r.deadline_ts:
+                    self.acked.add(r.data.request_id)
+                    await self._publish(
+                        CheckpointFailed(
+                            source=self._source,
+                            data=CheckpointFailedData(
+                                request_id=r.data.request_id,
+                                saga_id=r.data.saga_id,
+                                job=self.agent.job,
+                                rank=self.agent.rank,
+                                world_size=self.agent.world_size,
+                                step=self.step,
+                                error=f"rank {self.agent.rank}: no checkpoint by the deadline; the training loop did not "
+                                f"reach a step boundary (last at step {self.step})",
+                                error_type="StepAgreementTimeout",
+                            ),
+                        )
+                    )
+
+    async def _publish(self, event: Envelope) -> None:
+        try:
+            await self.bus.publish(event)
+        except Exception as exc:
+            log.error("could not publish %s: %s", event.short_type, exc)
+
+    # ------------------------------------------------------------------ training-thread API
+    def pending(self) -> Request | None:
+        """The newest request not answered yet (older ones are covered by the same checkpoint)."""
+        with self._lock:
+            for r in reversed(self.requests):
+                if r.data.request_id not in self.acked:
+                    return r
+        return None
+
+    def answer(self, request_ids: list[str], event_for: callable) -> None:
+        """Publish one ack per request id (built by ``event_for(request_data)``), from any thread."""
+        with self._lock:
+            todo = [
+                r for r in self.requests if r.data.request_id in request_ids and r.data.request_id not in self.acked
+            ]
+            for r in todo:
+                self.acked.add(r.data.request_id)
+        for r in todo:
+            asyncio.run_coroutine_threadsafe(self._publish(event_for(r.data)), self.loop)
+
+    def publish(self, event: Envelope, timeout: float = 10.0) -> None:
+        asyncio.run_coroutine_threadsafe(self.bus.publish(event), self.loop).result(timeout)
+
+    def run(self, coro, timeout: float = 10.0):
+        """Run a coroutine on the bus loop and wait for its result."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def trigger(self, *, reason: str = "manual", deadline_s: float = 300.0) -> str:
+        """Publish a checkpoint request for this rank's job (the HTTP compatibility endpoint)."""
+        rid = f"{reason}-{new_id()}"
+        event = CheckpointRequested(
+            source=self._source,
+            data=CheckpointRequestData(
+                request_id=rid,
+                job=self.agent.job,
+                reason=reason,
+                deadline=datetime.now(UTC) + timedelta(seconds=deadline_s),
+            ),
+        )
+        self.publish(event)
+        return rid

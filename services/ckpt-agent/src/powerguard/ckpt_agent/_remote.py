@@ -1,0 +1,108 @@
+"""Remote tier: rank 0 copies committed local checkpoints to an fsspec URL in a background
+thread (periodically, and on request when the deadline leaves time). Data files first, then
+the manifests, then the remote ``COMMIT``: a copy cut short is never trusted."""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import threading
+import time
+
+from . import _layout as L
+
+log = logging.getLogger("powerguard.ckpt_agent.remote")
+
+
+class RemoteCopier:
+    def __init__(self, local_root: str, remote_url: str, *, job: str, keep: int, every_s: float) -> None:
+        self.local_root, self.remote_url, self.job = local_root, remote_url, job
+        self.keep, self.every_s = keep, every_s
+        self.fs, self.root = L.fs_for(remote_url)
+        self.copied: set[int] = {
+            s for s, d in L.list_steps(self.fs, self.root, job) if self.fs.exists(f"{d}/{L.COMMIT}")
+        }
+        self.throughput = 100e6  # bytes/s, updated after every copy
+        self.last_copy = time.monotonic()
+        self.errors: list[str] = []
+        self._queue: queue.Queue[int | None] = queue.Queue()
+        self._queued: set[int] = set()
+        self._thread = threading.Thread(target=self._run, name="pg-ckpt-remote", daemon=True)
+        self._thread.start()
+
+    def maybe_copy(self, step: int | None) -> None:
+        if step is None or self.every_s <= 0 or time.monotonic() - self.last_copy < self.every_s:
+            return
+        self._enqueue(step)
+
+    def copy_if_time_allows(self, step: int, deadline_ts: float | None) -> bool:
+        size = _dir_size(L.step_dir(self.local_root, self.job, step))
+        needed = size / self.throughput
+        if deadline_ts is not None and time.time() + needed > deadline_ts:
+            log.info(
+                "remote copy of step %d skipped: needs ~%.0fs, deadline in %.0fs",
+                step,
+                needed,
+                deadline_ts - time.time(),
+            )
+            return False
+        self._enqueue(step)
+        return True
+
+    def _enqueue(self, step: int) -> None:
+        if step in self.copied or step in self._queued:
+            return
+        self._queued.add(step)
+        self.last_copy = time.monotonic()
+        self._queue.put(step)
+
+    def wait_idle(self, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while self._queued and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+    def close(self) -> None:
+        self._queue.put(None)
+        self._thread.join(30)
+
+    def _run(self) -> None:
+        while (step := self._queue.get()) is not None:
+            try:
+                self.copy(step)
+            except Exception as exc:
+                log.error("remote copy of step %d failed: %s", step, exc)
+                self.errors.append(f"step {step}: {exc}")
+            finally:
+                self._queued.discard(step)
+
+    def copy(self, step: int) -> str:
+        src = L.step_dir(self.local_root, self.job, step)
+        dst = L.step_dir(self.root, self.job, step)
+        if not os.path.exists(os.path.join(src, L.COMMIT)):
+            raise FileNotFoundError(f"{src} is not committed")
+        t0 = time.perf_counter()
+        if self.fs.exists(dst):
+            self.fs.rm(dst, recursive=True)
+        self.fs.makedirs(dst, exist_ok=True)
+        names = sorted(os.listdir(src))
+        data = [n for n in names if n != L.COMMIT and not n.startswith("MANIFEST")]
+        size = 0
+        for n in data + [n for n in names if n.startswith("MANIFEST")]:
+            self.fs.put_file(os.path.join(src, n), f"{dst}/{n}")
+            size += os.path.getsize(os.path.join(src, n))
+        with open(os.path.join(src, L.COMMIT), "rb") as f:
+            L.write_durable(self.fs, f"{dst}/{L.COMMIT}", f.read())
+        elapsed = time.perf_counter() - t0
+        self.throughput = max(1e6, size / max(elapsed, 1e-6))
+        self.copied.add(step)
+        L.retain(self.fs, self.root, self.job, self.keep)
+        log.info("step %d copied to %s (%.1f MB in %.2fs)", step, self.remote_url, size / 1e6, elapsed)
+        return dst
+
+
+def _dir_size(path: str) -> int:
+    try:
+        return sum(e.stat().st_size for e in os.scandir(path) if e.is_file())
+    except FileNotFoundError:
+        return 0

@@ -1,0 +1,534 @@
+"""``CheckpointAgent``: consistent, durable, two-tier checkpoints inside every training rank.
+
+guard = CheckpointAgent(job="llama-7b", model=model, optimizer=opt, scheduler=sched,
+                        local_dir="/nvme/ckpt", remote_url="file:///nas/ckpt", nats_url=...)
+start = guard.restore()              # newest valid committed checkpoint (local, then remote)
+for step in range(start, total_steps):
+    train_step(...)
+    guard.step(step)                 # power-event and periodic checkpoints
+guard.close()
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import socket
+import time
+from concurrent.futures import Future
+from datetime import timedelta
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.stateful import Stateful
+
+from powerguard.bus import BusNames
+from powerguard.schemas import (
+    AgentData,
+    CheckpointDurable,
+    CheckpointDurableData,
+    CheckpointFailed,
+    CheckpointFailedData,
+    CheckpointRequestData,
+    Durations,
+    JobData,
+    JobResumed,
+)
+
+from . import _layout as L
+from ._bus import BusThread, Request
+from ._hashing import HashingWriter
+from ._remote import RemoteCopier
+from .errors import CheckpointError, CommitError, CorruptCheckpoint, StepAgreementTimeout
+
+log = logging.getLogger("powerguard.ckpt_agent")
+
+STEP_KEY = "powerguard.step"
+
+
+class CheckpointAgent:
+    """One per rank. ``torch.distributed`` must be initialized first (or run single-process).
+
+    Keyword-only arguments:
+      job, model, optimizer, scheduler: what to checkpoint (DDP and FSDP2 models work).
+      extra_state: job-wide extras (``Stateful`` objects or plain values), saved once.
+      rank_state: per-rank extras (e.g. a data loader position), saved under a per-rank key.
+      local_dir: local tier root (must be the same path, visible to every rank of the job).
+      remote_url: optional fsspec URL of the remote tier (``file:///nas/ckpt``, ``s3://...``).
+      nats_url / names: the bus (None: no bus; checkpoints are periodic or explicit only).
+      node: this rank's node name as in the site YAML (default: the host name).
+      local_every_s / remote_every_s: periodic checkpoints (async) and remote copies; 0 disables.
+      keep / keep_remote: committed checkpoints kept per tier.
+      sync_every_n_steps: agree on checkpoints every N steps (very short steps).
+      http_port: on rank 0, serve ``POST /api/v1/trigger_checkpoint`` (the apcupsd-script interface).
+      agree_timeout_s: how long a rank waits for the others at a step boundary with no request pending.
+    """
+
+    def __init__(
+        self,
+        *,
+        job: str,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer | None = None,
+        scheduler: Any | None = None,
+        extra_state: dict[str, Any] | None = None,
+        rank_state: dict[str, Any] | None = None,
+        local_dir: str | os.PathLike,
+        remote_url: str | None = None,
+        nats_url: str | None = None,
+        names: BusNames | None = None,
+        node: str | None = None,
+        local_every_s: float = 300.0,
+        remote_every_s: float = 1800.0,
+        keep: int = 3,
+        keep_remote: int = 3,
+        sync_every_n_steps: int = 1,
+        http_port: int | None = None,
+        heartbeat_s: float = 5.0,
+        agree_timeout_s: float = 1800.0,
+    ) -> None:
+        if keep < 1 or keep_remote < 1:
+            raise ValueError("keep and keep_remote must be at least 1")
+        if sync_every_n_steps < 1:
+            raise ValueError("sync_every_n_steps must be at least 1")
+        self.job = job
+        self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
+        self.extra_state = dict(extra_state or {})
+        self.rank_state = dict(rank_state or {})
+        self.local_root = os.path.abspath(os.fspath(local_dir))
+        self.remote_url = remote_url
+        self.local_every_s, self.remote_every_s = local_every_s, remote_every_s
+        self.keep, self.keep_remote = keep, keep_remote
+        self.sync_every_n_steps = sync_every_n_steps
+        self.agree_timeout_s = agree_timeout_s
+        self.distributed = dist.is_available() and dist.is_initialized()
+        self.rank = dist.get_rank() if self.distributed else 0
+        self.world_size = dist.get_world_size() if self.distributed else 1
+        # dedicated gloo groups: one for the step agreement (training thread), one for DCP and the
+        # commit (also used by async saves' background thread); never the training's own group
+        self._agree_group = dist.new_group(backend="gloo") if self.distributed else None
+        self._save_group = dist.new_group(backend="gloo") if self.distributed else None
+        self._local_fs, _ = L.fs_for(self.local_root)
+        self.node = node or socket.gethostname().split(".")[0]
+        self.last_committed_step: int | None = None
+        self._last_local = time.monotonic()
+        self._step = 0
+        self._boundary = 0
+        self._async: tuple[int, Future, HashingWriter, float] | None = None
+        self._resumed_reported = False
+        self.stats: dict[str, float] = {}
+        self._bus: BusThread | None = None
+        if nats_url:
+            agent = AgentData(
+                job=job,
+                rank=self.rank,
+                world_size=self.world_size,
+                node=self.node,
+                tiers=["local", "remote"] if remote_url else ["local"],
+            )
+            self._bus = BusThread(url=nats_url, names=names or BusNames(), agent=agent, heartbeat_s=heartbeat_s)
+            self._bus.start()
+            if http_port is not None and self.rank == 0:
+                from ._http import serve_trigger
+
+                self._bus.run(serve_trigger(self._bus, port=http_port))
+        self._remote = None
+        if remote_url and self.rank == 0:
+            self._remote = RemoteCopier(self.local_root, remote_url, job=job, keep=keep_remote, every_s=remote_every_s)
+
+    # ------------------------------------------------------------------ state
+    def _state_dict(self) -> dict[str, Any]:
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer if self.optimizer is not None else [])
+        sd: dict[str, Any] = {"model": model_sd, STEP_KEY: self._step}
+        if self.optimizer is not None:
+            sd["optim"] = optim_sd
+        if self.scheduler is not None:
+            sd["scheduler"] = self.scheduler.state_dict()
+        for k, v in self.extra_state.items():
+            sd[f"extra.{k}"] = v
+        for k, v in self.rank_state.items():
+            sd[f"rank{self.rank}.{k}"] = v
+        rng: dict[str, Any] = {
+            "torch": torch.get_rng_state(),
+            "python": random.getstate(),
+            "numpy": np.random.get_state(),
+        }
+        if torch.cuda.is_available():
+            rng["cuda"] = torch.cuda.get_rng_state_all()
+        sd[f"rank{self.rank}.rng"] = rng  # per-rank key: a shared key would be deduplicated
+        return sd
+
+    def _apply_state(self, sd: dict[str, Any]) -> int:
+        set_state_dict(
+            self.model,
+            self.optimizer if self.optimizer is not None else [],
+            model_state_dict=sd["model"],
+            optim_state_dict=sd.get("optim", {}),
+        )
+        if self.scheduler is not None:
+            self.scheduler.load_state_dict(sd["scheduler"])
+        for k, v in self.extra_state.items():
+            if not isinstance(v, Stateful):
+                self.extra_state[k] = sd[f"extra.{k}"]
+        for k, v in self.rank_state.items():
+            if not isinstance(v, Stateful):
+                self.rank_state[k] = sd[f"rank{self.rank}.{k}"]
+        rng = sd[f"rank{self.rank}.rng"]
+        torch.set_rng_state(rng["torch"])
+        random.setstate(rng["python"])
+        np.random.set_state(rng["numpy"])
+        if "cuda" in rng and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(rng["cuda"])
+        return int(sd[STEP_KEY])
+
+    # ------------------------------------------------------------------ collectives
+    def _barrier_ok(self, ok: bool, timeout_s: float | None = None) -> bool:
+        """All ranks agree that every rank succeeded (MIN of a flag)."""
+        if not self.distributed:
+            return ok
+        flag = torch.tensor([1 if ok else 0], dtype=torch.int64)
+        self._wait(dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self._save_group, async_op=True), timeout_s)
+        return bool(flag.item())
+
+    def _wait(self, work, timeout_s: float | None) -> None:
+        if timeout_s is None:
+            work.wait()
+            return
+        try:
+            work.wait(timedelta(seconds=max(0.01, timeout_s)))
+        except RuntimeError as exc:
+            raise StepAgreementTimeout(
+                f"rank {self.rank}: not every rank reached the step boundary within {timeout_s:.1f}s "
+                f"(a rank is hung or gone): {exc}"
+            ) from None
+
+    def _gather(self, obj: Any) -> list[Any]:
+        if not self.distributed:
+            return [obj]
+        out: list[Any] = [None] * self.world_size
+        dist.all_gather_object(out, obj, group=self._save_group)
+        return out
+
+    # ------------------------------------------------------------------ training loop hook
+    def step(self, step: int) -> None:
+        """Call after each optimizer step with that step's number. Cheap when nothing is due."""
+        self._step = step
+        if self._bus is not None:
+            self._bus.step = step
+            if not self._resumed_reported:
+                self.report_resumed()
+        self._boundary += 1
+        if self._boundary % self.sync_every_n_steps:
+            return
+        pending = self._bus.pending() if self._bus is not None else None
+        periodic = (
+            self.rank == 0 and self.local_every_s > 0 and time.monotonic() - self._last_local >= self.local_every_s
+        )
+        async_busy = self._async is not None and not self._async[1].done()
+        flags = torch.tensor(
+            [1 if pending else 0, 1 if periodic else 0, 1 if async_busy else 0, 1 if self._async is not None else 0],
+            dtype=torch.int64,
+        )
+        if self.distributed:
+            timeout = max(0.0, pending.deadline_ts - time.time()) if pending else self.agree_timeout_s
+            try:
+                self._wait(
+                    dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self._agree_group, async_op=True), timeout
+                )
+            except StepAgreementTimeout as exc:
+                if pending is not None:
+                    self._answer_failed([pending.data], exc)
+                raise
+        want_request, want_periodic, any_busy, any_async = (bool(x) for x in flags.tolist())
+        if any_async and not any_busy:
+            self._finish_async()
+        if want_request:
+            self._checkpoint_for_requests(step, pending)
+        elif want_periodic and not any_async:
+            self._start_async(step)
+        if self._remote is not None:
+            self._remote.maybe_copy(self.last_committed_step)
+
+    def _checkpoint_for_requests(self, step: int, pending: Request | None) -> None:
+        t_agree = time.time()
+        requests = {r.request_id: r for rs in self._gather([pending.data] if pending else []) for r in rs}
+        first_seen = pending.received if pending else t_agree
+        if self._async is not None:  # finish the periodic save first: one save at a time on the group
+            self._async[1].result()
+            self._finish_async()
+        try:
+            info = self.save(step)
+        except CheckpointError as exc:
+            self._answer_failed(list(requests.values()), exc)
+            return
+        info["durations"]["agree_s"] = max(0.0, t_agree - first_seen)
+        self._answer_durable(list(requests.values()), step, info)
+        if self._remote is not None:
+            deadlines = [r.deadline.timestamp() for r in requests.values()]
+            self._remote.copy_if_time_allows(step, min(deadlines) if deadlines else None)
+
+    # ------------------------------------------------------------------ saving
+    def save(self, step: int) -> dict[str, Any]:
+        """Synchronous durable checkpoint of ``step`` on every rank (all ranks must call it)."""
+        self._step = step
+        t0 = time.perf_counter()
+        directory = L.step_dir(self.local_root, self.job, step)
+        if self.rank == 0:
+            if os.path.isdir(directory) and not os.path.exists(os.path.join(directory, L.COMMIT)):
+                log.warning("removing uncommitted leftover %s", directory)
+                self._local_fs.rm(directory, recursive=True)
+            os.makedirs(directory, exist_ok=True)
+        committed = os.path.exists(os.path.join(directory, L.COMMIT)) if self.rank == 0 else False
+        committed = self._gather(committed)[0]
+        if committed:  # this exact step is already durable (e.g. a periodic save of the same step)
+            return self._existing_info(directory, step, time.perf_counter() - t0)
+        writer = HashingWriter(directory, sync_files=True)
+        try:
+            dcp.save(self._state_dict(), storage_writer=writer, process_group=self._save_group)
+            ok, err = True, None
+        except BaseException as exc:  # CheckpointException derives from BaseException
+            if isinstance(exc, KeyboardInterrupt | SystemExit):
+                raise
+            ok, err = False, exc
+        t_write = time.perf_counter()
+        return self._commit(directory, step, writer, ok, err, t0, t_write)
+
+    def _commit(
+        self,
+        directory: str,
+        step: int,
+        writer: HashingWriter,
+        ok: bool,
+        err: BaseException | None,
+        t0: float,
+        t_write: float,
+    ) -> dict[str, Any]:
+        digest, nbytes = "", 0
+        if ok:
+            try:
+                digest, nbytes = L.write_manifest(self._local_fs, directory, self.rank, step, writer.data_files())
+            except OSError as exc:
+                ok, err = False, exc
+        results = self._gather((self.rank, ok, digest, repr(err) if err else None))
+        failures = [f"rank {r}: {e}" for r, good, _, e in results if not good]
+        if failures:
+            raise CommitError(f"checkpoint {directory} not committed: {'; '.join(failures)}")
+        committed = True
+        if self.rank == 0:
+            try:
+                with open(os.path.join(directory, ".metadata"), "rb") as f:
+                    meta = f.read()
+                L.write_commit(
+                    self._local_fs,
+                    directory,
+                    step=step,
+                    world_size=self.world_size,
+                    digests={r: d for r, _, d, _ in results},
+                    metadata_digest=L.digest_bytes(meta),
+                )
+                L.retain(self._local_fs, self.local_root, self.job, self.keep)
+            except OSError as exc:
+                log.error("rank 0: COMMIT of %s failed: %s", directory, exc)
+                committed = False
+        if not self._barrier_ok(committed):
+            raise CommitError(f"rank 0 could not write COMMIT in {directory}")
+        t_end = time.perf_counter()
+        self.last_committed_step = step
+        self._last_local = time.monotonic()
+        if self._bus is not None:
+            self._bus.last_committed_step = step
+        log.info(
+            "rank %d: step %d durable in %s (%.1f MB, %.2fs)", self.rank, step, directory, nbytes / 1e6, t_end - t0
+        )
+        return {
+            "path": directory,
+            "bytes": nbytes,
+            "digest": digest,
+            "durations": {"write_s": t_write - t0, "commit_s": t_end - t_write, "total_s": t_end - t0},
+        }
+
+    def _existing_info(self, directory: str, step: int, elapsed: float) -> dict[str, Any]:
+        with open(os.path.join(directory, L.manifest_name(self.rank)), "rb") as f:
+            body = f.read()
+        files = json.loads(body)["files"]
+        return {
+            "path": directory,
+            "bytes": sum(f["size"] for f in files.values()),
+            "digest": L.digest_bytes(body),
+            "durations": {"write_s": 0.0, "commit_s": elapsed, "total_s": elapsed},
+        }
+
+    def _start_async(self, step: int) -> None:
+        directory = L.step_dir(self.local_root, self.job, step)
+        if self.rank == 0:
+            os.makedirs(directory, exist_ok=True)
+        self._gather(None)  # the directory exists before anyone writes
+        writer = HashingWriter(directory, sync_files=True)
+        t0 = time.perf_counter()
+        future = dcp.async_save(self._state_dict(), storage_writer=writer, process_group=self._save_group)
+        self.stats["async_stall_s"] = time.perf_counter() - t0
+        self._async = (step, future, writer, t0)
+
+    def _finish_async(self) -> None:
+        step, future, writer, t0 = self._async
+        self._async = None
+        try:
+            future.result()
+            ok, err = True, None
+        except BaseException as exc:
+            ok, err = False, exc
+        directory = L.step_dir(self.local_root, self.job, step)
+        try:
+            info = self._commit(directory, step, writer, ok, err, t0, time.perf_counter())
+            self.stats["async_total_s"] = info["durations"]["total_s"]
+        except CheckpointError as exc:
+            log.error("periodic checkpoint of step %d failed: %s", step, exc)
+            self._last_local = time.monotonic()
+
+    def wait(self) -> None:
+        """Finish a periodic save in flight (all ranks must call it)."""
+        if self._async is not None:
+            self._async[1].result()
+            self._finish_async()
+
+    # ------------------------------------------------------------------ acks
+    def _answer_durable(self, requests: list[CheckpointRequestData], step: int, info: dict[str, Any]) -> None:
+        if self._bus is None or not requests:
+            return
+        self._bus.answer(
+            [r.request_id for r in requests],
+            lambda r: CheckpointDurable(
+                source=self._bus._source,
+                data=CheckpointDurableData(
+                    request_id=r.request_id,
+                    saga_id=r.saga_id,
+                    job=self.job,
+                    rank=self.rank,
+                    world_size=self.world_size,
+                    step=step,
+                    tier="local",
+                    path=info["path"],
+                    bytes=info["bytes"],
+                    digest=info["digest"],
+                    durations=Durations(**info["durations"]),
+                ),
+            ),
+        )
+
+    def _answer_failed(self, requests: list[CheckpointRequestData], exc: BaseException) -> None:
+        log.error("rank %d: checkpoint failed: %s", self.rank, exc)
+        if self._bus is None or not requests:
+            return
+        self._bus.answer(
+            [r.request_id for r in requests],
+            lambda r: CheckpointFailed(
+                source=self._bus._source,
+                data=CheckpointFailedData(
+                    request_id=r.request_id,
+                    saga_id=r.saga_id,
+                    job=self.job,
+                    rank=self.rank,
+                    world_size=self.world_size,
+                    step=self._step,
+                    error=str(exc),
+                    error_type=type(exc).__name__,
+                ),
+            ),
+        )
+
+    # ------------------------------------------------------------------ restore
+    def restore(self) -> int:
+        """Load the newest valid committed checkpoint (local tier, then remote); return the step
+        to run next (0 when there is none). Every skipped checkpoint is logged with its reason."""
+        candidates = self._gather(self._candidates() if self.rank == 0 else None)[0]
+        for tier, url, _step in candidates:
+            fs, path = L.fs_for(url)
+            reason = self._verify(fs, path)
+            if reason:
+                log.warning("rank %d: skipping %s checkpoint %s: %s", self.rank, tier, url, reason)
+                continue
+            sd = self._state_dict()
+            reader = dcp.FileSystemReader(path) if L.is_local(fs) else dcp.FsspecReader(url)
+            t0 = time.perf_counter()
+            dcp.load(sd, storage_reader=reader, process_group=self._save_group)
+            loaded = self._apply_state(sd)
+            self.stats["restore_s"] = time.perf_counter() - t0
+            self.last_committed_step = loaded
+            self._step = loaded
+            log.info("rank %d: restored step %d from the %s tier (%s)", self.rank, loaded, tier, url)
+            self._restored = (loaded, tier)
+            return loaded + 1
+        self._restored = None
+        log.info("rank %d: no valid checkpoint for job %s; starting from step 0", self.rank, self.job)
+        return 0
+
+    def _candidates(self) -> list[tuple[str, str, int]]:
+        out = [("local", d, s) for s, d in L.list_steps(self._local_fs, self.local_root, self.job)]
+        if self.remote_url:
+            rfs, rpath = L.fs_for(self.remote_url)
+            proto = rfs.protocol if isinstance(rfs.protocol, str) else rfs.protocol[0]
+            for s, d in L.list_steps(rfs, rpath, self.job):
+                out.append(("remote", d if "://" in d else f"{proto}://{d}", s))
+        return out
+
+    def _verify(self, fs, path: str) -> str | None:
+        """Every rank checks a share of the files; all agree. Returns the reason it is bad, or None."""
+        reason = None
+        try:
+            commit = L.read_commit(fs, path)
+            if commit.get("world_size") != self.world_size:
+                raise CorruptCheckpoint(f"written by {commit.get('world_size')} ranks, this job has {self.world_size}")
+            files = L.manifest_files(fs, path, commit)
+            names = sorted(files)[self.rank :: self.world_size]
+            L.verify_files(fs, path, files, names)
+            if self.rank == 0:
+                with fs.open(f"{path}/.metadata", "rb") as f:
+                    if L.digest_bytes(f.read()) != commit["metadata_xxh3"]:
+                        raise CorruptCheckpoint(f"{path}/.metadata: checksum mismatch")
+        except (CorruptCheckpoint, OSError, KeyError, ValueError) as exc:
+            reason = str(exc)
+        reasons = [r for r in self._gather(reason) if r]
+        return "; ".join(reasons) if reasons else None
+
+    def report_resumed(self) -> None:
+        """Announce ``job.resumed`` once (rank 0), after the first step following a restore."""
+        if self._resumed_reported or self._bus is None or self.rank != 0:
+            return
+        self._resumed_reported = True
+        restored = getattr(self, "_restored", None)
+        self._bus.publish(
+            JobResumed(
+                source=self._bus._source,
+                data=JobData(
+                    job=self.job,
+                    rank=0,
+                    step=restored[0] if restored else None,
+                    detail=f"restored from the {restored[1]} tier"
+                    if restored
+                    else "no checkpoint: started from step 0",
+                ),
+            )
+        )
+
+    # ------------------------------------------------------------------ shutdown
+    def close(self) -> None:
+        """Finish a periodic save in flight, stop the remote copier, deregister."""
+        try:
+            self.wait()
+        finally:
+            if self._remote is not None:
+                self._remote.close()
+            if self._bus is not None:
+                self._bus.close()
+
+    def __enter__(self) -> CheckpointAgent:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

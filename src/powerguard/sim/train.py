@@ -1,0 +1,127 @@
+"""A small, deterministic DDP training job with the ckpt-agent: the simulated site's workload,
+and what the tests and benchmarks launch with ``torchrun``.
+
+    torchrun --standalone --nproc-per-node 2 -m powerguard.sim.train --job demo --steps 200 \\
+        --local-dir /tmp/ckpt --nats-url nats://127.0.0.1:4222
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import logging
+import os
+import signal
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+from powerguard.bus import BusNames
+from powerguard.ckpt_agent import CheckpointAgent
+
+
+def build(seed: int, width: int, samples: int):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(samples, 32, generator=g)
+    y = (x @ torch.randn(32, 1, generator=g)).squeeze(1) + 0.1 * torch.randn(samples, generator=g)
+    torch.manual_seed(seed)  # same initial weights on every rank
+    model = nn.Sequential(nn.Linear(32, width), nn.ReLU(), nn.Dropout(0.1), nn.Linear(width, 1))
+    return TensorDataset(x, y), model
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--job", required=True)
+    p.add_argument("--steps", type=int, default=100)
+    p.add_argument("--local-dir", required=True)
+    p.add_argument("--remote-url")
+    p.add_argument("--nats-url")
+    p.add_argument("--prefix", default="pg")
+    p.add_argument("--stream", default="PG_EVENTS")
+    p.add_argument("--agents-bucket", default="pg_agents")
+    p.add_argument("--node", default=os.environ.get("POWERGUARD_NODE"))
+    p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--width", type=int, default=64)
+    p.add_argument("--samples", type=int, default=512)
+    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--step-sleep", type=float, default=0.0, help="seconds per step (to make room for requests)")
+    p.add_argument("--local-every-s", type=float, default=0.0)
+    p.add_argument("--remote-every-s", type=float, default=0.0)
+    p.add_argument("--hang-rank", type=int, default=-1, help="this rank stops at --hang-step (a hung rank)")
+    p.add_argument("--hang-step", type=int, default=-1)
+    p.add_argument("--save-at", type=int, default=-1, help="a synchronous checkpoint at this step")
+    p.add_argument("--out", help="rank 0 writes the final parameters here (torch.save)")
+    p.add_argument("--progress", help="each rank appends '<rank> <step>' lines here")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s rank{os.environ.get('RANK', 0)} %(message)s")
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    data, model = build(args.seed, args.width, args.samples)
+    ddp = DDP(model)
+    opt = torch.optim.AdamW(ddp.parameters(), lr=1e-2)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=25, gamma=0.5)
+    sampler = DistributedSampler(data, shuffle=True, seed=args.seed)
+    # its own generator: creating an iterator must not draw from the global RNG (dropout uses that)
+    loader = DataLoader(
+        data, batch_size=args.batch, sampler=sampler, generator=torch.Generator().manual_seed(args.seed)
+    )
+    names = BusNames(prefix=args.prefix, stream=args.stream, agents=args.agents_bucket)
+    guard = CheckpointAgent(
+        job=args.job,
+        model=ddp,
+        optimizer=opt,
+        scheduler=sched,
+        local_dir=args.local_dir,
+        remote_url=args.remote_url,
+        nats_url=args.nats_url,
+        names=names,
+        node=args.node,
+        local_every_s=args.local_every_s,
+        remote_every_s=args.remote_every_s,
+    )
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # scheduler stop: exit cleanly (close() runs)
+    try:
+        start = guard.restore()
+        per_epoch = len(loader)
+        step = start
+        while step < args.steps:
+            epoch, offset = divmod(step, per_epoch)
+            sampler.set_epoch(epoch)
+            for x, y in itertools.islice(loader, offset, None):
+                if step >= args.steps:
+                    break
+                if rank == args.hang_rank and step == args.hang_step:
+                    time.sleep(3600)
+                opt.zero_grad()
+                loss = nn.functional.mse_loss(ddp(x).squeeze(1), y)
+                loss.backward()
+                opt.step()
+                sched.step()
+                if args.progress:
+                    with open(args.progress, "a") as f:
+                        f.write(f"{rank} {step}\n")
+                guard.step(step)
+                if step == args.save_at:
+                    guard.save(step)
+                if args.step_sleep:
+                    time.sleep(args.step_sleep)
+                step += 1
+        if args.out and rank == 0:
+            torch.save({k: v.detach().clone() for k, v in model.state_dict().items()}, args.out)
+    finally:
+        guard.close()
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
