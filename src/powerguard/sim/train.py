@@ -57,6 +57,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--save-at", type=int, default=-1, help="a synchronous checkpoint at this step")
     p.add_argument("--out", help="rank 0 writes the final parameters here (torch.save)")
     p.add_argument("--progress", help="each rank appends '<rank> <step>' lines here")
+    p.add_argument("--http-port", type=int, help="serve POST /api/v1/trigger_checkpoint on rank 0")
     return p.parse_args(argv)
 
 
@@ -87,6 +88,7 @@ def main(argv: list[str] | None = None) -> int:
         node=args.node,
         local_every_s=args.local_every_s,
         remote_every_s=args.remote_every_s,
+        http_port=args.http_port,
     )
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # scheduler stop: exit cleanly (close() runs)
     try:

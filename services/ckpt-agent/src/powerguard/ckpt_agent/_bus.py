@@ -11,6 +11,7 @@ import os
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -167,7 +168,7 @@ class BusThread:
                                 rank=self.agent.rank,
                                 world_size=self.agent.world_size,
                                 step=self.step,
-                                error=f"rank {self.agent.rank}: no checkpoint by the deadline; the training loop did not "
+                                error=f"rank {self.agent.rank}: no checkpoint by the deadline; the loop did not "
                                 f"reach a step boundary (last at step {self.step})",
                                 error_type="StepAgreementTimeout",
                             ),
@@ -189,19 +190,22 @@ class BusThread:
                     return r
         return None
 
-    def answer(self, request_ids: list[str], event_for: callable) -> None:
-        """Publish one ack per request id (built by ``event_for(request_data)``), from any thread."""
+    def answer(self, requests: list[CheckpointRequestData], event_for: Callable) -> None:
+        """Publish one ack per request (built by ``event_for(request)``), from any thread. A
+        request another rank saw first is answered too, and ignored when it arrives here later."""
         with self._lock:
-            todo = [
-                r for r in self.requests if r.data.request_id in request_ids and r.data.request_id not in self.acked
-            ]
-            for r in todo:
-                self.acked.add(r.data.request_id)
+            todo = [r for r in requests if r.request_id not in self.acked]
+            self.acked.update(r.request_id for r in todo)
         for r in todo:
-            asyncio.run_coroutine_threadsafe(self._publish(event_for(r.data)), self.loop)
+            asyncio.run_coroutine_threadsafe(self._publish(event_for(r)), self.loop)
 
     def publish(self, event: Envelope, timeout: float = 10.0) -> None:
+        """Publish from the training thread and wait until it is stored."""
         asyncio.run_coroutine_threadsafe(self.bus.publish(event), self.loop).result(timeout)
+
+    def publish_nowait(self, event: Envelope) -> None:
+        """Publish from the training thread without waiting (errors are logged)."""
+        asyncio.run_coroutine_threadsafe(self._publish(event), self.loop)
 
     def run(self, coro, timeout: float = 10.0):
         """Run a coroutine on the bus loop and wait for its result."""

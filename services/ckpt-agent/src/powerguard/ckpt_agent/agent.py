@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import random
+import signal
 import socket
 import time
 from concurrent.futures import Future
@@ -137,7 +138,7 @@ class CheckpointAgent:
             if http_port is not None and self.rank == 0:
                 from ._http import serve_trigger
 
-                self._bus.run(serve_trigger(self._bus, port=http_port))
+                self._http = self._bus.run(serve_trigger(self._bus, port=http_port))  # keep the runner alive
         self._remote = None
         if remote_url and self.rank == 0:
             self._remote = RemoteCopier(self.local_root, remote_url, job=job, keep=keep_remote, every_s=remote_every_s)
@@ -321,6 +322,9 @@ class CheckpointAgent:
             raise CommitError(f"checkpoint {directory} not committed: {'; '.join(failures)}")
         committed = True
         if self.rank == 0:
+            if os.environ.get("POWERGUARD_CKPT_FAILPOINT") == "before_commit":  # crash tests only
+                log.warning("failpoint before_commit: killing this process")
+                os.kill(os.getpid(), signal.SIGKILL)
             try:
                 with open(os.path.join(directory, ".metadata"), "rb") as f:
                     meta = f.read()
@@ -402,7 +406,7 @@ class CheckpointAgent:
         if self._bus is None or not requests:
             return
         self._bus.answer(
-            [r.request_id for r in requests],
+            requests,
             lambda r: CheckpointDurable(
                 source=self._bus._source,
                 data=CheckpointDurableData(
@@ -426,7 +430,7 @@ class CheckpointAgent:
         if self._bus is None or not requests:
             return
         self._bus.answer(
-            [r.request_id for r in requests],
+            requests,
             lambda r: CheckpointFailed(
                 source=self._bus._source,
                 data=CheckpointFailedData(
@@ -502,7 +506,7 @@ class CheckpointAgent:
             return
         self._resumed_reported = True
         restored = getattr(self, "_restored", None)
-        self._bus.publish(
+        self._bus.publish_nowait(
             JobResumed(
                 source=self._bus._source,
                 data=JobData(

@@ -1,0 +1,221 @@
+"""The ckpt-agent in real 2-rank torch.distributed jobs (torchrun, gloo) against a real nats-server."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import urllib.request
+from datetime import timedelta
+
+import pytest
+import torch
+
+from powerguard.ckpt_agent import verify_checkpoint
+from powerguard.schemas import (
+    AgentRegistered,
+    CheckpointDurable,
+    CheckpointFailed,
+    CheckpointRequestData,
+    CheckpointRequested,
+    JobResumed,
+    utcnow,
+)
+
+from .runner import Trainer, run
+
+pytestmark = pytest.mark.integration
+STEPS = 80
+
+
+async def registered(bus, job: str, timeout: float = 60) -> None:
+    seen: set[int] = set()
+    async with bus.subscribe(AgentRegistered, deliver="all") as sub:
+
+        async def wait() -> None:
+            async for ev in sub:
+                if ev.data.job == job:
+                    seen.add(ev.data.rank)
+                    if seen == {0, 1}:
+                        return
+
+        await asyncio.wait_for(wait(), timeout)
+
+
+async def request(bus, job: str, deadline_s: float = 60, rid: str = "req-1") -> CheckpointRequested:
+    event = CheckpointRequested(
+        data=CheckpointRequestData(
+            request_id=rid, saga_id="saga-t", job=job, deadline=utcnow() + timedelta(seconds=deadline_s)
+        )
+    )
+    await bus.publish(event)
+    return event
+
+
+async def answers(sub, n: int, timeout: float = 60) -> list:
+    out = []
+
+    async def collect() -> None:
+        async for ev in sub:
+            out.append(ev)
+            if len(out) == n:
+                return
+
+    await asyncio.wait_for(collect(), timeout)
+    return out
+
+
+def equal_params(a_path, b_path) -> bool:
+    a, b = torch.load(a_path), torch.load(b_path)
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+async def test_request_checkpoints_both_ranks_at_one_step_and_acks(bus, nats_server, tmp_path):
+    acks = bus.subscribe(CheckpointDurable, CheckpointFailed, deliver="all")
+    await acks.start()
+    t = await Trainer(
+        tmp_path, "jreq", nats_url=nats_server.url, names=bus.names, steps=100_000, step_sleep=0.02
+    ).start()
+    try:
+        await registered(bus, "jreq")
+        await request(bus, "jreq")
+        got = await answers(acks, 2)
+    finally:
+        await t.kill()
+        await acks.aclose()
+    assert all(isinstance(a, CheckpointDurable) for a in got), [a.data for a in got]
+    assert {a.data.rank for a in got} == {0, 1}
+    assert len({a.data.step for a in got}) == 1  # one step for all ranks
+    assert {a.data.request_id for a in got} == {"req-1"} and {a.data.saga_id for a in got} == {"saga-t"}
+    commit = verify_checkpoint(got[0].data.path)
+    assert commit["step"] == got[0].data.step and commit["world_size"] == 2
+    assert sum(a.data.bytes for a in got) > 0 and all(a.data.durations.total_s > 0 for a in got)
+
+
+async def test_bit_exact_resume_after_sigkill_right_after_the_ack(bus, nats_server, tmp_path):
+    reference = tmp_path / "a.pt"
+    await run(tmp_path / "A", "jexact", steps=STEPS, out=reference)
+    acks = bus.subscribe(CheckpointDurable, deliver="all")
+    await acks.start()
+    b_dir = tmp_path / "B"
+    b_dir.mkdir()
+    progress = b_dir / "progress"
+    t = await Trainer(
+        b_dir, "jexact", nats_url=nats_server.url, names=bus.names, steps=STEPS, step_sleep=0.05, progress=progress
+    ).start()
+    try:
+        await registered(bus, "jexact")
+        while not progress.exists() or len(progress.read_text().splitlines()) < 20:  # mid-way through the run
+            await asyncio.sleep(0.05)
+        await request(bus, "jexact")
+        got = await answers(acks, 2)
+    finally:
+        await t.kill()  # every process dies right after the ack
+        await acks.aclose()
+    step = got[0].data.step
+    assert 0 < step < STEPS - 1
+    resumed = bus.subscribe(JobResumed, deliver="new")  # not run B's own "started from step 0"
+    await resumed.start()
+    t2 = await run(b_dir, "jexact", nats_url=nats_server.url, names=bus.names, steps=STEPS, out=tmp_path / "b.pt")
+    (ev,) = await answers(resumed, 1)
+    await resumed.aclose()
+    assert f"restored step {step} from the local tier" in t2.output()
+    assert ev.data.job == "jexact" and ev.data.step == step
+    assert equal_params(reference, tmp_path / "b.pt")
+
+
+async def test_sigkill_before_commit_restores_the_previous_checkpoint(tmp_path):
+    await run(tmp_path, "jcrash", steps=30, save_at=10)
+    crashed = await Trainer(
+        tmp_path, "jcrash", steps=60, save_at=40, env={"POWERGUARD_CKPT_FAILPOINT": "before_commit"}
+    ).start()
+    await crashed.wait()
+    await crashed.kill()
+    assert (tmp_path / "local" / "jcrash" / "step-40").is_dir()  # data written ...
+    assert not (tmp_path / "local" / "jcrash" / "step-40" / "COMMIT").exists()  # ... never committed
+    t = await run(tmp_path, "jcrash", steps=31)
+    out = t.output()
+    assert "skipping local checkpoint" in out and "step-40: no COMMIT" in out
+    assert "restored step 10 from the local tier" in out
+
+
+async def test_flipped_byte_falls_back_to_the_previous_checkpoint(tmp_path):
+    await run(tmp_path, "jflip", steps=30, save_at=10)
+    await run(tmp_path, "jflip", steps=60, save_at=40)
+    victim = max((tmp_path / "local" / "jflip" / "step-40").glob("*.distcp"), key=lambda p: p.stat().st_size)
+    data = bytearray(victim.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    victim.write_bytes(bytes(data))
+    t = await run(tmp_path, "jflip", steps=41)
+    out = t.output()
+    assert "checksum mismatch" in out and victim.name in out
+    assert "restored step 10 from the local tier" in out
+
+
+async def test_local_tier_lost_restores_from_the_remote_tier(tmp_path):
+    remote = f"file://{tmp_path / 'nas'}"
+    await run(tmp_path, "jremote", steps=40, local_every_s=0.01, remote_every_s=0.01, remote_url=remote)
+    copies = sorted((tmp_path / "nas" / "jremote").glob("step-*/COMMIT"))
+    assert copies, "nothing reached the remote tier"
+    newest = max(int(p.parent.name.split("-")[1]) for p in copies)
+    shutil.rmtree(tmp_path / "local")
+    t = await run(tmp_path, "jremote", steps=41, remote_url=remote)
+    assert f"restored step {newest} from the remote tier" in t.output()
+
+
+async def test_hung_rank_cannot_hang_the_checkpoint_past_its_deadline(bus, nats_server, tmp_path):
+    acks = bus.subscribe(CheckpointDurable, CheckpointFailed, deliver="all")
+    await acks.start()
+    t = await Trainer(
+        tmp_path,
+        "jhang",
+        nats_url=nats_server.url,
+        names=bus.names,
+        steps=100_000,
+        step_sleep=0.01,
+        hang_rank=1,
+        hang_step=15,
+    ).start()
+    try:
+        await registered(bus, "jhang")
+        await asyncio.sleep(1.0)  # let rank 1 reach its hang (its step 15 is 0.15 s in)
+        await request(bus, "jhang", deadline_s=2.0)
+        got = await answers(acks, 2, timeout=20)
+    finally:
+        await t.kill()
+        await acks.aclose()
+    assert all(isinstance(a, CheckpointFailed) for a in got)
+    assert {a.data.rank for a in got} == {0, 1}
+    assert all("did not reach a step boundary" in a.data.error for a in got)
+
+
+async def test_http_trigger_publishes_a_manual_request(bus, nats_server, tmp_path):
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    acks = bus.subscribe(CheckpointDurable, deliver="all")
+    await acks.start()
+    t = await Trainer(
+        tmp_path, "jhttp", nats_url=nats_server.url, names=bus.names, steps=100_000, step_sleep=0.02, http_port=port
+    ).start()
+    try:
+        await registered(bus, "jhttp")
+
+        def post() -> int:
+            req = urllib.request.Request(f"http://127.0.0.1:{port}/api/v1/trigger_checkpoint", data=b"", method="POST")
+            with urllib.request.urlopen(req, timeout=5) as r:
+                return r.status
+
+        for _ in range(50):  # the endpoint comes up with rank 0's agent
+            try:
+                assert await asyncio.to_thread(post) == 202
+                break
+            except OSError:
+                await asyncio.sleep(0.1)
+        got = await answers(acks, 2)
+    finally:
+        await t.kill()
+        await acks.aclose()
+    assert {a.data.rank for a in got} == {0, 1}
+    assert all(a.data.request_id.startswith("manual-") for a in got)

@@ -1,0 +1,73 @@
+"""Checkpoint layout and durability markers, on a real filesystem, without torch.distributed."""
+
+from __future__ import annotations
+
+import json
+
+import fsspec
+import pytest
+
+from powerguard.ckpt_agent import CorruptCheckpoint, verify_checkpoint
+from powerguard.ckpt_agent import _layout as L
+
+FS = fsspec.filesystem("file")
+
+
+def make(root, step, *, commit=True, payload=b"x" * 1000):
+    d = L.step_dir(str(root), "job", step)
+    FS.makedirs(d, exist_ok=True)
+    (root / "job" / f"step-{step}" / "__0_0.distcp").write_bytes(payload)
+    (root / "job" / f"step-{step}" / ".metadata").write_bytes(b"meta")
+    size, digest = L.hash_file(FS, f"{d}/__0_0.distcp")
+    mdigest, nbytes = L.write_manifest(FS, d, 0, step, {"__0_0.distcp": {"size": size, "xxh3": digest}})
+    assert nbytes == len(payload)
+    if commit:
+        L.write_commit(FS, d, step=step, world_size=1, digests={0: mdigest}, metadata_digest=L.digest_bytes(b"meta"))
+    return d
+
+
+def test_committed_checkpoint_verifies(tmp_path):
+    d = make(tmp_path, 10)
+    commit = verify_checkpoint(d)
+    assert commit["step"] == 10 and commit["world_size"] == 1
+    assert not list((tmp_path / "job" / "step-10").glob("*.tmp"))
+
+
+def test_missing_commit_is_refused(tmp_path):
+    d = make(tmp_path, 10, commit=False)
+    with pytest.raises(CorruptCheckpoint, match="no COMMIT"):
+        verify_checkpoint(d)
+
+
+def test_a_flipped_byte_is_found(tmp_path):
+    d = make(tmp_path, 10)
+    f = tmp_path / "job" / "step-10" / "__0_0.distcp"
+    data = bytearray(f.read_bytes())
+    data[500] ^= 0xFF
+    f.write_bytes(bytes(data))
+    with pytest.raises(CorruptCheckpoint, match="checksum mismatch"):
+        verify_checkpoint(d)
+
+
+def test_truncated_file_and_edited_manifest_are_found(tmp_path):
+    d = make(tmp_path, 10)
+    (tmp_path / "job" / "step-10" / "__0_0.distcp").write_bytes(b"x" * 10)
+    with pytest.raises(CorruptCheckpoint, match="10 bytes, manifest says 1000"):
+        verify_checkpoint(d)
+    d = make(tmp_path, 20)
+    m = tmp_path / "job" / "step-20" / L.manifest_name(0)
+    body = json.loads(m.read_text())
+    body["files"]["__0_0.distcp"]["size"] = 5
+    m.write_text(json.dumps(body))
+    with pytest.raises(CorruptCheckpoint, match="does not match COMMIT"):
+        verify_checkpoint(d)
+
+
+def test_retention_keeps_the_newest_committed(tmp_path):
+    for step in (10, 20, 30, 40):
+        make(tmp_path, step)
+    make(tmp_path, 5, commit=False)
+    make(tmp_path, 50, commit=False)  # a save in progress is never removed
+    removed = L.retain(FS, str(tmp_path), "job", keep=2)
+    assert sorted(int(r.rsplit("-", 1)[1]) for r in removed) == [5, 10, 20]
+    assert [s for s, _ in L.list_steps(FS, str(tmp_path), "job")] == [50, 40, 30]
