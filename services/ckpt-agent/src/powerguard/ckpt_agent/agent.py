@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import pickle
 import random
 import signal
 import socket
@@ -46,6 +47,7 @@ from . import _layout as L
 from ._bus import BusThread, Request
 from ._hashing import HashingWriter
 from ._remote import RemoteCopier
+from ._staging import ReusingStager
 from .errors import CheckpointError, CommitError, CorruptCheckpoint, StepAgreementTimeout
 
 log = logging.getLogger("powerguard.ckpt_agent")
@@ -122,6 +124,7 @@ class CheckpointAgent:
         self._step = 0
         self._boundary = 0
         self._async: tuple[int, Future, HashingWriter, float] | None = None
+        self._stager = ReusingStager()
         self._resumed_reported = False
         self.stats: dict[str, float] = {}
         self._bus: BusThread | None = None
@@ -157,8 +160,8 @@ class CheckpointAgent:
             sd[f"rank{self.rank}.{k}"] = v
         rng: dict[str, Any] = {
             "torch": torch.get_rng_state(),
-            "python": random.getstate(),
-            "numpy": np.random.get_state(),
+            "python": _pickled(random.getstate()),
+            "numpy": _pickled(np.random.get_state()),
         }
         if torch.cuda.is_available():
             rng["cuda"] = torch.cuda.get_rng_state_all()
@@ -182,8 +185,8 @@ class CheckpointAgent:
                 self.rank_state[k] = sd[f"rank{self.rank}.{k}"]
         rng = sd[f"rank{self.rank}.rng"]
         torch.set_rng_state(rng["torch"])
-        random.setstate(rng["python"])
-        np.random.set_state(rng["numpy"])
+        random.setstate(_unpickled(rng["python"]))
+        np.random.set_state(_unpickled(rng["numpy"]))
         if "cuda" in rng and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(rng["cuda"])
         return int(sd[STEP_KEY])
@@ -375,7 +378,9 @@ class CheckpointAgent:
         self._gather(None)  # the directory exists before anyone writes
         writer = HashingWriter(directory, sync_files=True)
         t0 = time.perf_counter()
-        future = dcp.async_save(self._state_dict(), storage_writer=writer, process_group=self._save_group)
+        future = dcp.async_save(
+            self._state_dict(), storage_writer=writer, process_group=self._save_group, async_stager=self._stager
+        )
         self.stats["async_stall_s"] = time.perf_counter() - t0
         self._async = (step, future, writer, t0)
 
@@ -536,3 +541,12 @@ class CheckpointAgent:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _pickled(obj: Any) -> torch.Tensor:
+    """Python and NumPy RNG states as uint8 tensors: staged and saved like any tensor."""
+    return torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8)
+
+
+def _unpickled(t: torch.Tensor) -> Any:
+    return pickle.loads(t.numpy().tobytes())

@@ -1,0 +1,205 @@
+"""Checkpoint benchmark (DESIGN §6), 2 ranks (torchrun, gloo, CPU), model + AdamW state ~1.6 GB.
+
+Measured in one run, on one disk:
+  * dd conv=fsync of the checkpoint's size                 -> disk MB/s
+  * plain dcp.save                                          -> MB/s
+  * CheckpointAgent.save (streaming xxh3, manifests, COMMIT) -> MB/s; ratios to dd and to plain DCP
+  * periodic async save: training stall vs the synchronous save time
+  * restore (verify + load) MB/s
+  * guard.step() when nothing is due: µs per step
+Writes bench/results/checkpoint.json. ``--size-gb`` scales the state (default 1.6).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+RESULTS = Path(__file__).parent / "results" / "checkpoint.json"
+
+
+def worker(args: argparse.Namespace) -> None:
+    import torch
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from torch import nn
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from powerguard.ckpt_agent import CheckpointAgent
+
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    # params + 2 AdamW moments = 3 x 4 bytes per parameter
+    width = 4096
+    layers = max(1, round(args.size_gb * 1e9 / 12 / (width * width)))
+    torch.manual_seed(0)
+    model = nn.Sequential(*[nn.Linear(width, width, bias=False) for _ in range(layers)])
+    ddp = DDP(model)
+    opt = torch.optim.AdamW(ddp.parameters(), lr=1e-4)
+    ddp(torch.randn(2, width)).sum().backward()
+    opt.step()
+    root = Path(args.dir)
+    guard = CheckpointAgent(job="bench", model=ddp, optimizer=opt, local_dir=root / "durable", local_every_s=0, keep=1)
+    state_bytes = sum(p.numel() * 12 for p in model.parameters())
+    group = dist.new_group(backend="gloo")
+
+    def timed(fn) -> float:
+        dist.barrier(group)
+        t0 = time.perf_counter()
+        fn()
+        dist.barrier(group)
+        return time.perf_counter() - t0
+
+    results: dict[str, list[float]] = {"dd_s": [], "plain_s": [], "durable_s": []}
+    for rep in range(args.reps):
+        if rank == 0:
+            target = root / "dd.bin"
+            t0 = time.perf_counter()
+            subprocess.run(
+                [
+                    "dd",
+                    "if=/dev/zero",
+                    f"of={target}",
+                    "bs=16M",
+                    f"count={max(1, state_bytes // (16 << 20))}",
+                    "conv=fsync",
+                ],
+                check=True,
+                capture_output=True,
+            )
+            results["dd_s"].append(time.perf_counter() - t0)
+            target.unlink()
+        plain_dir = root / f"plain-{rep}"
+
+        def plain(plain_dir: Path = plain_dir) -> None:
+            from torch.distributed.checkpoint.state_dict import get_state_dict
+
+            msd, osd = get_state_dict(ddp, opt)
+            dcp.save(
+                {"model": msd, "optim": osd},
+                storage_writer=dcp.FileSystemWriter(plain_dir, sync_files=True),
+                process_group=group,
+            )
+
+        results["plain_s"].append(timed(plain))
+        if rank == 0:
+            shutil.rmtree(plain_dir)
+        results["durable_s"].append(timed(lambda rep=rep: guard.save(100 + rep)))
+
+    # async periodic save: the stall seen by training vs the synchronous save. The first one
+    # allocates the staging buffers (once per job); the second is the steady state.
+    stalls = []
+    for s in (200, 201):
+        guard.local_every_s = 1e-9
+        guard._last_local = 0.0
+        dist.barrier(group)
+        t0 = time.perf_counter()
+        guard.step(s)  # starts the async save
+        stalls.append(time.perf_counter() - t0)
+        guard.wait()
+    guard.local_every_s = 0
+    first_stall, stall = stalls
+
+    # restore (verify + load) of the newest durable checkpoint
+    restore_s = timed(guard.restore)
+
+    # guard.step() when nothing is due (one tiny all-reduce per step)
+    n = args.step_iters
+    dist.barrier(group)
+    t0 = time.perf_counter()
+    for s in range(n):
+        guard.step(1000 + s)
+    step_us = (time.perf_counter() - t0) / n * 1e6
+
+    if rank == 0:
+        mb = state_bytes / 1e6
+        dd = statistics.median(results["dd_s"])
+        plain = statistics.median(results["plain_s"])
+        durable = statistics.median(results["durable_s"])
+        out = {
+            "ranks": dist.get_world_size(),
+            "state_mb": round(mb, 1),
+            "reps": args.reps,
+            "dd_mb_s": round(mb / dd, 1),
+            "plain_dcp_mb_s": round(mb / plain, 1),
+            "durable_mb_s": round(mb / durable, 1),
+            "durable_over_dd": round(dd / durable, 3),
+            "durable_over_plain_dcp": round(plain / durable, 3),
+            "sync_save_s": round(durable, 3),
+            "async_stall_s": round(stall, 4),
+            "async_first_stall_s": round(first_stall, 4),
+            "async_stall_over_sync": round(stall / durable, 4),
+            "restore_mb_s": round(mb / restore_s, 1),
+            "step_overhead_us": round(step_us, 1),
+            "raw_s": {k: [round(x, 3) for x in v] for k, v in results.items()},
+            "targets": {
+                "durable_over_dd": ">= 0.8",
+                "durable_over_plain_dcp": ">= 0.9",
+                "async_stall_over_sync": "<= 0.1",
+                "step_overhead_us": "<= 1000",
+            },
+        }
+        Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
+    guard.close()
+    dist.destroy_process_group()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--size-gb", type=float, default=1.6)
+    p.add_argument("--reps", type=int, default=4)
+    p.add_argument("--step-iters", type=int, default=500)
+    p.add_argument("--dir", default=None, help="where to write (default: a temp dir on the project's disk)")
+    p.add_argument("--out", default=str(RESULTS))
+    args = p.parse_args()
+    if args.worker:
+        worker(args)
+        return
+    base = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="pg-bench-ckpt-", dir=Path(__file__).parent))
+    try:
+        cmd = [
+            str(Path(sys.executable).parent / "torchrun"),
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            __file__,
+            "--worker",
+            "--size-gb",
+            str(args.size_gb),
+            "--reps",
+            str(args.reps),
+            "--step-iters",
+            str(args.step_iters),
+            "--dir",
+            str(base),
+            "--out",
+            args.out,
+        ]
+        subprocess.run(cmd, check=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    finally:
+        if not args.dir:
+            shutil.rmtree(base, ignore_errors=True)
+    r = json.loads(Path(args.out).read_text())
+    print(
+        f"state {r['state_mb']:.0f} MB, 2 ranks: dd {r['dd_mb_s']} MB/s, plain DCP {r['plain_dcp_mb_s']} MB/s, "
+        f"durable {r['durable_mb_s']} MB/s"
+    )
+    print(
+        f"durable/dd {r['durable_over_dd']} (>= 0.8), durable/plain DCP {r['durable_over_plain_dcp']} (>= 0.9), "
+        f"async stall/sync {r['async_stall_over_sync']} (<= 0.1), restore {r['restore_mb_s']} MB/s, "
+        f"step overhead {r['step_overhead_us']} us (<= 1000)"
+    )
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
