@@ -142,3 +142,20 @@ def test_service_rejects_an_invalid_site_file(tmp_path):
     )
     assert out.returncode == 2
     assert "feed 'nope' is not a configured UPS" in out.stderr
+
+
+async def test_tail_on_a_server_without_the_stream_says_so(tmp_path):
+    with EmbeddedNats(store_dir=tmp_path) as server:
+        proc = await asyncio.create_subprocess_exec(
+            str(BIN / "powerguard"),
+            "tail",
+            "--url",
+            server.url,
+            "--count",
+            "1",
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        _, stderr = await asyncio.wait_for(proc.communicate(), 30)
+    assert proc.returncode == 1
+    assert "stream PG_EVENTS does not exist yet" in stderr.decode()

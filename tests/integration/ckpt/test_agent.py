@@ -174,10 +174,13 @@ async def test_hung_rank_cannot_hang_the_checkpoint_past_its_deadline(bus, nats_
         step_sleep=0.01,
         hang_rank=1,
         hang_step=15,
+        progress=tmp_path / "progress",
     ).start()
     try:
         await registered(bus, "jhang")
-        await asyncio.sleep(1.0)  # let rank 1 reach its hang (its step 15 is 0.15 s in)
+        progress = tmp_path / "progress"
+        while "1 14\n" not in (progress.read_text() if progress.exists() else ""):  # rank 1 reached its hang
+            await asyncio.sleep(0.05)
         await request(bus, "jhang", deadline_s=2.0)
         got = await answers(acks, 2, timeout=20)
     finally:

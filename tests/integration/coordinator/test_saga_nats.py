@@ -110,7 +110,7 @@ async def test_flap_cancels_and_nothing_goes_down(make_bus):
 async def test_silent_rank_makes_the_saga_partial_and_bad_input_changes_nothing(make_bus):
     from powerguard.schemas import CheckpointDurable, CheckpointDurableData, OnBattery, PowerData
 
-    bus, sim_bus, ctl_bus = await make_bus("coordinator"), await make_bus("sim"), await make_bus("power-control")
+    bus, sim_bus = await make_bus("coordinator"), await make_bus("sim")
     ranks = SimulatedRanks(sim_bus, JOBS, silent={("j1", 3)})
     await ranks.start()
     watch = await SagaWatch(bus).start()

@@ -20,6 +20,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 from powerguard.schemas import Envelope, EventError, decode
 
 from . import metrics
+from .errors import SetupError
 from .tracing import extract_context, messaging_attributes
 
 if TYPE_CHECKING:
@@ -353,7 +354,13 @@ class Subscription(_PullLoop):
     async def start(self) -> Subscription:
         """Create the consumer now (otherwise the first iteration does)."""
         if self._psub is None:
-            await self._bind()
+            try:
+                await self._bind()
+            except js_errors.NotFoundError:
+                raise SetupError(
+                    f"stream {self.bus.names.stream} does not exist yet: no PowerGuard service has connected "
+                    "to this server (they create it), or --stream/--prefix name another deployment"
+                ) from None
         return self
 
     def __aiter__(self) -> Subscription:

@@ -47,3 +47,41 @@ def _shape_key(obj: Any) -> tuple:
     if isinstance(obj, torch.Tensor):
         return (tuple(obj.shape), obj.dtype)
     return (type(obj).__name__,)
+
+
+def partition_replicated(
+    state_dict: dict[str, Any], *, rank: int, world_size: int, keys: tuple[str, ...] = ("model", "optim")
+) -> dict[str, Any]:
+    """Keep, of the replicated tensors under ``keys`` (plain tensors, as DDP has them), only
+    those this rank writes: the tensors are spread over the ranks by size, the same way on every
+    rank. DCP then needs no de-duplication and each rank stages only its share. Sharded tensors
+    (DTensor) and everything else stay."""
+    if world_size <= 1:
+        return state_dict
+    leaves: list[tuple[tuple, int]] = []
+
+    def walk(obj: Any, path: tuple) -> None:
+        if isinstance(obj, dict):
+            for k, v in obj.items():
+                walk(v, (*path, k))
+        elif type(obj) is torch.Tensor:
+            leaves.append((path, obj.numel() * obj.element_size()))
+
+    for k in keys:
+        if k in state_dict:
+            walk(state_dict[k], (k,))
+    load = [0] * world_size
+    mine: set[tuple] = set()
+    for path, size in sorted(leaves, key=lambda item: (-item[1], repr(item[0]))):
+        owner = min(range(world_size), key=lambda r: (load[r], r))
+        load[owner] += size
+        if owner == rank:
+            mine.add(path)
+    drop = {p for p, _ in leaves} - mine
+
+    def prune(obj: Any, path: tuple) -> Any:
+        if isinstance(obj, dict):
+            return {k: prune(v, (*path, k)) for k, v in obj.items() if (*path, k) not in drop}
+        return obj
+
+    return {k: prune(v, (k,)) if k in keys else v for k, v in state_dict.items()}

@@ -18,6 +18,7 @@ import pickle
 import random
 import signal
 import socket
+import threading
 import time
 from concurrent.futures import Future
 from datetime import timedelta
@@ -47,7 +48,7 @@ from . import _layout as L
 from ._bus import BusThread, Request
 from ._hashing import HashingWriter
 from ._remote import RemoteCopier
-from ._staging import ReusingStager
+from ._staging import ReusingStager, partition_replicated
 from .errors import CheckpointError, CommitError, CorruptCheckpoint, StepAgreementTimeout
 
 log = logging.getLogger("powerguard.ckpt_agent")
@@ -125,6 +126,7 @@ class CheckpointAgent:
         self._boundary = 0
         self._async: tuple[int, Future, HashingWriter, float] | None = None
         self._stager = ReusingStager()
+        self._retainer: threading.Thread | None = None
         self._resumed_reported = False
         self.stats: dict[str, float] = {}
         self._bus: BusThread | None = None
@@ -339,7 +341,7 @@ class CheckpointAgent:
                     digests={r: d for r, _, d, _ in results},
                     metadata_digest=L.digest_bytes(meta),
                 )
-                L.retain(self._local_fs, self.local_root, self.job, self.keep)
+                self._retain_in_background()
             except OSError as exc:
                 log.error("rank 0: COMMIT of %s failed: %s", directory, exc)
                 committed = False
@@ -360,6 +362,20 @@ class CheckpointAgent:
             "durations": {"write_s": t_write - t0, "commit_s": t_end - t_write, "total_s": t_end - t0},
         }
 
+    def _retain_in_background(self) -> None:
+        """Old checkpoints are deleted off the critical path (rank 0, one at a time)."""
+        if self._retainer is not None and self._retainer.is_alive():
+            return  # the next commit will catch up
+
+        def run() -> None:
+            try:
+                L.retain(self._local_fs, self.local_root, self.job, self.keep)
+            except OSError as exc:
+                log.warning("retention in %s failed: %s", self.local_root, exc)
+
+        self._retainer = threading.Thread(target=run, name="pg-ckpt-retain", daemon=True)
+        self._retainer.start()
+
     def _existing_info(self, directory: str, step: int, elapsed: float) -> dict[str, Any]:
         with open(os.path.join(directory, L.manifest_name(self.rank)), "rb") as f:
             body = f.read()
@@ -379,7 +395,10 @@ class CheckpointAgent:
         writer = HashingWriter(directory, sync_files=True)
         t0 = time.perf_counter()
         future = dcp.async_save(
-            self._state_dict(), storage_writer=writer, process_group=self._save_group, async_stager=self._stager
+            partition_replicated(self._state_dict(), rank=self.rank, world_size=self.world_size),
+            storage_writer=writer,
+            process_group=self._save_group,
+            async_stager=self._stager,
         )
         self.stats["async_stall_s"] = time.perf_counter() - t0
         self._async = (step, future, writer, t0)
@@ -535,6 +554,8 @@ class CheckpointAgent:
                 self._remote.close()
             if self._bus is not None:
                 self._bus.close()
+            if self._retainer is not None:
+                self._retainer.join(30)
 
     def __enter__(self) -> CheckpointAgent:
         return self
@@ -543,10 +564,22 @@ class CheckpointAgent:
         self.close()
 
 
+_RNG_BYTES = 16384  # fixed size: the load template must match the saved tensor's shape
+
+
 def _pickled(obj: Any) -> torch.Tensor:
-    """Python and NumPy RNG states as uint8 tensors: staged and saved like any tensor."""
-    return torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8)
+    """Python and NumPy RNG states as fixed-size uint8 tensors (8-byte length, then the pickle),
+    so they are staged and saved like any tensor."""
+    body = pickle.dumps(obj)
+    if len(body) + 8 > _RNG_BYTES:
+        raise CheckpointError(f"RNG state of {len(body)} bytes exceeds {_RNG_BYTES - 8}")
+    buf = bytearray(_RNG_BYTES)
+    buf[:8] = len(body).to_bytes(8, "little")
+    buf[8 : 8 + len(body)] = body
+    return torch.frombuffer(buf, dtype=torch.uint8)
 
 
 def _unpickled(t: torch.Tensor) -> Any:
-    return pickle.loads(t.numpy().tobytes())
+    raw = t.numpy().tobytes()
+    n = int.from_bytes(raw[:8], "little")
+    return pickle.loads(raw[8 : 8 + n])
