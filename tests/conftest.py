@@ -71,7 +71,13 @@ async def make_bus(nats_server: EmbeddedNats, names: BusNames) -> AsyncIterator[
         for bus in reversed(buses[1:]):
             await bus.close()
         if admin.nc.is_connected:
-            for name in (names.stream, f"KV_{names.sagas}", f"KV_{names.agents}", f"KV_{names.leases}"):
+            for name in (
+                names.stream,
+                f"KV_{names.sagas}",
+                f"KV_{names.agents}",
+                f"KV_{names.leases}",
+                f"KV_{names.ups}",
+            ):
                 try:
                     await admin.js.delete_stream(name)
                 except Exception:

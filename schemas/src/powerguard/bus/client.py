@@ -186,6 +186,7 @@ class Bus:
             await self._bucket(n.sagas, history=lim.sagas_history, ttl=None)
             await self._bucket(n.agents, history=1, ttl=lim.agents_ttl_s)
             await self._bucket(n.leases, history=1, ttl=lim.leases_ttl_s)
+            await self._bucket(n.ups, history=5, ttl=None)
         except (js_errors.APIError, nats.errors.Error, TimeoutError) as exc:
             raise SetupError(f"cannot set up stream {n.stream} and KV buckets: {exc}") from None
 
@@ -222,6 +223,10 @@ class Bus:
 
     async def leases(self) -> Kv:
         return await self.kv(self.names.leases)
+
+    async def ups_states(self) -> Kv:
+        """Last published power state per UPS (``<site>.<ups>``): monitors claim transitions by CAS."""
+        return await self.kv(self.names.ups)
 
     # publish ------------------------------------------------------------------
     async def publish(

@@ -16,6 +16,7 @@ class BusNames:
     sagas: str = "pg_sagas"
     agents: str = "pg_agents"
     leases: str = "pg_leases"
+    ups: str = "pg_ups"
     subjects: Subjects = field(init=False)
 
     def __post_init__(self) -> None:
@@ -29,6 +30,7 @@ class BusNames:
             sagas=nats.sagas_bucket,
             agents=nats.agents_bucket,
             leases=nats.leases_bucket,
+            ups=nats.ups_bucket,
         )
 
     @classmethod
@@ -41,6 +43,7 @@ class BusNames:
             sagas=f"pg_sagas_{t}",
             agents=f"pg_agents_{t}",
             leases=f"pg_leases_{t}",
+            ups=f"pg_ups_{t}",
         )
 
 

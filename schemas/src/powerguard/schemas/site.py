@@ -70,6 +70,7 @@ class NatsSettings(_Model):
     sagas_bucket: str = "pg_sagas"
     agents_bucket: str = "pg_agents"
     leases_bucket: str = "pg_leases"
+    ups_bucket: str = "pg_ups"
     user: str | None = None
     password: SecretRef | None = None
     creds_file: Path | None = None

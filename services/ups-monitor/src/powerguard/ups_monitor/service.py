@@ -1,19 +1,210 @@
-"""The ups-monitor service loop.
-
-For now it connects to NATS, makes sure the stream and KV buckets exist, reports ready
-and drains on SIGTERM; the service's own logic is added by its issue.
-"""
+"""The ups-monitor service: poll every UPS concurrently (bounded), run each through its state
+machine, and publish power events. Power transitions are claimed by CAS on the ``pg_ups`` KV
+bucket (``<site>.<ups>``), and their event ids derive from the claimed sequence number, so two
+monitors watching one UPS put one event per transition on the stream."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import socket
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
 
-from powerguard.bus import ServiceContext
+from powerguard.bus import Bus, CasConflict, ServiceContext
+from powerguard.schemas import (
+    CommLost,
+    CommRestored,
+    ConfigError,
+    ForcedShutdown,
+    LowBattery,
+    OnBattery,
+    OnLine,
+    Overload,
+    PowerData,
+    PowerStatus,
+    ReplaceBattery,
+    SiteConfig,
+    UpsConfig,
+    deterministic_id,
+)
+
+from .config import MonitorSettings, NutOptions
+from .nut import NutDriver, UpsError
+from .reading import Reading
+from .state import POWER_KINDS, Transition, UpsState
 
 log = logging.getLogger(__name__)
 
+EVENTS = {
+    "on_battery": OnBattery,
+    "on_line": OnLine,
+    "low_battery": LowBattery,
+    "fsd": ForcedShutdown,
+    "replace_battery": ReplaceBattery,
+    "overload": Overload,
+    "comm_lost": CommLost,
+    "comm_restored": CommRestored,
+    "status": PowerStatus,
+}
+FLAGS = ("on_battery", "low_battery", "fsd", "replace_battery", "overload")
+
+
+@dataclass
+class Target:
+    cfg: UpsConfig
+    driver: Any
+    state: UpsState
+    comm_seq: int = 0
+
+
+def make_driver(cfg: UpsConfig, settings: MonitorSettings):
+    if cfg.driver == "nut":
+        opts = NutOptions.model_validate(cfg.options)
+        password = opts.password.resolve().get_secret_value() if opts.password else None
+        return NutDriver(
+            host=cfg.host,
+            port=cfg.port,
+            ups_name=opts.ups_name or cfg.name,
+            user=opts.user,
+            password=password,
+            timeout=settings.timeout_s,
+        )
+    raise ConfigError(f"ups {cfg.name}: driver {cfg.driver!r} is not available in this build yet (nut is)")
+
+
+class Monitor:
+    def __init__(
+        self, bus: Bus, site: SiteConfig, *, settings: MonitorSettings | None = None, instance: str | None = None
+    ) -> None:
+        self.bus, self.site = bus, site
+        self.settings = settings or MonitorSettings.model_validate(site.section("ups_monitor"))
+        self.instance = instance or socket.gethostname()
+        self.targets: list[Target] = []
+        now = time.time()
+        for cfg in site.ups:
+            try:
+                driver = make_driver(cfg, self.settings)
+            except ConfigError as exc:
+                log.error("%s", exc)
+                continue
+            self.targets.append(
+                Target(
+                    cfg,
+                    driver,
+                    UpsState(
+                        comm_timeout_s=self.settings.comm_timeout_s,
+                        status_every_s=self.settings.status_every_s,
+                        started_at=now,
+                    ),
+                )
+            )
+        self._sem = asyncio.Semaphore(self.settings.max_concurrent_polls)
+
+    async def run(self, stopping: asyncio.Event) -> None:
+        interval = self.settings.poll_interval_s
+        while not stopping.is_set():
+            started = time.monotonic()
+            await asyncio.gather(*(self.poll(t) for t in self.targets))
+            try:
+                await asyncio.wait_for(stopping.wait(), max(0.0, interval - (time.monotonic() - started)))
+            except TimeoutError:
+                pass
+        for t in self.targets:
+            await t.driver.close()
+
+    async def poll(self, t: Target) -> None:
+        async with self._sem:
+            now = time.time()
+            try:
+                reading = await asyncio.wait_for(t.driver.poll(), self.settings.timeout_s)
+            except (UpsError, TimeoutError) as exc:
+                error = str(exc) or f"no answer within {self.settings.timeout_s:g}s"
+                if t.state.last_error != error:
+                    log.warning("ups %s: %s", t.cfg.name, error)
+                transitions = t.state.failed(error, now)
+            else:
+                previous = t.state.reading
+                transitions = t.state.good(reading, now)
+                if any(getattr(reading, f) != (getattr(previous, f) if previous else False) for f in FLAGS):
+                    transitions = await self._claim(t, reading, transitions)
+        for tr in transitions:
+            await self._emit(t, tr, now)
+
+    async def _claim(self, t: Target, reading: Reading, transitions: list[Transition]) -> list[Transition]:
+        """Record the new flags in KV by CAS; keep only the power transitions no other monitor
+        published already, each tagged with its sequence number."""
+        kv = await self.bus.ups_states()
+        key = f"{self.site.site}.{t.cfg.name}"
+        flags = {f: getattr(reading, f) for f in FLAGS}
+        for _ in range(10):
+            entry = await kv.get(key)
+            old = entry.json() if entry else {"flags": {f: False for f in FLAGS}, "seq": 0}
+            fresh = [tr for tr in transitions if tr.kind not in POWER_KINDS or _new(tr.kind, old["flags"], flags)]
+            if old["flags"] == flags:
+                return fresh
+            value = {"flags": flags, "seq": old["seq"] + 1, "by": self.instance, "at": time.time()}
+            try:
+                if entry is None:
+                    await kv.create(key, value)
+                else:
+                    await kv.update(key, value, revision=entry.revision)
+            except CasConflict:
+                continue
+            return [
+                Transition(tr.kind, tr.reading, f"seq {value['seq']}") if tr.kind in POWER_KINDS else tr for tr in fresh
+            ]
+        log.error("ups %s: could not record its state in KV (contention); publishing anyway", t.cfg.name)
+        return transitions
+
+    async def _emit(self, t: Target, tr: Transition, now: float) -> None:
+        site, ups = self.site.site, t.cfg.name
+        if tr.kind in POWER_KINDS:
+            eid = deterministic_id(site, ups, tr.kind, tr.reason or now)
+        elif tr.kind == "status":
+            eid = deterministic_id(site, ups, "status", int(now // self.settings.status_every_s))
+        else:
+            t.comm_seq += 1
+            eid = deterministic_id(site, ups, tr.kind, self.instance, t.comm_seq, int(now))
+        r = tr.reading
+        data = PowerData(
+            site=site,
+            ups=ups,
+            on_battery=r.on_battery if r else False,
+            status=list(r.status) if r else [],
+            charge_pct=r.charge_pct if r else None,
+            runtime_s=r.runtime_s if r else None,
+            load_pct=r.load_pct if r else None,
+            input_v=r.input_v if r else None,
+            seconds_on_battery=r.seconds_on_battery if r else None,
+            driver=t.cfg.driver,
+            via="poll",
+            partial=bool(r and r.partial) or r is None,
+            reason=tr.reason if tr.kind in ("comm_lost", "comm_restored") else None,
+            observed_at=datetime.fromtimestamp(now, UTC),
+        )
+        event = EVENTS[tr.kind](id=eid, source=f"/powerguard/ups-monitor/{self.instance}", subject=ups, data=data)
+        try:
+            await self.bus.publish(event)
+        except Exception as exc:
+            log.error("ups %s: %s not published: %s", ups, tr.kind, exc)
+            return
+        if tr.kind != "status":
+            log.info("ups %s: %s", ups, tr.kind)
+
+
+def _new(kind: str, old: dict[str, bool], new: dict[str, bool]) -> bool:
+    if kind in ("on_battery", "on_line"):
+        return old.get("on_battery", False) != new["on_battery"]
+    return new.get(kind, False) and not old.get(kind, False)
+
 
 async def main(ctx: ServiceContext) -> None:
+    if ctx.site is None:
+        raise ConfigError("the ups-monitor needs --config site.yaml (its UPSes)")
+    monitor = Monitor(ctx.bus, ctx.site)
     ctx.set_ready(True)
-    log.info("ups-monitor ready")
-    await ctx.stopping.wait()
+    log.info("ups-monitor ready: %d UPS(es), poll every %.1fs", len(monitor.targets), monitor.settings.poll_interval_s)
+    await monitor.run(ctx.stopping)

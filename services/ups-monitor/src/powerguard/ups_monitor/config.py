@@ -1,0 +1,25 @@
+"""ups-monitor settings: the ``ups_monitor:`` section of the site YAML and per-UPS options."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from powerguard.schemas import SecretRef
+
+
+class MonitorSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    poll_interval_s: float = Field(default=1.0, gt=0)
+    comm_timeout_s: float = Field(default=10.0, gt=0, description="No good reading this long: comm_lost")
+    status_every_s: float = Field(default=30.0, gt=0, description="Telemetry events")
+    timeout_s: float = Field(default=2.0, gt=0, description="One poll of one UPS")
+    max_concurrent_polls: int = Field(default=64, ge=1)
+
+
+class NutOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    ups_name: str | None = Field(default=None, description="The UPS name on upsd (default: the site's name)")
+    user: str | None = None
+    password: SecretRef | None = None
