@@ -23,3 +23,17 @@ class NutOptions(BaseModel):
     ups_name: str | None = Field(default=None, description="The UPS name on upsd (default: the site's name)")
     user: str | None = None
     password: SecretRef | None = None
+
+
+class SnmpOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    version: str = Field(default="2c", pattern=r"^(2c|3)$")
+    community: SecretRef | None = Field(default=None, description="v2c community (default 'public')")
+    user: str | None = None
+    auth_key: SecretRef | None = None
+    priv_key: SecretRef | None = None
+    auth_protocol: str = Field(default="SHA", pattern=r"^(SHA|SHA256)$")
+    priv_protocol: str = Field(default="AES", pattern=r"^(AES|AES256)$")
+    profile: str = Field(default="auto", pattern=r"^(auto|ups-mib|apc)$")
+    retries: int = Field(default=0, ge=0)

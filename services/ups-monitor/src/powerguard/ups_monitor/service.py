@@ -31,7 +31,7 @@ from powerguard.schemas import (
     deterministic_id,
 )
 
-from .config import MonitorSettings, NutOptions
+from .config import MonitorSettings, NutOptions, SnmpOptions
 from .nut import NutDriver, UpsError
 from .reading import Reading
 from .state import POWER_KINDS, Transition, UpsState
@@ -72,7 +72,36 @@ def make_driver(cfg: UpsConfig, settings: MonitorSettings):
             password=password,
             timeout=settings.timeout_s,
         )
-    raise ConfigError(f"ups {cfg.name}: driver {cfg.driver!r} is not available in this build yet (nut is)")
+    if cfg.driver == "snmp":
+        from .snmp import SnmpDriver, auth_data
+
+        o = SnmpOptions.model_validate(cfg.options)
+
+        def secret(ref):
+            return ref.resolve().get_secret_value() if ref else None
+
+        try:
+            auth = auth_data(
+                version=o.version,
+                community=secret(o.community),
+                user=o.user,
+                auth_key=secret(o.auth_key),
+                priv_key=secret(o.priv_key),
+                auth_protocol=o.auth_protocol,
+                priv_protocol=o.priv_protocol,
+            )
+        except ValueError as exc:
+            raise ConfigError(f"ups {cfg.name}: {exc}") from None
+        return SnmpDriver(
+            name=cfg.name,
+            host=cfg.host,
+            port=cfg.port,
+            auth=auth,
+            profile=o.profile,
+            timeout=settings.timeout_s,
+            retries=o.retries,
+        )
+    raise ConfigError(f"ups {cfg.name}: driver {cfg.driver!r} is not available in this build yet (nut, snmp are)")
 
 
 class Monitor:

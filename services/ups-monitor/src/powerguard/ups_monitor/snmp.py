@@ -1,0 +1,176 @@
+"""SNMP driver (pysnmp 7, asyncio): RFC 1628 UPS-MIB and APC PowerNet-MIB, SNMPv2c and
+SNMPv3 authPriv. One SnmpEngine per process (its first request costs ~0.6 s)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Literal
+
+from pysnmp.hlapi.v3arch.asyncio import (
+    CommunityData,
+    ContextData,
+    ObjectIdentity,
+    ObjectType,
+    SnmpEngine,
+    UdpTransportTarget,
+    UsmUserData,
+    get_cmd,
+    usmAesCfb128Protocol,
+    usmAesCfb256Protocol,
+    usmHMAC192SHA256AuthProtocol,
+    usmHMACSHAAuthProtocol,
+)
+from pysnmp.proto.rfc1902 import Counter32, Gauge32, Integer, TimeTicks, Unsigned32
+
+from .nut import UpsError, UpsUnreachable
+from .reading import Reading
+
+SYS_OBJECT_ID = "1.3.6.1.2.1.1.2.0"
+APC_ENTERPRISE = "1.3.6.1.4.1.318"
+Profile = Literal["ups-mib", "apc"]
+
+# name -> OID, per profile
+PROFILES: dict[str, dict[str, str]] = {
+    "ups-mib": {
+        "source": "1.3.6.1.2.1.33.1.4.1.0",  # upsOutputSource: 3 normal, 5 battery
+        "battery_status": "1.3.6.1.2.1.33.1.2.1.0",  # upsBatteryStatus: 2 normal, 3 low, 4 depleted
+        "seconds_on_battery": "1.3.6.1.2.1.33.1.2.2.0",
+        "minutes_remaining": "1.3.6.1.2.1.33.1.2.3.0",
+        "charge": "1.3.6.1.2.1.33.1.2.4.0",
+        "load": "1.3.6.1.2.1.33.1.4.4.1.5.1",
+        "input_v": "1.3.6.1.2.1.33.1.3.3.1.3.1",
+    },
+    "apc": {
+        "source": "1.3.6.1.4.1.318.1.1.1.4.1.1.0",  # upsBasicOutputStatus: 2 onLine, 3 onBattery
+        "battery_status": "1.3.6.1.4.1.318.1.1.1.2.1.1.0",  # upsBasicBatteryStatus: 2 normal, 3 low
+        "runtime_ticks": "1.3.6.1.4.1.318.1.1.1.2.2.3.0",  # upsAdvBatteryRunTimeRemaining (TimeTicks)
+        "charge": "1.3.6.1.4.1.318.1.1.1.2.2.1.0",  # upsAdvBatteryCapacity
+        "load": "1.3.6.1.4.1.318.1.1.1.4.2.3.0",  # upsAdvOutputLoad
+        "input_v": "1.3.6.1.4.1.318.1.1.1.3.2.1.0",  # upsAdvInputLineVoltage
+    },
+}
+_NUMERIC = (Integer, TimeTicks, Gauge32, Unsigned32, Counter32)
+_AUTH = {"SHA": usmHMACSHAAuthProtocol, "SHA256": usmHMAC192SHA256AuthProtocol}
+_PRIV = {"AES": usmAesCfb128Protocol, "AES256": usmAesCfb256Protocol}
+_engines: dict[int, SnmpEngine] = {}
+
+
+def engine() -> SnmpEngine:
+    """The process's SnmpEngine (one per event loop: its transports belong to a loop)."""
+    loop = asyncio.get_running_loop()
+    if id(loop) not in _engines:
+        _engines.clear()  # an old loop's engine is of no use any more
+        _engines[id(loop)] = SnmpEngine()
+    return _engines[id(loop)]
+
+
+class SnmpAuthError(UpsError):
+    """The agent rejected our SNMPv3 credentials (or community)."""
+
+
+def auth_data(
+    *,
+    version: str,
+    community: str | None,
+    user: str | None,
+    auth_key: str | None,
+    priv_key: str | None,
+    auth_protocol: str = "SHA",
+    priv_protocol: str = "AES",
+) -> Any:
+    if version == "2c":
+        return CommunityData(community or "public", mpModel=1)
+    if version == "3":
+        if not (user and auth_key and priv_key):
+            raise ValueError("SNMPv3 needs user, auth_key and priv_key (authPriv)")
+        return UsmUserData(
+            user, auth_key, priv_key, authProtocol=_AUTH[auth_protocol], privProtocol=_PRIV[priv_protocol]
+        )
+    raise ValueError(f"SNMP version {version!r}: use '2c' or '3'")
+
+
+class SnmpDriver:
+    def __init__(
+        self,
+        *,
+        name: str,
+        host: str,
+        port: int | None,
+        auth: Any,
+        profile: str = "auto",
+        timeout: float = 1.0,
+        retries: int = 0,
+    ) -> None:
+        self.name, self.host, self.port = name, host, port or 161
+        self.auth, self.profile, self.timeout, self.retries = auth, profile, timeout, retries
+        self._target: UdpTransportTarget | None = None
+
+    async def _get(self, oids: list[str]) -> dict[str, Any]:
+        if self._target is None:
+            self._target = await UdpTransportTarget.create(
+                (self.host, self.port), timeout=self.timeout, retries=self.retries
+            )
+        error_indication, error_status, error_index, var_binds = await get_cmd(
+            engine(), self.auth, self._target, ContextData(), *[ObjectType(ObjectIdentity(o)) for o in oids]
+        )
+        if error_indication:
+            text = str(error_indication)
+            if any(
+                s in text
+                for s in ("digest", "Unknown USM user", "decrypt", "Unsupported security level", "authorization")
+            ):
+                raise SnmpAuthError(
+                    f"ups {self.name}: SNMP authentication failed (check the SNMPv3 user and keys): {text}"
+                )
+            raise UpsUnreachable(f"ups {self.name}: no SNMP answer from {self.host}:{self.port}: {text}")
+        if error_status:
+            raise UpsError(
+                f"ups {self.name}: agent error {error_status.prettyPrint()} at "
+                f"{oids[int(error_index) - 1] if error_index else '?'}"
+            )
+        return {str(oid): value for oid, value in var_binds}
+
+    async def _resolve_profile(self) -> str:
+        if self.profile != "auto":
+            return self.profile
+        sys_oid = str((await self._get([SYS_OBJECT_ID]))[SYS_OBJECT_ID])
+        self.profile = "apc" if sys_oid.startswith(APC_ENTERPRISE) else "ups-mib"
+        return self.profile
+
+    async def poll(self) -> Reading:
+        profile = await self._resolve_profile()
+        oids = PROFILES[profile]
+        raw = await self._get(list(oids.values()))
+        values: dict[str, float] = {}
+        errors: list[str] = []
+        for name, oid in oids.items():
+            v = raw.get(oid)
+            if isinstance(v, _NUMERIC):
+                values[name] = float(int(v))
+            else:
+                errors.append(f"{name} ({oid}): {type(v).__name__ if v is not None else 'missing'}")
+        if "source" not in values:
+            raise UpsError(f"ups {self.name}: output source unreadable ({'; '.join(errors)})")
+        if profile == "ups-mib":
+            on_battery = values["source"] == 5
+            runtime = values["minutes_remaining"] * 60 if "minutes_remaining" in values else None
+        else:
+            on_battery = values["source"] == 3
+            runtime = values["runtime_ticks"] / 100 if "runtime_ticks" in values else None
+        low = values.get("battery_status") in (3.0, 4.0)
+        status = ("OB", "DISCHRG") if on_battery else ("OL",)
+        return Reading(
+            on_battery=on_battery,
+            low_battery=low,
+            status=status + (("LB",) if low else ()),
+            charge_pct=values.get("charge"),
+            runtime_s=runtime,
+            load_pct=values.get("load"),
+            input_v=values.get("input_v"),
+            seconds_on_battery=values.get("seconds_on_battery"),
+            partial=bool(errors),
+            errors=tuple(errors),
+        )
+
+    async def close(self) -> None:
+        self._target = None
