@@ -15,6 +15,9 @@ class MonitorSettings(BaseModel):
     status_every_s: float = Field(default=30.0, gt=0, description="Telemetry events")
     timeout_s: float = Field(default=2.0, gt=0, description="One poll of one UPS")
     max_concurrent_polls: int = Field(default=64, ge=1)
+    trap_host: str = Field(default="0.0.0.0", description="Where to listen for SNMP traps")
+    trap_port: int | None = Field(default=None, ge=0, le=65535, description="UDP port for traps (None: off)")
+    trap_community: SecretRef | None = Field(default=None, description="v2c trap community (default 'public')")
 
 
 class NutOptions(BaseModel):
@@ -37,3 +40,4 @@ class SnmpOptions(BaseModel):
     priv_protocol: str = Field(default="AES", pattern=r"^(AES|AES256)$")
     profile: str = Field(default="auto", pattern=r"^(auto|ups-mib|apc)$")
     retries: int = Field(default=0, ge=0)
+    trap_engine_id: str | None = Field(default=None, description="Sender's engine id (hex) for SNMPv3 traps")

@@ -9,7 +9,7 @@ import asyncio
 import logging
 import socket
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -58,6 +58,7 @@ class Target:
     driver: Any
     state: UpsState
     comm_seq: int = 0
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # a trap's poll and the periodic one
 
 
 def make_driver(cfg: UpsConfig, settings: MonitorSettings):
@@ -131,8 +132,52 @@ class Monitor:
                 )
             )
         self._sem = asyncio.Semaphore(self.settings.max_concurrent_polls)
+        self.traps = None
+        self._trap_tasks: set[asyncio.Task] = set()
+
+    async def start_traps(self) -> None:
+        """Listen for SNMP traps when ``trap_port`` is set; a trap polls its UPS at once."""
+        if self.settings.trap_port is None:
+            return
+        from .traps import TrapReceiver, V3TrapUser
+
+        community = (
+            self.settings.trap_community.resolve().get_secret_value() if self.settings.trap_community else "public"
+        )
+        users = []
+        for t in self.targets:
+            o = t.cfg.options
+            if t.cfg.driver == "snmp" and o.get("version") == "3" and o.get("trap_engine_id"):
+                opts = SnmpOptions.model_validate(o)
+                users.append(
+                    V3TrapUser(
+                        opts.user,
+                        opts.auth_key.resolve().get_secret_value(),
+                        opts.priv_key.resolve().get_secret_value(),
+                        o["trap_engine_id"],
+                    )
+                )
+        self.traps = TrapReceiver(
+            host=self.settings.trap_host,
+            port=self.settings.trap_port,
+            community=community,
+            v3_users=users,
+            on_trap=self._on_trap,
+        )
+        await self.traps.start()
+
+    def _on_trap(self, trap) -> None:
+        hit = [t for t in self.targets if t.cfg.host == trap.source]
+        if not hit:
+            log.warning("trap %s from %s, which is no configured UPS: ignored", trap.trap_oid, trap.source)
+            return
+        for t in hit:
+            task = asyncio.create_task(self.poll(t, trap=trap))
+            self._trap_tasks.add(task)
+            task.add_done_callback(self._trap_tasks.discard)
 
     async def run(self, stopping: asyncio.Event) -> None:
+        await self.start_traps()
         interval = self.settings.poll_interval_s
         while not stopping.is_set():
             started = time.monotonic()
@@ -141,11 +186,13 @@ class Monitor:
                 await asyncio.wait_for(stopping.wait(), max(0.0, interval - (time.monotonic() - started)))
             except TimeoutError:
                 pass
+        if self.traps is not None:
+            self.traps.close()
         for t in self.targets:
             await t.driver.close()
 
-    async def poll(self, t: Target) -> None:
-        async with self._sem:
+    async def poll(self, t: Target, trap=None) -> None:
+        async with t.lock, self._sem:
             now = time.time()
             try:
                 reading = await asyncio.wait_for(t.driver.poll(), self.settings.timeout_s)
@@ -153,14 +200,15 @@ class Monitor:
                 error = str(exc) or f"no answer within {self.settings.timeout_s:g}s"
                 if t.state.last_error != error:
                     log.warning("ups %s: %s", t.cfg.name, error)
-                transitions = t.state.failed(error, now)
-            else:
+                reading = _from_trap(trap) if trap is not None else None
+                transitions = t.state.failed(error, now) if reading is None else []
+            if reading is not None:
                 previous = t.state.reading
                 transitions = t.state.good(reading, now)
                 if any(getattr(reading, f) != (getattr(previous, f) if previous else False) for f in FLAGS):
                     transitions = await self._claim(t, reading, transitions)
         for tr in transitions:
-            await self._emit(t, tr, now)
+            await self._emit(t, tr, now, via="trap" if trap is not None else "poll")
 
     async def _claim(self, t: Target, reading: Reading, transitions: list[Transition]) -> list[Transition]:
         """Record the new flags in KV by CAS; keep only the power transitions no other monitor
@@ -188,7 +236,7 @@ class Monitor:
         log.error("ups %s: could not record its state in KV (contention); publishing anyway", t.cfg.name)
         return transitions
 
-    async def _emit(self, t: Target, tr: Transition, now: float) -> None:
+    async def _emit(self, t: Target, tr: Transition, now: float, via: str = "poll") -> None:
         site, ups = self.site.site, t.cfg.name
         if tr.kind in POWER_KINDS:
             eid = deterministic_id(site, ups, tr.kind, tr.reason or now)
@@ -209,7 +257,7 @@ class Monitor:
             input_v=r.input_v if r else None,
             seconds_on_battery=r.seconds_on_battery if r else None,
             driver=t.cfg.driver,
-            via="poll",
+            via=via,
             partial=bool(r and r.partial) or r is None,
             reason=tr.reason if tr.kind in ("comm_lost", "comm_restored") else None,
             observed_at=datetime.fromtimestamp(now, UTC),
@@ -222,6 +270,17 @@ class Monitor:
             return
         if tr.kind != "status":
             log.info("ups %s: %s", ups, tr.kind)
+
+
+def _from_trap(trap) -> Reading | None:
+    """What a trap says when the UPS cannot be polled right after it (partial)."""
+    if trap.meaning == "on_battery":
+        return Reading(on_battery=True, status=("OB",), partial=True, errors=("from a trap; poll failed",))
+    if trap.meaning == "low_battery":
+        return Reading(
+            on_battery=True, low_battery=True, status=("OB", "LB"), partial=True, errors=("from a trap; poll failed",)
+        )
+    return None
 
 
 def _new(kind: str, old: dict[str, bool], new: dict[str, bool]) -> bool:
