@@ -126,7 +126,16 @@ class _PullLoop:
             try:
                 if self._psub is None:
                     await self._bind()
-                msgs = await self._psub.fetch(batch, timeout=1.0)
+                # One message first: a lingering pull for N messages would hold the first one back
+                # until N arrived or the request expired. Then, when the server says more are
+                # pending, take them at once (that pull returns without lingering).
+                msgs = await self._psub.fetch(1, timeout=1.0)
+                pending = msgs[-1].metadata.num_pending or 0 if msgs else 0
+                if batch > 1 and pending > 0:
+                    try:
+                        msgs += await self._psub.fetch(min(batch - 1, pending), timeout=1.0)
+                    except nats.errors.TimeoutError:
+                        pass
             except nats.errors.TimeoutError:
                 return []
             except _CLOSED:

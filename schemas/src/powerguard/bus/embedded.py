@@ -77,6 +77,7 @@ class EmbeddedNats:
         if self.proc and self.proc.poll() is None:
             return self
         binary = find_nats_server()
+        self.store_dir.mkdir(parents=True, exist_ok=True)
         ports_dir = Path(tempfile.mkdtemp(prefix="ports-", dir=self.store_dir))
         cmd = [
             binary,
