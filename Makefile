@@ -34,7 +34,8 @@ demo: venv  ## outage drill on this machine: embedded NATS + simulated site
 	$(BIN)/powerguard demo
 
 bench: venv  ## run the benchmarks; figures land in bench/results/
-	@for b in bench/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
+	@for b in bench/saga.py bench/detection.py bench/checkpoint.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
+	$(BIN)/python bench/report.py
 
 schemas: venv  ## regenerate schemas/generated (JSON Schema, AsyncAPI, catalogue)
 	$(BIN)/powerguard schemas export schemas/generated
