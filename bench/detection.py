@@ -42,15 +42,20 @@ def pct(values: list[float], q: float) -> float:
 async def measure(bus: Bus, flip, flips: int) -> list[float]:
     """Flip the UPS on battery and back ``flips`` times; seconds from each flip to its event."""
     out: list[float] = []
-    rng = random.Random(7)
+    # Each flip comes at a different phase of the poll clock (the previous event marks the last poll):
+    # phases stratified over the interval, so the p50 is that of a uniformly random moment.
+    n = flips * 2
+    phases = [(k + 0.5) / n for k in range(n)]
+    random.Random(7).shuffle(phases)
     async with bus.subscribe(OnBattery, OnLine, deliver="new") as sub:
         await sub.start()
         on_battery = False
-        for _ in range(flips * 2):
+        for phase in phases:
             on_battery = not on_battery
-            await asyncio.sleep(rng.uniform(0.2, 1.2))  # a random phase against the poll clock
+            await asyncio.sleep(phase)
             t0 = time.perf_counter()
-            t0 = await asyncio.to_thread(flip, on_battery) or t0  # a flip may say when the change became visible
+            # a flip may say when the change became visible (NUT's, which waits for upsd in a thread)
+            t0 = (await asyncio.to_thread(flip, on_battery) if flip.__name__ == "nut_flip" else flip(on_battery)) or t0
             while True:
                 ev = await asyncio.wait_for(sub.__anext__(), 15)
                 if ev.data.on_battery == on_battery:
@@ -127,7 +132,12 @@ async def main() -> None:
 
             for name, flip in (("nut_poll", nut_flip), ("snmp_poll", snmp_flip), ("snmp_trap", trap_flip)):
                 lat = await measure(bus, flip, FLIPS)
-                results[name] = {"p50_ms": pct(lat, 0.5), "p95_ms": pct(lat, 0.95), "n": len(lat)}
+                results[name] = {
+                    "p50_ms": pct(lat, 0.5),
+                    "p95_ms": pct(lat, 0.95),
+                    "n": len(lat),
+                    "samples_ms": [round(x * 1000, 1) for x in lat],
+                }
                 print(
                     f"{name:10s} state change -> event: p50 {results[name]['p50_ms']} ms, "
                     f"p95 {results[name]['p95_ms']} ms (n={len(lat)})"

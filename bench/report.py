@@ -121,10 +121,11 @@ Notes:
 * `durable / plain DCP` is noisy here (per-repetition ratios 0.5-1.3); the extra work is inline
   xxh3 hashing, one manifest per rank, COMMIT and two small collectives; retention runs off the
   critical path.
-* Poll paths: an SNMP poll of the test agent takes ~5 ms, so the expected p50 is ~0.5 s; the
-  measured p50 is ~0.13 s higher and not explained yet (open in the ups-monitor issue). dummy-ups
-  applies a `SET VAR` on its own cycle, so the NUT figure counts from when upsd first reports
-  the change.
+* Poll paths: flips come at phases stratified over the 1 s poll interval, so the p50 is that of a
+  state change at a random moment (~interval/2 plus the ~5 ms SNMP poll and the publish). An
+  earlier run with 30 random phases from one fixed seed reported 650 ms: a sampling artifact.
+  dummy-ups applies a `SET VAR` on its own 2 s cycle, phase-locked with the 1 s poll, so the NUT
+  figure (from when upsd first reports the change) is not a uniform sample.
 * Step overhead is one gloo all-reduce of 4 int64 per step; use `sync_every_n_steps` for steps
   shorter than ~50 ms.
 
