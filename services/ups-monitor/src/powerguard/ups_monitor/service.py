@@ -102,7 +102,11 @@ def make_driver(cfg: UpsConfig, settings: MonitorSettings):
             timeout=settings.timeout_s,
             retries=o.retries,
         )
-    raise ConfigError(f"ups {cfg.name}: driver {cfg.driver!r} is not available in this build yet (nut, snmp are)")
+    if cfg.driver == "apcupsd":
+        from .apcupsd import ApcupsdDriver
+
+        return ApcupsdDriver(name=cfg.name, host=cfg.host, port=cfg.port, timeout=settings.timeout_s * 0.8)
+    raise ConfigError(f"ups {cfg.name}: unknown driver {cfg.driver!r}")
 
 
 class Monitor:
