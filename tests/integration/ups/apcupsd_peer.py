@@ -3,6 +3,7 @@ Network Information Server on a free loopback port."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import time
 from pathlib import Path
@@ -15,7 +16,8 @@ from .snmp_peer import SnmpUps
 
 class Apcupsd:
     def __init__(self, tmp: Path, snmp: SnmpUps) -> None:
-        self.binary = require_binary("apcupsd", "apcupsd")
+        # apcupsd conflicts with NUT in Debian: CI unpacks it and names it in POWERGUARD_APCUPSD
+        self.binary = os.environ.get("POWERGUARD_APCUPSD") or require_binary("apcupsd", "apcupsd")
         self.tmp, self.port = tmp, free_port()
         self.conf = tmp / "apcupsd.conf"
         self.conf.write_text(

@@ -18,10 +18,12 @@ V3_USER, V3_AUTH, V3_PRIV = "pguser", "authpass123", "privpass123"
 
 
 class SnmpUps:
-    def __init__(self, tmp: Path, *, community: str = "public") -> None:
+    def __init__(
+        self, tmp: Path, *, community: str = "public", extra_users: tuple[str, ...] = (), port: int | None = None
+    ) -> None:
         self.snmpd = require_binary("snmpd", "snmpd")
         require_binary("snmpget", "snmp")
-        self.tmp, self.port, self.community = tmp, free_port(), community
+        self.tmp, self.port, self.community = tmp, port or free_port(), community
         self.state = tmp / "ups-state.json"
         self.set(on_battery=False)
         (tmp / "persist").mkdir(exist_ok=True)
@@ -31,7 +33,8 @@ class SnmpUps:
             f"rocommunity {community} 127.0.0.1\n"
             f"createUser {V3_USER} SHA {V3_AUTH} AES {V3_PRIV}\n"
             f"rouser {V3_USER} priv\n"
-            f"pass_persist .1.3.6.1.2.1.33 {agent}\n"
+            + "".join(f"createUser {u} SHA {V3_AUTH} AES {V3_PRIV}\nrouser {u} priv\n" for u in extra_users)
+            + f"pass_persist .1.3.6.1.2.1.33 {agent}\n"
             f"pass_persist .1.3.6.1.4.1.318 {agent}\n"
         )
         self.conf = conf
