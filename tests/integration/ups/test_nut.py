@@ -34,9 +34,9 @@ def site(port: int, **options) -> SiteConfig:
 
 
 @contextlib.asynccontextmanager
-async def monitoring(bus, cfg: SiteConfig, instance: str = "m1"):
+async def monitoring(bus, cfg: SiteConfig, instance: str = "m1", settings: MonitorSettings = SETTINGS):
     stop = asyncio.Event()
-    monitor = Monitor(bus, cfg, settings=SETTINGS, instance=instance)
+    monitor = Monitor(bus, cfg, settings=settings, instance=instance)
     task = asyncio.create_task(monitor.run(stop))
     try:
         yield monitor

@@ -53,12 +53,19 @@ async def test_v3_auth_priv(bus, agent, monkeypatch):
     monkeypatch.setenv("PG_T_AUTH", V3_AUTH)
     monkeypatch.setenv("PG_T_PRIV", V3_PRIV)
     cfg = site(agent.port, version="3", user=V3_USER, auth_key={"env": "PG_T_AUTH"}, priv_key={"env": "PG_T_PRIV"})
+    kinds = []
     async with bus.subscribe(*POWER_EVENTS, deliver="all") as sub:
         await sub.start()
         async with monitoring(bus, cfg):
             agent.set(on_battery=True, runtime_s=300)
             ev = await next_power_event(sub)
-    assert ev.short_type == "power.v1.on_battery" and ev.data.runtime_s == 300
+            assert ev.data.runtime_s == 300
+            kinds.append(ev.short_type)
+            agent.set(on_battery=True, low_battery=True, runtime_s=60)
+            kinds.append((await next_power_event(sub)).short_type)
+            agent.set(on_battery=False)
+            kinds.append((await next_power_event(sub)).short_type)
+    assert kinds == ["power.v1.on_battery", "power.v1.low_battery", "power.v1.on_line"]
 
 
 async def test_wrong_v3_credentials_give_a_clear_error_and_comm_lost(bus, agent, monkeypatch):
@@ -112,3 +119,37 @@ async def test_missing_and_wrongly_typed_values_make_a_partial_reading(agent):
     assert reading.on_battery and reading.partial
     assert reading.charge_pct is None and reading.load_pct is None
     assert any("charge" in e for e in reading.errors) and any("load" in e for e in reading.errors)
+
+
+async def test_unknown_v3_user_recovers_once_the_agent_knows_it(bus, tmp_path, monkeypatch):
+    """Wrong credentials: comm_lost, the monitor keeps running, and it recovers without a restart
+    once the agent is fixed (here: snmpd restarted with the user created)."""
+    from .test_nut import SETTINGS
+
+    monkeypatch.setenv("PG_T_AUTH", V3_AUTH)
+    monkeypatch.setenv("PG_T_PRIV", V3_PRIV)
+    before = SnmpUps(tmp_path).start()
+    cfg = site(
+        before.port,
+        version="3",
+        user="latecomer",
+        auth_key={"env": "PG_T_AUTH"},
+        priv_key={"env": "PG_T_PRIV"},
+        profile="ups-mib",
+    )
+    settings = SETTINGS.model_copy(update={"timeout_s": 3.0})  # a new engine's first exchange is slow
+    try:
+        async with bus.subscribe(*POWER_EVENTS, deliver="all") as sub:
+            await sub.start()
+            async with monitoring(bus, cfg, settings=settings):
+                ev = await next_power_event(sub)
+                assert ev.short_type == "power.v1.comm_lost" and "authentication failed" in ev.data.reason
+                before.stop()
+                after = SnmpUps(tmp_path, extra_users=("latecomer",), port=before.port).start()
+                try:
+                    ev = await next_power_event(sub, timeout=30)
+                    assert ev.short_type == "power.v1.comm_restored"
+                finally:
+                    after.stop()
+    finally:
+        before.stop()

@@ -104,15 +104,33 @@ class SnmpDriver:
         self.name, self.host, self.port = name, host, port or 161
         self.auth, self.profile, self.timeout, self.retries = auth, profile, timeout, retries
         self._target: UdpTransportTarget | None = None
+        # SNMPv3 keeps per-agent state (engine id, boots, time) in the engine; an agent that was
+        # restarted or re-keyed can stay unreachable through it, so a v3 UPS gets an engine of its
+        # own, rebuilt after repeated failures.
+        self._own_engine = isinstance(auth, UsmUserData)
+        self._engine: SnmpEngine | None = None
+        self._failures = 0
 
     async def _get(self, oids: list[str]) -> dict[str, Any]:
         if self._target is None:
             self._target = await UdpTransportTarget.create(
                 (self.host, self.port), timeout=self.timeout, retries=self.retries
             )
+        if self._own_engine and self._engine is None:
+            self._engine = SnmpEngine()
         error_indication, error_status, error_index, var_binds = await get_cmd(
-            engine(), self.auth, self._target, ContextData(), *[ObjectType(ObjectIdentity(o)) for o in oids]
+            self._engine or engine(),
+            self.auth,
+            self._target,
+            ContextData(),
+            *[ObjectType(ObjectIdentity(o)) for o in oids],
         )
+        if error_indication and self._own_engine:
+            self._failures += 1
+            if self._failures >= 3:  # start afresh: discovery, engine id, boots, time
+                self._engine, self._target, self._failures = None, None, 0
+        elif not error_indication:
+            self._failures = 0
         if error_indication:
             text = str(error_indication)
             if any(
