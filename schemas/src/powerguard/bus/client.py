@@ -347,20 +347,19 @@ class Bus:
         """
         from .consumer import Consumer
 
-        consumer = Consumer(
-            self,
-            types,
-            handler=handler,
-            durable=durable,
-            subject=subject,
-            max_deliver=max_deliver,
-            backoff=backoff,
-            ack_wait=ack_wait,
-            deliver=deliver,
+        return await self._started(
+            Consumer(
+                self,
+                types,
+                handler=handler,
+                durable=durable,
+                subject=subject,
+                max_deliver=max_deliver,
+                backoff=backoff,
+                ack_wait=ack_wait,
+                deliver=deliver,
+            )
         )
-        await consumer.start()
-        self._consumers.append(consumer)
-        return consumer
 
     async def consume_batches(
         self,
@@ -378,18 +377,23 @@ class Bus:
         as :class:`~powerguard.bus.consumer.Received` (event, subject, headers, sequence)."""
         from .consumer import BatchConsumer
 
-        consumer = BatchConsumer(
-            self,
-            types,
-            batch_handler=batch_handler,
-            durable=durable,
-            subject=subject,
-            max_deliver=max_deliver,
-            backoff=backoff,
-            ack_wait=ack_wait,
-            deliver=deliver,
-            batch=batch,
+        return await self._started(
+            BatchConsumer(
+                self,
+                types,
+                batch_handler=batch_handler,
+                durable=durable,
+                subject=subject,
+                max_deliver=max_deliver,
+                backoff=backoff,
+                ack_wait=ack_wait,
+                deliver=deliver,
+                batch=batch,
+            )
         )
+
+    async def _started(self, consumer):
+        """Start a consumer and keep it, so drain()/close() stop it."""
         await consumer.start()
         self._consumers.append(consumer)
         return consumer
