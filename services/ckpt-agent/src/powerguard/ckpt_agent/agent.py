@@ -426,6 +426,16 @@ class CheckpointAgent:
             self._finish_async()
 
     # ------------------------------------------------------------------ acks
+    def _ack_fields(self, r: CheckpointRequestData) -> dict[str, Any]:
+        """What every ack of this rank to request ``r`` carries."""
+        return {
+            "request_id": r.request_id,
+            "saga_id": r.saga_id,
+            "job": self.job,
+            "rank": self.rank,
+            "world_size": self.world_size,
+        }
+
     def _answer_durable(self, requests: list[CheckpointRequestData], step: int, info: dict[str, Any]) -> None:
         if self._bus is None or not requests:
             return
@@ -434,11 +444,7 @@ class CheckpointAgent:
             lambda r: CheckpointDurable(
                 source=self._bus._source,
                 data=CheckpointDurableData(
-                    request_id=r.request_id,
-                    saga_id=r.saga_id,
-                    job=self.job,
-                    rank=self.rank,
-                    world_size=self.world_size,
+                    **self._ack_fields(r),
                     step=step,
                     tier="local",
                     path=info["path"],
@@ -458,14 +464,7 @@ class CheckpointAgent:
             lambda r: CheckpointFailed(
                 source=self._bus._source,
                 data=CheckpointFailedData(
-                    request_id=r.request_id,
-                    saga_id=r.saga_id,
-                    job=self.job,
-                    rank=self.rank,
-                    world_size=self.world_size,
-                    step=self._step,
-                    error=str(exc),
-                    error_type=type(exc).__name__,
+                    **self._ack_fields(r), step=self._step, error=str(exc), error_type=type(exc).__name__
                 ),
             ),
         )
