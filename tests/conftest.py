@@ -77,6 +77,7 @@ async def make_bus(nats_server: EmbeddedNats, names: BusNames) -> AsyncIterator[
                 f"KV_{names.agents}",
                 f"KV_{names.leases}",
                 f"KV_{names.ups}",
+                f"KV_{names.power}",
             ):
                 try:
                     await admin.js.delete_stream(name)

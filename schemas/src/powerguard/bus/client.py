@@ -187,6 +187,7 @@ class Bus:
             await self._bucket(n.agents, history=1, ttl=lim.agents_ttl_s)
             await self._bucket(n.leases, history=1, ttl=lim.leases_ttl_s)
             await self._bucket(n.ups, history=5, ttl=None)
+            await self._bucket(n.power, history=1, ttl=lim.power_ttl_s)
         except (js_errors.APIError, nats.errors.Error, TimeoutError) as exc:
             raise SetupError(f"cannot set up stream {n.stream} and KV buckets: {exc}") from None
 
@@ -227,6 +228,10 @@ class Bus:
     async def ups_states(self) -> Kv:
         """Last published power state per UPS (``<site>.<ups>``): monitors claim transitions by CAS."""
         return await self.kv(self.names.ups)
+
+    async def power_actions(self) -> Kv:
+        """power-control's record of every command by idempotency key (accepted, running, done)."""
+        return await self.kv(self.names.power)
 
     # publish ------------------------------------------------------------------
     async def publish(

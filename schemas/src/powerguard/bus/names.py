@@ -17,6 +17,7 @@ class BusNames:
     agents: str = "pg_agents"
     leases: str = "pg_leases"
     ups: str = "pg_ups"
+    power: str = "pg_power"
     subjects: Subjects = field(init=False)
 
     def __post_init__(self) -> None:
@@ -31,6 +32,7 @@ class BusNames:
             agents=nats.agents_bucket,
             leases=nats.leases_bucket,
             ups=nats.ups_bucket,
+            power=nats.power_bucket,
         )
 
     @classmethod
@@ -44,6 +46,7 @@ class BusNames:
             agents=f"pg_agents_{t}",
             leases=f"pg_leases_{t}",
             ups=f"pg_ups_{t}",
+            power=f"pg_power_{t}",
         )
 
 
@@ -56,3 +59,4 @@ class StreamLimits:
     agents_ttl_s: float = 30.0
     leases_ttl_s: float = 10.0
     sagas_history: int = 10
+    power_ttl_s: float = 7 * 24 * 3600

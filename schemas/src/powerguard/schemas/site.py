@@ -71,6 +71,7 @@ class NatsSettings(_Model):
     agents_bucket: str = "pg_agents"
     leases_bucket: str = "pg_leases"
     ups_bucket: str = "pg_ups"
+    power_bucket: str = "pg_power"
     user: str | None = None
     password: SecretRef | None = None
     creds_file: Path | None = None

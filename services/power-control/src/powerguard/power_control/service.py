@@ -1,19 +1,204 @@
-"""The power-control service loop.
+"""The power-control service: executes the coordinator's commands on BMCs, PDUs and the
+scheduler, exactly once per idempotency key, and reports every step.
 
-For now it connects to NATS, makes sure the stream and KV buckets exist, reports ready
-and drains on SIGTERM; the service's own logic is added by its issue.
+The command handler only claims the key in the ``pg_power`` ledger and starts the sequence
+in a task, so the JetStream ack never waits on a 2-minute soft-off. Power-on commands are
+gathered for ``gather_s`` and sequenced together (groups, outlet stagger, batches).
 """
 
 from __future__ import annotations
 
+import asyncio
+import json
 import logging
+from collections.abc import Sequence
+from typing import Any
 
-from powerguard.bus import ServiceContext
+from opentelemetry import trace
+
+from powerguard.bus import Bus, ServiceContext
+from powerguard.schemas import (
+    ConfigError,
+    Envelope,
+    JobRestarted,
+    JobRestartRequested,
+    JobStopped,
+    JobStopRequested,
+    JobData,
+    PowerOnRequested,
+    ShutdownRequested,
+    SiteConfig,
+    decode,
+)
+
+from .config import PowerControlSettings
+from .drivers import Devices
+from .ledger import Ledger
+from .schedulers import make_scheduler
+from .schedulers.base import NoScheduler
+from .sequences import Order, Sequencer
 
 log = logging.getLogger(__name__)
+COMMANDS = (ShutdownRequested, PowerOnRequested, JobStopRequested, JobRestartRequested)
+
+
+def load_settings(site: SiteConfig) -> PowerControlSettings:
+    try:
+        return PowerControlSettings.model_validate(site.section("power_control"))
+    except ValueError as exc:
+        raise ConfigError(f"power_control section: {exc}") from None
+
+
+class PowerControl:
+    def __init__(
+        self, bus: Bus, site: SiteConfig, settings: PowerControlSettings | None = None, *, instance: str = "power-control"
+    ) -> None:
+        self.bus = bus
+        self.site = site
+        self.settings = settings or load_settings(site)
+        self.instance = instance
+        self.devices = Devices(site, self.settings)
+        self.scheduler = make_scheduler(self.settings.scheduler)
+        self.seq = Sequencer(self.devices, self.scheduler, self.settings, self._emit)
+        self.dry = Sequencer(Devices(site, self.settings, dry_run=True), NoScheduler(), self.settings, self._emit)
+        self.executed: list[str] = []  # idempotency keys this process executed, in order
+        self._tasks: set[asyncio.Task] = set()
+        self._pending_on: list[tuple[Order, Any]] = []
+        self._restorer: asyncio.Task | None = None
+        self._consumer: Any = None
+        self._ledger: Ledger | None = None
+        self._tracer = trace.get_tracer("powerguard.power_control")
+
+    async def _emit(self, event: Envelope) -> None:
+        await self.bus.publish(event)
+
+    # -------------------------------------------------------------- lifecycle
+    async def start(self) -> None:
+        self._ledger = Ledger(await self.bus.power_actions(), self.instance)
+        for entry in await self._ledger.unfinished():
+            try:
+                event = decode(json.dumps(entry.event))
+            except Exception as exc:  # a ledger entry we cannot read must not stop the service
+                log.error("ledger entry %s unreadable (%s); marked failed", entry.key, exc)
+                await self._ledger.finish(entry.key, "failed", f"unreadable: {exc}")
+                continue
+            log.info("resuming %s left running by a previous power-control", entry.key)
+            self._run(event, entry.key)
+        s = self.bus.subjects
+        self._consumer = await self.bus.consume(
+            *COMMANDS,
+            handler=self.on_command,
+            durable=f"power-control-{self.site.site}",
+            subject=[s.power_cmd("*"), s.job("*")],
+        )
+
+    async def stop(self, grace_s: float = 5.0) -> None:
+        if self._consumer is not None:
+            await self._consumer.stop()
+        live = [t for t in self._tasks if not t.done()]
+        if live:
+            _, pending = await asyncio.wait(live, timeout=grace_s)
+            for t in pending:  # still running in the ledger: the next start resumes them
+                t.cancel()
+        await self.devices.close()
+        await self.scheduler.close()
+
+    async def idle(self) -> None:
+        """Wait until every started sequence has finished (tests, drills)."""
+        while self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
+    # -------------------------------------------------------------- commands
+    async def on_command(self, event: Envelope) -> None:
+        d = event.data
+        if isinstance(event, JobStopRequested | JobRestartRequested) and d.saga_id is None:
+            log.info("ignoring %s for job %s without a saga id", event.short_type, d.job)
+            return
+        key = d.idempotency_key or f"{event.type}/{event.id}"
+        assert self._ledger is not None
+        if await self._ledger.claim(key, event.model_dump(mode="json")) is None:
+            seen = await self._ledger.get(key) or {}
+            log.info("duplicate command %s (%s): nothing new done", key, seen.get("status", "?"))
+            return
+        self._run(event, key)
+
+    def _run(self, event: Envelope, key: str) -> None:
+        d = event.data
+        if isinstance(event, PowerOnRequested):
+            order = Order(saga_id=d.saga_id, node=d.node, key=key, dry_run=d.dry_run)
+            self._pending_on.append((order, trace.get_current_span().get_span_context()))
+            if self._restorer is None or self._restorer.done():
+                self._restorer = self._spawn(self._restore_loop())
+            return
+        if isinstance(event, ShutdownRequested):
+            order = Order(saga_id=d.saga_id, node=d.node, key=key, jobs=tuple(d.jobs), dry_run=d.dry_run)
+            self._spawn(self._shutdown(order))
+            return
+        order = Order(saga_id=d.saga_id or "", node=(d.nodes or ["-"])[0], key=key, jobs=(d.job,))
+        self._spawn(self._job(order, start=isinstance(event, JobRestartRequested), nodes=d.nodes))
+
+    def _spawn(self, coro) -> asyncio.Task:
+        task = asyncio.create_task(coro)  # copies the context: spans and events stay in the outage trace
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    def _seq(self, order: Order) -> Sequencer:
+        return self.dry if order.dry_run else self.seq
+
+    async def _finish(self, key: str, ok: bool) -> None:
+        self.executed.append(key)
+        assert self._ledger is not None
+        await self._ledger.finish(key, "done" if ok else "failed")
+
+    async def _shutdown(self, order: Order) -> None:
+        with self._tracer.start_as_current_span(f"shutdown {order.node}", attributes=_attrs(order)) as span:
+            ok = await self._seq(order).shutdown(order)
+            span.set_attribute("powerguard.ok", ok)
+        await self._finish(order.key, ok)
+
+    async def _restore_loop(self) -> None:
+        await asyncio.sleep(self.settings.gather_s)
+        while self._pending_on:
+            batch, self._pending_on = self._pending_on, []
+            for dry in (False, True):
+                orders = [(o, ctx) for o, ctx in batch if o.dry_run == dry]
+                if orders:
+                    await self._restore([o for o, _ in orders], orders[0][1])
+
+    async def _restore(self, orders: Sequence[Order], parent: trace.SpanContext) -> None:
+        ctx = trace.set_span_in_context(trace.NonRecordingSpan(parent))
+        with self._tracer.start_as_current_span(
+            "power_on " + ",".join(o.node for o in orders), context=ctx, attributes=_attrs(orders[0])
+        ):
+            result = await self._seq(orders[0]).restore(orders)
+        for o in orders:
+            await self._finish(o.key, result.get(o.node, False))
+
+    async def _job(self, order: Order, *, start: bool, nodes: Sequence[str]) -> None:
+        name = f"job_{'restart' if start else 'stop'} {order.jobs[0]}"
+        with self._tracer.start_as_current_span(name, attributes=_attrs(order)):
+            ok = await self.seq.job(order, start=start, nodes=nodes)
+            if ok:
+                kind = JobRestarted if start else JobStopped
+                await self._emit(kind(data=JobData(job=order.jobs[0], saga_id=order.saga_id, nodes=list(nodes),
+                                                   idempotency_key=order.key)))
+        await self._finish(order.key, ok)
+
+
+def _attrs(order: Order) -> dict[str, Any]:
+    return {"powerguard.saga_id": order.saga_id, "powerguard.node": order.node, "powerguard.idempotency_key": order.key}
 
 
 async def main(ctx: ServiceContext) -> None:
+    if ctx.site is None:
+        raise ConfigError("power-control needs --config site.yaml (its nodes, BMCs and PDUs)")
+    service = PowerControl(ctx.bus, ctx.site, instance=getattr(ctx.args, "instance", None) or "power-control")
+    if service.settings.dry_run:
+        log.warning("power-control in dry-run mode: no device will be touched")
+    await service.start()
     ctx.set_ready(True)
-    log.info("power-control ready")
+    log.info("power-control ready: %d node(s), %d PDU(s), scheduler %s", len(ctx.site.nodes), len(ctx.site.pdus),
+             service.scheduler.kind)
     await ctx.stopping.wait()
+    await service.stop()

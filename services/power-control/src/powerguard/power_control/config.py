@@ -1,0 +1,72 @@
+"""power-control settings: the ``power_control:`` section of the site YAML."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from powerguard.schemas import SecretRef
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class SchedulerSettings(_Model):
+    kind: Literal["none", "slurm", "docker", "process", "command"] = "none"
+    options: dict[str, Any] = Field(default_factory=dict, description="Adapter settings (see the README)")
+
+
+class ProbeSettings(_Model):
+    """How to tell that a powered-on node is ready for its jobs (besides the BMC saying 'on')."""
+
+    url: str = Field(description="tcp://host:port (connect succeeds) or http(s)://... (2xx answer)")
+    interval_s: float = Field(default=1.0, gt=0)
+
+
+class PowerControlSettings(_Model):
+    dry_run: bool = Field(default=False, description="Log and report every action, touch nothing")
+    soft_off_timeout_s: float = Field(default=120.0, gt=0, description="ACPI soft-off, then hard off")
+    boot_timeout_s: float = Field(default=600.0, gt=0, description="Power-on until the node is ready")
+    outlet_stagger_s: float = Field(default=2.0, ge=0, description="Between two outlet-on actions (inrush)")
+    outlets_off_on_shutdown: bool = Field(default=False, description="Switch PDU outlets off after the node is off")
+    max_parallel_power_on: int = Field(default=4, ge=1, description="BMC power-on batch size")
+    batch_interval_s: float = Field(default=0.0, ge=0, description="Pause between two power-on batches")
+    gather_s: float = Field(default=0.5, ge=0, description="Collect power-on commands this long, then sequence")
+    poll_interval_s: float = Field(default=1.0, gt=0, description="Power state read-back while waiting")
+    device_timeout_s: float = Field(default=10.0, gt=0, description="One request to one BMC or PDU")
+    retries: int = Field(default=3, ge=0, description="Retries of a failed power action (retryable errors only)")
+    retry_backoff_s: float = Field(default=2.0, ge=0, description="First retry delay; doubles each time")
+    auth_holdoff_s: float = Field(default=300.0, ge=0, description="After a credential failure, fail fast this long")
+    max_parallel_per_driver: dict[str, int] = Field(
+        default_factory=lambda: {"ipmi": 16, "redfish": 16, "pdu": 4, "dry-run": 64},
+        description="Concurrent requests per driver kind",
+    )
+    scheduler: SchedulerSettings = Field(default_factory=SchedulerSettings)
+    probes: dict[str, ProbeSettings] = Field(default_factory=dict, description="Readiness probe per node")
+    restore_policy: Literal["always-on", "previous", "always-off"] = Field(
+        default="always-on", description="What `powerguard power audit --fix` sets on every BMC"
+    )
+
+
+class IpmiOptions(_Model):
+    cipher_suite: int | None = Field(default=None, description="Not used by pyghmi (it negotiates); kept for docs")
+    kg: SecretRef | None = Field(default=None, description="BMC key (K_g) if the BMC requires one")
+
+
+class RedfishOptions(_Model):
+    scheme: Literal["https", "http"] = "https"
+    system_id: str | None = Field(default=None, description="Members entry under /redfish/v1/Systems (default: only one)")
+    ca_bundle: str | None = Field(default=None, description="PEM file of CAs to trust (default: the system's)")
+    verify_tls: bool = Field(default=True, description="false only for lab BMCs with throw-away certificates")
+
+
+class PduOptions(_Model):
+    version: str = Field(default="2c", pattern=r"^(2c|3)$")
+    community: SecretRef | None = Field(default=None, description="v2c write community (default 'private')")
+    user: str | None = None
+    auth_key: SecretRef | None = None
+    priv_key: SecretRef | None = None
+    auth_protocol: str = Field(default="SHA", pattern=r"^(SHA|SHA256)$")
+    priv_protocol: str = Field(default="AES", pattern=r"^(AES|AES256)$")

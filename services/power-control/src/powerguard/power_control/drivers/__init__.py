@@ -1,0 +1,115 @@
+"""Power drivers behind one async interface, built from the site file.
+
+``Devices`` owns one driver per BMC and per PDU, the per-kind concurrency bounds and the
+credential hold-off; ``dry_run`` swaps every device for one that only logs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from powerguard.schemas import NodeConfig, PduConfig, SecretRef, SiteConfig
+
+from ..config import IpmiOptions, PduOptions, PowerControlSettings, RedfishOptions
+from ..errors import PowerControlError
+from .base import Guarded, OutletDriver, PowerDriver, PowerState, RestorePolicy
+from .dryrun import DryRunOutlets, DryRunPower
+
+__all__ = ["Devices", "Guarded", "OutletDriver", "PowerDriver", "PowerState", "RestorePolicy"]
+
+
+def _secret(ref: SecretRef | None, what: str, default: str | None = None) -> str:
+    if ref is None:
+        if default is None:
+            raise PowerControlError(f"{what} is not configured")
+        return default
+    return ref.resolve().get_secret_value()
+
+
+class Devices:
+    def __init__(self, site: SiteConfig, settings: PowerControlSettings, *, dry_run: bool | None = None) -> None:
+        self.site = site
+        self.settings = settings
+        self.dry_run = settings.dry_run if dry_run is None else dry_run
+        self._slots: dict[str, asyncio.Semaphore] = {}
+        self._bmcs: dict[str, PowerDriver] = {}
+        self._pdus: dict[str, OutletDriver] = {}
+        self.nodes = {n.name: n for n in site.nodes}
+        self.pdu_configs = {p.name: p for p in site.pdus}
+
+    def _guard(self, device: str, kind: str) -> Guarded:
+        if kind not in self._slots:
+            self._slots[kind] = asyncio.Semaphore(self.settings.max_parallel_per_driver.get(kind, 8))
+        return Guarded(
+            device,
+            timeout_s=self.settings.device_timeout_s,
+            slots=self._slots[kind],
+            auth_holdoff_s=self.settings.auth_holdoff_s,
+        )
+
+    def node(self, name: str) -> NodeConfig:
+        try:
+            return self.nodes[name]
+        except KeyError:
+            raise PowerControlError(f"node {name!r} is not in the site file") from None
+
+    def bmc(self, node: str) -> PowerDriver | None:
+        """The node's BMC driver, or None when the site gives the node no BMC."""
+        if node not in self._bmcs:
+            cfg = self.node(node).bmc
+            if cfg is None:
+                return None
+            self._bmcs[node] = self._make_bmc(node, cfg)
+        return self._bmcs[node]
+
+    def _make_bmc(self, node: str, cfg) -> PowerDriver:
+        device = f"bmc:{node}"
+        if self.dry_run or cfg.driver == "dry-run":
+            return DryRunPower(device, self._guard(device, "dry-run"))
+        user = _secret(cfg.username, f"node {node}: bmc.username")
+        password = _secret(cfg.password, f"node {node}: bmc.password")
+        if cfg.driver == "ipmi":
+            from .ipmi import IpmiDriver
+
+            opts = IpmiOptions.model_validate(cfg.options)
+            kg = opts.kg.resolve().get_secret_value() if opts.kg else None
+            return IpmiDriver(
+                device, self._guard(device, "ipmi"), host=cfg.host, port=cfg.port or 623, user=user,
+                password=password, kg=kg,
+            )
+        from .redfish import RedfishDriver
+
+        opts = RedfishOptions.model_validate(cfg.options)
+        port = f":{cfg.port}" if cfg.port else ""
+        return RedfishDriver(
+            device, self._guard(device, "redfish"), base_url=f"{opts.scheme}://{cfg.host}{port}", user=user,
+            password=password, system_id=opts.system_id, verify_tls=opts.verify_tls, ca_bundle=opts.ca_bundle,
+        )
+
+    def pdu(self, name: str) -> OutletDriver:
+        if name not in self._pdus:
+            cfg = self.pdu_configs.get(name)
+            if cfg is None:
+                raise PowerControlError(f"PDU {name!r} is not in the site file")
+            self._pdus[name] = self._make_pdu(cfg)
+        return self._pdus[name]
+
+    def _make_pdu(self, cfg: PduConfig) -> OutletDriver:
+        device = f"pdu:{cfg.name}"
+        if self.dry_run or cfg.driver == "dry-run":
+            return DryRunOutlets(device, self._guard(device, "dry-run"))
+        from .pdu import ApcPduDriver
+
+        opts = PduOptions.model_validate(cfg.options)
+        return ApcPduDriver(
+            device, self._guard(device, "pdu"), host=cfg.host, port=cfg.port, version=opts.version,
+            community=_secret(opts.community, f"pdu {cfg.name}: community", default="private"),
+            user=opts.user,
+            auth_key=opts.auth_key.resolve().get_secret_value() if opts.auth_key else None,
+            priv_key=opts.priv_key.resolve().get_secret_value() if opts.priv_key else None,
+            auth_protocol=opts.auth_protocol, priv_protocol=opts.priv_protocol,
+        )
+
+    async def close(self) -> None:
+        for d in [*self._bmcs.values(), *self._pdus.values()]:
+            await d.close()

@@ -1,0 +1,117 @@
+"""The one async interface every power device speaks, with the guards they all share:
+a concurrency bound per driver kind, a timeout per request, and a hold-off after the
+device refused our credentials (no retry storm against a BMC that would lock us out)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Awaitable, Callable
+from typing import Literal, TypeVar
+
+from ..errors import AuthenticationFailed, DeviceUnreachable, PowerControlError
+
+PowerState = Literal["on", "off", "unknown"]
+RestorePolicy = Literal["always-on", "previous", "always-off"]
+T = TypeVar("T")
+
+
+class Guarded:
+    """Timeout, concurrency slot and credential hold-off around every device request."""
+
+    def __init__(
+        self, device: str, *, timeout_s: float, slots: asyncio.Semaphore | None = None, auth_holdoff_s: float = 300.0
+    ) -> None:
+        self.device = device
+        self.timeout_s = timeout_s
+        self.slots = slots
+        self.auth_holdoff_s = auth_holdoff_s
+        self._auth_failed: tuple[float, str] | None = None
+
+    async def call(self, what: str, fn: Callable[[], Awaitable[T]]) -> T:
+        if self._auth_failed is not None:
+            at, why = self._auth_failed
+            if time.monotonic() - at < self.auth_holdoff_s:
+                raise AuthenticationFailed(
+                    f"{self.device}: {why} (not retried for {self.auth_holdoff_s:.0f}s after a credential failure)"
+                )
+            self._auth_failed = None
+        slots = self.slots or _NO_LIMIT
+        async with slots:
+            try:
+                return await asyncio.wait_for(fn(), self.timeout_s)
+            except AuthenticationFailed as exc:
+                self._auth_failed = (time.monotonic(), str(exc).removeprefix(f"{self.device}: "))
+                raise
+            except PowerControlError:
+                raise
+            except TimeoutError:
+                raise DeviceUnreachable(f"{self.device}: no answer to {what} within {self.timeout_s:.1f}s") from None
+
+
+class _NoLimit:
+    async def __aenter__(self) -> None:
+        return None
+
+    async def __aexit__(self, *exc: object) -> None:
+        return None
+
+
+_NO_LIMIT = _NoLimit()
+
+
+class PowerDriver(ABC):
+    """A node's BMC: power state read-back and power actions."""
+
+    kind: str = "?"
+
+    def __init__(self, device: str, guard: Guarded) -> None:
+        self.device = device  # "bmc:<node>", used in events and errors
+        self.guard = guard
+
+    @abstractmethod
+    async def status(self) -> PowerState: ...
+
+    @abstractmethod
+    async def on(self) -> None: ...
+
+    @abstractmethod
+    async def soft_off(self) -> None:
+        """ACPI shutdown request: the OS shuts down cleanly (or ignores it)."""
+
+    @abstractmethod
+    async def off(self) -> None:
+        """Immediate power off."""
+
+    @abstractmethod
+    async def cycle(self) -> None: ...
+
+    async def restore_policy(self) -> RestorePolicy | None:
+        """What the BMC does when AC power returns; None when it does not say."""
+        return None
+
+    async def set_restore_policy(self, policy: RestorePolicy) -> None:
+        raise PowerControlError(f"{self.device}: setting the power-restore policy is not supported by {self.kind}")
+
+    async def close(self) -> None:
+        return None
+
+
+class OutletDriver(ABC):
+    """A switched PDU: outlets on and off, state read-back."""
+
+    kind: str = "?"
+
+    def __init__(self, device: str, guard: Guarded) -> None:
+        self.device = device  # "pdu:<name>"
+        self.guard = guard
+
+    @abstractmethod
+    async def outlet_state(self, outlet: int) -> PowerState: ...
+
+    @abstractmethod
+    async def set_outlet(self, outlet: int, on: bool) -> None: ...
+
+    async def close(self) -> None:
+        return None

@@ -1,0 +1,102 @@
+"""IPMI 2.0 (RMCP+) BMCs through pyghmi.
+
+pyghmi is blocking with its own I/O thread, so every call runs in ``asyncio.to_thread``.
+Credentials are passed as bytes (with str, a second ``Command`` for the same BMC hangs),
+and pyghmi's errors are turned into ones that say what happened: an unreachable BMC
+raises ``IpmiException('None')`` after ~5.5 s, which becomes :class:`DeviceUnreachable`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from ..errors import AuthenticationFailed, CommandRejected, DeviceUnreachable, PowerControlError
+from .base import Guarded, PowerDriver, PowerState, RestorePolicy
+
+# IPMI chassis status byte 1 bits 5-6 / Set Power Restore Policy (netfn 0, cmd 6)
+_POLICY_CODES: dict[RestorePolicy, int] = {"always-off": 0, "previous": 1, "always-on": 2}
+_POLICY_NAMES = {v: k for k, v in _POLICY_CODES.items()}
+_AUTH_HINTS = ("password", "unauthorized name", "unauthorized role", "insufficient privilege", "invalid username")
+
+
+def _wrap(device: str, exc: BaseException) -> PowerControlError:
+    text = str(exc).strip()
+    low = text.lower()
+    if any(h in low for h in _AUTH_HINTS):
+        return AuthenticationFailed(f"{device}: BMC refused the credentials ({text})")
+    if text in ("", "None") or "timeout" in low or "timed out" in low or "unreachable" in low:
+        return DeviceUnreachable(f"{device}: no IPMI answer from the BMC (is it powered and on the network?)")
+    if "invalid" in low or "not supported" in low or "unknown" in low:
+        return CommandRejected(f"{device}: BMC rejected the command ({text})")
+    return PowerControlError(f"{device}: IPMI error: {text}")
+
+
+class IpmiDriver(PowerDriver):
+    kind = "ipmi"
+
+    def __init__(
+        self, device: str, guard: Guarded, *, host: str, port: int = 623, user: str, password: str, kg: str | None = None
+    ) -> None:
+        super().__init__(device, guard)
+        self.host, self.port = host, port
+        self._user, self._password = user.encode(), password.encode()
+        self._kg = kg.encode() if kg else None
+
+    def __repr__(self) -> str:  # never the credentials
+        return f"IpmiDriver({self.device} {self.host}:{self.port})"
+
+    def _command(self) -> Any:
+        from pyghmi.ipmi import command  # imported late: pyghmi starts an I/O thread on import
+
+        return command.Command(
+            bmc=self.host, userid=self._user, password=self._password, port=self.port, kg=self._kg, keepalive=False
+        )
+
+    async def _run(self, what: str, fn) -> Any:
+        def blocking() -> Any:
+            try:
+                return fn(self._command())
+            except PowerControlError:
+                raise
+            except Exception as exc:  # pyghmi raises IpmiException and plain exceptions alike
+                raise _wrap(self.device, exc) from None
+
+        return await self.guard.call(what, lambda: asyncio.to_thread(blocking))
+
+    async def status(self) -> PowerState:
+        rsp = await self._run("get power", lambda c: c.get_power())
+        state = rsp.get("powerstate")
+        return state if state in ("on", "off") else "unknown"
+
+    async def _set(self, state: str) -> None:
+        rsp = await self._run(f"set power {state}", lambda c: c.set_power(state, wait=False))
+        if "error" in rsp:
+            raise _wrap(self.device, Exception(rsp["error"]))
+
+    async def on(self) -> None:
+        await self._set("on")
+
+    async def soft_off(self) -> None:
+        await self._set("shutdown")
+
+    async def off(self) -> None:
+        await self._set("off")
+
+    async def cycle(self) -> None:
+        await self._set("boot")  # on when off, reset when on
+
+    async def restore_policy(self) -> RestorePolicy | None:
+        rsp = await self._run("get chassis status", lambda c: c.raw_command(netfn=0, command=1))
+        if "error" in rsp:
+            raise _wrap(self.device, Exception(rsp["error"]))
+        code = (rsp["data"][0] >> 5) & 0b11
+        return _POLICY_NAMES.get(code)
+
+    async def set_restore_policy(self, policy: RestorePolicy) -> None:
+        code = _POLICY_CODES[policy]
+        rsp = await self._run(
+            "set power restore policy", lambda c: c.raw_command(netfn=0, command=6, data=[code])
+        )
+        if "error" in rsp:
+            raise CommandRejected(f"{self.device}: BMC refused the power-restore policy {policy}: {rsp['error']}")

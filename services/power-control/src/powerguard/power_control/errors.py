@@ -1,0 +1,40 @@
+"""One root error class with precise subclasses; every message names the device."""
+
+from __future__ import annotations
+
+
+class PowerControlError(Exception):
+    """Root of every power-control error."""
+
+    retryable = True
+
+
+class DeviceUnreachable(PowerControlError):
+    """Nothing answered (connection refused, no route, timeout)."""
+
+
+class AuthenticationFailed(PowerControlError):
+    """The device refused our credentials. Never retried automatically: a wrong password
+    stays wrong, and hammering a BMC with it can lock the account."""
+
+    retryable = False
+
+
+class CommandRejected(PowerControlError):
+    """The device answered but refused the command (read-only community, unsupported action)."""
+
+    retryable = False
+
+
+class TlsUntrusted(PowerControlError):
+    """The device's TLS certificate does not verify against the configured CA bundle."""
+
+    retryable = False
+
+
+class PowerStateTimeout(PowerControlError):
+    """The device accepted the command but did not reach the wanted state in time."""
+
+
+class SchedulerError(PowerControlError):
+    """The scheduler adapter could not stop or start a job."""

@@ -1,0 +1,74 @@
+"""The scheduler adapter interface: how power-control stops jobs before a shutdown and
+starts them again after the restore."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+
+from ..errors import SchedulerError
+
+
+class Scheduler(ABC):
+    kind = "?"
+
+    async def prepare_shutdown(self, node: str, *, saga_id: str, jobs: Sequence[str]) -> str:
+        """Before the node goes down: keep new work off it and stop its jobs. Returns a detail line."""
+        done = [await self.stop_job(job, nodes=[node], saga_id=saga_id) for job in jobs]
+        return "; ".join(d for d in done if d) or "no jobs"
+
+    @abstractmethod
+    async def stop_job(self, job: str, *, nodes: Sequence[str], saga_id: str) -> str: ...
+
+    @abstractmethod
+    async def start_job(self, job: str, *, nodes: Sequence[str], saga_id: str) -> str: ...
+
+    async def node_restored(self, node: str, *, saga_id: str) -> None:
+        """After the node is back: let the scheduler use it again."""
+        return None
+
+    async def close(self) -> None:
+        return None
+
+
+class NoScheduler(Scheduler):
+    """No scheduler: jobs are stopped by the power-off and restarted by whatever the site runs."""
+
+    kind = "none"
+
+    async def prepare_shutdown(self, node: str, *, saga_id: str, jobs: Sequence[str]) -> str:
+        return "no scheduler configured"
+
+    async def stop_job(self, job: str, *, nodes: Sequence[str], saga_id: str) -> str:
+        return "no scheduler configured"
+
+    async def start_job(self, job: str, *, nodes: Sequence[str], saga_id: str) -> str:
+        return "no scheduler configured"
+
+
+async def run(
+    argv: Sequence[str], *, timeout_s: float, env: Mapping[str, str] | None = None, what: str = ""
+) -> str:
+    """Run a command (never through a shell); its stdout, or SchedulerError naming it."""
+    label = what or argv[0]
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            *argv,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env={**os.environ, **(env or {})},
+        )
+    except OSError as exc:
+        raise SchedulerError(f"{label}: cannot run {argv[0]}: {exc.strerror}") from None
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), timeout_s)
+    except TimeoutError:
+        proc.kill()
+        await proc.wait()
+        raise SchedulerError(f"{label}: {' '.join(argv)} did not finish within {timeout_s:.0f}s") from None
+    if proc.returncode != 0:
+        msg = (err or out).decode(errors="replace").strip().splitlines()
+        raise SchedulerError(f"{label}: {' '.join(argv)} exited {proc.returncode}: {msg[-1] if msg else ''}")
+    return out.decode(errors="replace")

@@ -1,0 +1,94 @@
+"""A local launcher: one configured command per job, run as its own process group.
+Stop sends SIGTERM to the group, then SIGKILL after ``stop_timeout_s``; start launches the
+command again (the job restores from its checkpoint). Used by the demo and the tests, and
+by single-host sites without a scheduler."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+from collections.abc import Sequence
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ..errors import SchedulerError
+from .base import Scheduler
+
+
+class ProcessJob(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    argv: list[str] = Field(min_length=1)
+    env: dict[str, str] = Field(default_factory=dict)
+    cwd: str | None = None
+    log: str | None = Field(default=None, description="Append stdout and stderr here (default: inherit)")
+
+
+class ProcessOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    jobs: dict[str, ProcessJob] = Field(default_factory=dict)
+    stop_timeout_s: float = Field(default=30.0, ge=0)
+
+
+class ProcessScheduler(Scheduler):
+    kind = "process"
+
+    def __init__(self, options: dict) -> None:
+        self.opts = ProcessOptions.model_validate(options)
+        self.procs: dict[str, subprocess.Popen] = {}
+
+    def _job(self, job: str) -> ProcessJob:
+        try:
+            return self.opts.jobs[job]
+        except KeyError:
+            raise SchedulerError(f"process: no command configured for job {job!r}") from None
+
+    def running(self, job: str) -> bool:
+        p = self.procs.get(job)
+        return p is not None and p.poll() is None
+
+    async def start_job(self, job: str, *, nodes: Sequence[str], saga_id: str) -> str:
+        if self.running(job):
+            return f"job {job} already running (pid {self.procs[job].pid})"
+        spec = self._job(job)
+        env = {**os.environ, **spec.env, "POWERGUARD_JOB": job, "POWERGUARD_SAGA": saga_id,
+               "POWERGUARD_NODES": ",".join(nodes)}
+        out = open(Path(spec.log), "ab") if spec.log else None  # noqa: SIM115 - handed to the child
+        try:
+            self.procs[job] = subprocess.Popen(
+                spec.argv, env=env, cwd=spec.cwd, stdout=out, stderr=subprocess.STDOUT if out else None,
+                start_new_session=True,
+            )
+        except OSError as exc:
+            raise SchedulerError(f"process: cannot start job {job} ({spec.argv[0]}): {exc.strerror}") from None
+        finally:
+            if out is not None:
+                out.close()
+        return f"started job {job} (pid {self.procs[job].pid})"
+
+    async def stop_job(self, job: str, *, nodes: Sequence[str], saga_id: str) -> str:
+        p = self.procs.get(job)
+        if p is None or p.poll() is not None:
+            return f"job {job} not running"
+        _signal_group(p, signal.SIGTERM)
+        try:
+            await asyncio.wait_for(asyncio.to_thread(p.wait), self.opts.stop_timeout_s)
+            return f"stopped job {job} (exit {p.returncode})"
+        except TimeoutError:
+            _signal_group(p, signal.SIGKILL)
+            await asyncio.to_thread(p.wait)
+            return f"killed job {job} after {self.opts.stop_timeout_s:.0f}s"
+
+    async def close(self) -> None:
+        return None  # jobs outlive the service on purpose: a power-control restart must not stop training
+
+
+def _signal_group(p: subprocess.Popen, sig: signal.Signals) -> None:
+    try:
+        os.killpg(p.pid, sig)
+    except ProcessLookupError:
+        pass

@@ -1,0 +1,272 @@
+"""The shutdown and restore sequences, independent of the bus: every step is reported
+through ``emit`` as ``power.action_done`` / ``power.action_failed`` / ``node.state``.
+
+Shutdown: stop the node's jobs through the scheduler, ACPI soft-off, wait up to
+``soft_off_timeout_s``, hard off if still on, optionally outlets off. Restore: in power-on
+group order, outlets on one at a time with ``outlet_stagger_s`` between them (inrush), BMC
+power-on in batches of ``max_parallel_power_on``, then wait until each node is ready
+(BMC on, and its readiness probe if one is configured) within ``boot_timeout_s``.
+Every wait has a deadline; every device call has a timeout (drivers/base.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from powerguard.schemas import (
+    Envelope,
+    NodeState,
+    NodeStateData,
+    PowerActionDone,
+    PowerActionFailed,
+    PowerResultData,
+)
+
+from .config import PowerControlSettings
+from .drivers import Devices, PowerDriver, PowerState
+from .errors import PowerControlError, PowerStateTimeout, SchedulerError
+from .probes import probe_once
+from .schedulers import Scheduler
+
+log = logging.getLogger(__name__)
+Emit = Callable[[Envelope], Awaitable[Any]]
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Order:
+    """One command as the sequences see it."""
+
+    saga_id: str
+    node: str
+    key: str
+    jobs: tuple[str, ...] = ()
+    dry_run: bool = False
+
+
+class Sequencer:
+    def __init__(
+        self, devices: Devices, scheduler: Scheduler, settings: PowerControlSettings, emit: Emit
+    ) -> None:
+        self.devices = devices
+        self.scheduler = scheduler
+        self.s = settings
+        self.emit = emit
+        self._outlet_lock = asyncio.Lock()
+        self._last_outlet_on = -1e9
+
+    # -------------------------------------------------------------- reporting
+    async def _done(self, o: Order, action: str, device: str | None, started: float, **kw: Any) -> None:
+        await self.emit(PowerActionDone(data=self._result(o, action, device, started, **kw)))
+
+    async def _failed(self, o: Order, action: str, device: str | None, started: float, error: str, **kw: Any) -> None:
+        log.warning("%s %s on %s failed: %s", o.key, action, o.node, error)
+        await self.emit(PowerActionFailed(data=self._result(o, action, device, started, error=error, **kw)))
+
+    def _result(self, o: Order, action: str, device: str | None, started: float, **kw: Any) -> PowerResultData:
+        return PowerResultData(
+            saga_id=o.saga_id, node=o.node, action=action, idempotency_key=o.key, device=device,
+            duration_s=round(max(0.0, time.monotonic() - started), 3), dry_run=o.dry_run or self.devices.dry_run, **kw,
+        )
+
+    async def _node_state(self, o: Order, state: str, detail: str | None = None) -> None:
+        await self.emit(NodeState(data=NodeStateData(node=o.node, state=state, saga_id=o.saga_id, detail=detail)))
+
+    # -------------------------------------------------------------- helpers
+    async def _retrying(self, what: str, fn: Callable[[], Awaitable[T]]) -> T:
+        delay = self.s.retry_backoff_s
+        for attempt in range(self.s.retries + 1):
+            try:
+                return await fn()
+            except PowerControlError as exc:
+                if not exc.retryable or attempt == self.s.retries:
+                    raise
+                log.info("%s failed (%s); retry %d/%d in %.1fs", what, exc, attempt + 1, self.s.retries, delay)
+                await asyncio.sleep(delay)
+                delay *= 2
+        raise AssertionError("unreachable")
+
+    async def _wait_state(self, bmc: PowerDriver, want: PowerState, timeout_s: float) -> bool:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                if await bmc.status() == want:
+                    return True
+            except PowerControlError as exc:
+                if not exc.retryable:
+                    raise
+                log.debug("%s: status read failed while waiting for %s: %s", bmc.device, want, exc)
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            await asyncio.sleep(min(self.s.poll_interval_s, left))
+
+    # -------------------------------------------------------------- shutdown
+    async def shutdown(self, o: Order) -> bool:
+        """True when the node ended off (or has no BMC and its jobs were stopped)."""
+        started = time.monotonic()
+        await self._node_state(o, "shutting_down")
+        t = time.monotonic()
+        try:
+            detail = await self.scheduler.prepare_shutdown(o.node, saga_id=o.saga_id, jobs=o.jobs)
+            await self._done(o, "job_stop", f"scheduler:{self.scheduler.kind}", t, detail=detail)
+        except SchedulerError as exc:  # power still has to go down: the checkpoint is already durable
+            await self._failed(o, "job_stop", f"scheduler:{self.scheduler.kind}", t, str(exc))
+        bmc = self.devices.bmc(o.node)
+        if bmc is not None and not await self._bmc_off(o, bmc):
+            return False
+        if self.s.outlets_off_on_shutdown and not await self._outlets(o, on=False):
+            return False
+        await self._node_state(o, "off", f"off after {time.monotonic() - started:.1f}s")
+        return True
+
+    async def _bmc_off(self, o: Order, bmc: PowerDriver) -> bool:
+        t = time.monotonic()
+        try:
+            if await self._retrying(f"{bmc.device} status", bmc.status) == "off":
+                await self._done(o, "off", bmc.device, t, power_state="off", detail="already off")
+                return True
+            soft_error = None
+            try:
+                await self._retrying(f"{bmc.device} soft-off", bmc.soft_off)
+                await self._done(o, "soft_off", bmc.device, t, detail="ACPI shutdown requested")
+                if await self._wait_state(bmc, "off", self.s.soft_off_timeout_s):
+                    await self._done(o, "off", bmc.device, t, power_state="off", detail="soft-off completed")
+                    return True
+            except PowerControlError as exc:
+                if not exc.retryable:
+                    raise
+                soft_error = str(exc)
+            t_hard = time.monotonic()
+            await self._retrying(f"{bmc.device} power off", bmc.off)
+            if not await self._wait_state(bmc, "off", self.s.device_timeout_s):
+                raise PowerStateTimeout(f"{bmc.device}: still on {self.s.device_timeout_s:.0f}s after a hard power off")
+            why = f"soft-off failed ({soft_error})" if soft_error else f"still on after {self.s.soft_off_timeout_s:.0f}s"
+            await self._done(o, "off", bmc.device, t_hard, power_state="off", detail=f"hard off: {why}")
+            return True
+        except PowerControlError as exc:
+            await self._failed(o, "off", bmc.device, t, str(exc), power_state="unknown")
+            return False
+
+    async def _outlets(self, o: Order, *, on: bool) -> bool:
+        action = "outlet_on" if on else "outlet_off"
+        for ref in self.devices.node(o.node).outlets:
+            t = time.monotonic()
+            device = f"pdu:{ref.pdu}:{ref.outlet}"
+            try:
+                pdu = self.devices.pdu(ref.pdu)
+                if await self._retrying(f"{device} state", lambda: pdu.outlet_state(ref.outlet)) == ("on" if on else "off"):
+                    await self._done(o, action, device, t, detail="already " + ("on" if on else "off"))
+                    continue
+                if on:
+                    await self._stagger()
+                    t = time.monotonic()
+                await self._retrying(f"{device} switch", lambda: pdu.set_outlet(ref.outlet, on))
+                state = await pdu.outlet_state(ref.outlet)
+                if state != ("on" if on else "off"):
+                    raise PowerStateTimeout(f"{device}: reads {state} after switching it {'on' if on else 'off'}")
+                await self._done(o, action, device, t, detail=f"outlet {state}")
+            except PowerControlError as exc:
+                await self._failed(o, action, device, t, str(exc))
+                return False
+        return True
+
+    async def _stagger(self) -> None:
+        """Outlet-on actions of the whole site are at least ``outlet_stagger_s`` apart."""
+        async with self._outlet_lock:
+            wait = self._last_outlet_on + self.s.outlet_stagger_s - time.monotonic()
+            if wait > 0:
+                await asyncio.sleep(wait)
+            self._last_outlet_on = time.monotonic()
+
+    # -------------------------------------------------------------- restore
+    async def restore(self, orders: Sequence[Order]) -> dict[str, bool]:
+        """Power nodes on in group order; True per node that ended ready."""
+        result: dict[str, bool] = {}
+        groups: dict[int, list[Order]] = {}
+        for o in orders:
+            groups.setdefault(self.devices.node(o.node).power_on_group, []).append(o)
+        for group in sorted(groups):
+            members = sorted(groups[group], key=lambda o: o.node)
+            log.info("restore: power-on group %d: %s", group, ", ".join(o.node for o in members))
+            started = {o.node: time.monotonic() for o in members}
+            powered: list[Order] = []
+            for o in members:
+                if await self._outlets(o, on=True):
+                    powered.append(o)
+                else:
+                    result[o.node] = False
+            on: list[Order] = []
+            n = self.s.max_parallel_power_on
+            for i in range(0, len(powered), n):
+                batch = powered[i : i + n]
+                oks = await asyncio.gather(*(self._power_on(o, started[o.node]) for o in batch))
+                for o, ok in zip(batch, oks, strict=True):
+                    (on.append(o) if ok else result.__setitem__(o.node, False))
+                if i + n < len(powered) and self.s.batch_interval_s:
+                    await asyncio.sleep(self.s.batch_interval_s)
+            oks = await asyncio.gather(*(self._ready(o, started[o.node]) for o in on))
+            result.update({o.node: ok for o, ok in zip(on, oks, strict=True)})
+        return result
+
+    async def _power_on(self, o: Order, started: float) -> bool:
+        bmc = self.devices.bmc(o.node)
+        if bmc is None:
+            return True  # the outlet was the power switch
+        t = time.monotonic()
+        try:
+            if await self._retrying(f"{bmc.device} status", bmc.status) == "on":
+                await self._done(o, "on", bmc.device, t, power_state="on", detail="already on")
+                return True
+            await self._node_state(o, "booting")
+            await self._retrying(f"{bmc.device} power on", bmc.on)
+            left = self.s.boot_timeout_s - (time.monotonic() - started)
+            if not await self._wait_state(bmc, "on", max(left, self.s.poll_interval_s)):
+                raise PowerStateTimeout(f"{bmc.device}: not on {self.s.boot_timeout_s:.0f}s after power-on")
+            await self._done(o, "on", bmc.device, t, power_state="on")
+            return True
+        except PowerControlError as exc:
+            await self._failed(o, "on", bmc.device, t, str(exc), power_state="unknown")
+            return False
+
+    async def _ready(self, o: Order, started: float) -> bool:
+        probe = self.s.probes.get(o.node)
+        if probe is not None and not (o.dry_run or self.devices.dry_run):
+            deadline = started + self.s.boot_timeout_s
+            last = ""
+            while True:
+                ok, last = await probe_once(probe.url, timeout_s=min(self.s.device_timeout_s, 5.0))
+                if ok:
+                    break
+                if time.monotonic() + probe.interval_s > deadline:
+                    await self._failed(
+                        o, "on", f"probe:{probe.url}", started,
+                        f"node {o.node} not ready within {self.s.boot_timeout_s:.0f}s: {last}", power_state="on",
+                    )
+                    return False
+                await asyncio.sleep(probe.interval_s)
+        try:
+            await self.scheduler.node_restored(o.node, saga_id=o.saga_id)
+        except SchedulerError as exc:
+            await self._failed(o, "job_start", f"scheduler:{self.scheduler.kind}", started, str(exc))
+        await self._node_state(o, "ready", f"ready {time.monotonic() - started:.1f}s after power-on began")
+        return True
+
+    # -------------------------------------------------------------- jobs
+    async def job(self, o: Order, *, start: bool, nodes: Sequence[str]) -> bool:
+        action = "job_start" if start else "job_stop"
+        t = time.monotonic()
+        job = o.jobs[0]
+        try:
+            fn = self.scheduler.start_job if start else self.scheduler.stop_job
+            detail = await fn(job, nodes=nodes, saga_id=o.saga_id)
+            await self._done(o, action, f"scheduler:{self.scheduler.kind}", t, detail=detail)
+            return True
+        except SchedulerError as exc:
+            await self._failed(o, action, f"scheduler:{self.scheduler.kind}", t, str(exc))
+            return False

@@ -1,0 +1,102 @@
+"""Site files and an event recorder for the power-control service tests."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from powerguard.bus import Bus
+from powerguard.power_control.config import PowerControlSettings
+from powerguard.power_control.service import PowerControl
+from powerguard.schemas import (
+    Envelope,
+    JobRestarted,
+    JobStopped,
+    NodeState,
+    PowerActionDone,
+    PowerActionFailed,
+    PowerCommandData,
+    PowerOnRequested,
+    ShutdownRequested,
+    SiteConfig,
+)
+
+from .peers import PASSWORD, USER
+
+FAST = dict(soft_off_timeout_s=3.0, boot_timeout_s=20.0, poll_interval_s=0.1, gather_s=0.3, retries=1,
+            retry_backoff_s=0.2, device_timeout_s=5.0, outlet_stagger_s=0.0)
+
+
+def creds(monkeypatch) -> dict[str, Any]:
+    monkeypatch.setenv("PG_TEST_BMC_USER", USER)
+    monkeypatch.setenv("PG_TEST_BMC_PASSWORD", PASSWORD)
+    monkeypatch.setenv("PG_TEST_BMC_BAD", "not-the-password")
+    return {"username": {"env": "PG_TEST_BMC_USER"}, "password": {"env": "PG_TEST_BMC_PASSWORD"}}
+
+
+def site(nodes: list[dict], *, pdus: list[dict] | None = None, **settings: Any) -> SiteConfig:
+    return SiteConfig.model_validate({
+        "site": "dc1",
+        "ups": [{"name": "ups-a", "driver": "nut"}],
+        "pdus": pdus or [],
+        "nodes": [{"feeds": ["ups-a"], **n} for n in nodes],
+        "power_control": {**FAST, **settings},
+    })
+
+
+class Recorder:
+    """Every power result, node state and job event, in arrival order."""
+
+    def __init__(self) -> None:
+        self.events: list[Envelope] = []
+        self._changed = asyncio.Event()
+
+    async def start(self, bus: Bus) -> Recorder:
+        s = bus.subjects
+
+        async def handler(event: Envelope) -> None:
+            self.events.append(event)
+            self._changed.set()
+
+        await bus.consume(PowerActionDone, PowerActionFailed, NodeState, JobStopped, JobRestarted, handler=handler,
+                          durable="recorder", subject=[s.power_result("*"), s.job("*")], deliver="new")
+        return self
+
+    def of(self, kind: type[Envelope], **match: Any) -> list[Envelope]:
+        return [e for e in self.events if isinstance(e, kind)
+                and all(getattr(e.data, k) == v for k, v in match.items())]
+
+    def states(self, node: str) -> list[str]:
+        return [e.data.state for e in self.of(NodeState, node=node)]
+
+    async def wait(self, pred, timeout: float = 30.0, what: str = "") -> None:
+        deadline = time.monotonic() + timeout
+        while not pred():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                summary = [(type(e).__name__, e.data.node if hasattr(e.data, "node") else e.data.job,
+                            getattr(e.data, "action", getattr(e.data, "state", "")), getattr(e.data, "error", None))
+                           for e in self.events]
+                raise AssertionError(f"timed out waiting for {what}: {summary}")
+            self._changed.clear()
+            try:
+                await asyncio.wait_for(self._changed.wait(), min(left, 0.5))
+            except TimeoutError:
+                pass
+
+
+def shutdown(node: str, saga: str = "saga-1", **kw: Any) -> ShutdownRequested:
+    return ShutdownRequested(data=PowerCommandData(saga_id=saga, node=node, idempotency_key=f"{saga}/{node}/shutdown",
+                                                   **kw))
+
+
+def power_on(node: str, saga: str = "saga-1", **kw: Any) -> PowerOnRequested:
+    return PowerOnRequested(data=PowerCommandData(saga_id=saga, node=node, idempotency_key=f"{saga}/{node}/power_on",
+                                                  **kw))
+
+
+async def service(bus: Bus, site_cfg: SiteConfig) -> PowerControl:
+    pc = PowerControl(bus, site_cfg, PowerControlSettings.model_validate(site_cfg.section("power_control")))
+    await pc.start()
+    return pc

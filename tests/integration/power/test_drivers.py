@@ -1,0 +1,163 @@
+"""Each power driver against its real peer: actions are read back from the peer itself."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import time
+
+import pytest
+
+from powerguard.power_control.drivers.base import Guarded
+from powerguard.power_control.drivers.ipmi import IpmiDriver
+from powerguard.power_control.drivers.pdu import ApcPduDriver
+from powerguard.power_control.drivers.redfish import RedfishDriver
+from powerguard.power_control.errors import AuthenticationFailed, CommandRejected, DeviceUnreachable, TlsUntrusted
+
+from .peers import PASSWORD, USER, free_udp_port
+
+pytestmark = pytest.mark.integration
+
+
+def ipmi(port: int, *, password: str = PASSWORD, user: str = USER, timeout_s: float = 8.0) -> IpmiDriver:
+    return IpmiDriver("bmc:n1", Guarded("bmc:n1", timeout_s=timeout_s), host="127.0.0.1", port=port, user=user,
+                      password=password)
+
+
+async def until(fn, want, timeout: float = 5.0):
+    deadline = time.monotonic() + timeout
+    while (value := fn()) != want and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    return value
+
+
+async def test_ipmi_against_openipmi_ipmi_sim(ipmi_sim):
+    d = ipmi(ipmi_sim.port)
+    assert await d.status() == "on"
+    await d.soft_off()
+    assert ipmi_sim.power == "off" and await d.status() == "off"
+    await d.on()
+    assert ipmi_sim.power == "on" and await d.status() == "on"
+    await d.off()
+    assert ipmi_sim.power == "off"
+
+
+async def test_ipmi_against_the_simulated_bmc_agrees_with_ipmitool(make_bmc):
+    bmc = make_bmc(soft_off_delay=0.2)
+    d = ipmi(bmc.port)
+    assert await d.status() == "on"
+    await d.soft_off()
+    assert await until(lambda: bmc.power, "off") == "off"
+    out = subprocess.run(
+        ["ipmitool", "-I", "lanplus", "-C", "3", "-H", "127.0.0.1", "-p", str(bmc.port), "-U", USER, "-P", PASSWORD,
+         "chassis", "power", "status"], capture_output=True, text=True, timeout=20,
+    ).stdout
+    assert "Chassis Power is off" in out
+    assert await d.restore_policy() == "always-off"
+    await d.set_restore_policy("always-on")
+    assert await d.restore_policy() == "always-on"
+    out = subprocess.run(
+        ["ipmitool", "-I", "lanplus", "-C", "3", "-H", "127.0.0.1", "-p", str(bmc.port), "-U", USER, "-P", PASSWORD,
+         "chassis", "status"], capture_output=True, text=True, timeout=20,
+    ).stdout
+    assert "Power Restore Policy : always-on" in out
+
+
+async def test_ipmi_wrong_password_fails_fast_and_is_not_retried(make_bmc):
+    bmc = make_bmc()
+    d = ipmi(bmc.port, password="wrong")
+    t = time.monotonic()
+    with pytest.raises(AuthenticationFailed, match="bmc:n1.*credentials"):
+        await d.status()
+    assert time.monotonic() - t < 2
+    with pytest.raises(AuthenticationFailed, match="not retried"):  # held off: the BMC is not asked again
+        await d.on()
+    assert bmc.changes == 0
+
+
+async def test_ipmi_unknown_user_is_an_authentication_error(make_bmc):
+    with pytest.raises(AuthenticationFailed):
+        await ipmi(make_bmc().port, user="nobody").status()
+
+
+async def test_ipmi_nothing_listening_times_out_within_the_bound():
+    t = time.monotonic()
+    with pytest.raises(DeviceUnreachable, match="bmc:n1"):
+        await ipmi(free_udp_port(), timeout_s=2.0).status()
+    assert time.monotonic() - t < 3.0
+
+
+def redfish(sushy, **kw) -> RedfishDriver:
+    args = dict(base_url=sushy.url, user=USER, password=PASSWORD, ca_bundle=str(sushy.ca))
+    args.update(kw)
+    return RedfishDriver("bmc:node1", Guarded("bmc:node1", timeout_s=5), **args)
+
+
+async def test_redfish_reset_actions_read_back_from_the_emulator(sushy):
+    d = redfish(sushy)
+    try:
+        assert await d.status() == "on"
+        await d.soft_off()
+        assert await until(sushy.power, "Off") == "Off"
+        await d.on()
+        assert await until(sushy.power, "On") == "On"
+        await d.off()
+        assert await until(sushy.power, "Off") == "Off"
+        assert await d.status() == "off"
+    finally:
+        await d.close()
+
+
+async def test_redfish_untrusted_certificate_is_refused_unless_allowed(sushy):
+    strict = redfish(sushy, ca_bundle=None)
+    lax = redfish(sushy, ca_bundle=None, verify_tls=False)
+    try:
+        with pytest.raises(TlsUntrusted, match="does not verify"):
+            await strict.status()
+        assert await lax.status() == "on"
+    finally:
+        await strict.close()
+        await lax.close()
+
+
+async def test_redfish_wrong_password_is_an_authentication_error(sushy):
+    d = redfish(sushy, password="wrong")
+    try:
+        with pytest.raises(AuthenticationFailed, match="401"):
+            await d.off()
+        assert sushy.power() == "On"
+    finally:
+        await d.close()
+
+
+async def test_redfish_nothing_listening_is_unreachable():
+    d = RedfishDriver("bmc:x", Guarded("bmc:x", timeout_s=2), base_url="https://127.0.0.1:1", user="a", password="b")
+    try:
+        with pytest.raises(DeviceUnreachable, match="cannot reach"):
+            await d.status()
+    finally:
+        await d.close()
+
+
+def apc(pdu, community: str = "private") -> ApcPduDriver:
+    return ApcPduDriver("pdu:p1", Guarded("pdu:p1", timeout_s=5), host="127.0.0.1", port=pdu.port, community=community)
+
+
+async def test_pdu_outlets_switch_and_read_back(pdu):
+    d = apc(pdu)
+    assert await d.outlet_state(2) == "off"
+    await d.set_outlet(2, True)
+    assert pdu.outlets()["2"] == "on" and await d.outlet_state(2) == "on"
+    await d.set_outlet(2, False)
+    assert pdu.outlets()["2"] == "off"
+
+
+async def test_pdu_read_only_community_is_refused(pdu):
+    with pytest.raises(CommandRejected, match="noAccess"):
+        await apc(pdu, community="public").set_outlet(1, True)
+    assert pdu.outlets()["1"] == "off"
+
+
+async def test_pdu_unknown_outlet_is_refused(pdu):
+    with pytest.raises(CommandRejected, match="outlet 9"):
+        await apc(pdu).outlet_state(9)

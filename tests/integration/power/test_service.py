@@ -1,0 +1,176 @@
+"""power-control as a service on a real nats-server, driving real BMCs and a real PDU:
+full shutdown and restore sequences, staggering and batching, bad input."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from powerguard.schemas import NodeState, PowerActionDone, PowerActionFailed
+
+from .helpers import Recorder, creds, power_on, service, shutdown, site
+
+pytestmark = pytest.mark.integration
+
+
+def bmc_node(name: str, bmc, cred: dict, **kw) -> dict:
+    return {"name": name, "bmc": {"driver": "ipmi", "host": "127.0.0.1", "port": bmc.port, **cred}, **kw}
+
+
+async def test_shutdown_and_restore_with_bmcs_and_pdu_outlets(make_bus, make_bmc, pdu, monkeypatch):
+    cred = creds(monkeypatch)
+    bmcs = {n: make_bmc(n, boot_delay=0.8, soft_off_delay=0.2, ignore_acpi=(n == "n3")) for n in ("n1", "n2", "n3")}
+    nodes = [bmc_node(n, b, cred, outlets=[{"pdu": "p1", "outlet": i + 1}]) for i, (n, b) in enumerate(bmcs.items())]
+    pdus = [{"name": "p1", "host": "127.0.0.1", "port": pdu.port}]
+    cfg = site(nodes, pdus=pdus, outlets_off_on_shutdown=True, outlet_stagger_s=0.5, max_parallel_power_on=2,
+               soft_off_timeout_s=1.5)
+    pdu.state.write_text('{"1": "on", "2": "on", "3": "on", "4": "on"}')
+    bus = await make_bus("power-control")
+    rec = await Recorder().start(bus)
+    pc = await service(bus, cfg)
+    try:
+        for n in bmcs:
+            await bus.publish(shutdown(n))
+        await rec.wait(lambda: all("off" in rec.states(n) for n in bmcs), what="every node off")
+        assert {n: b.power for n, b in bmcs.items()} == {"n1": "off", "n2": "off", "n3": "off"}
+        assert pdu.outlets() == {"1": "off", "2": "off", "3": "off", "4": "on"}
+        hard = [e for e in rec.of(PowerActionDone, node="n3", action="off")]
+        assert "hard off" in hard[0].data.detail  # ACPI ignored: soft-off timed out, then forced
+        assert bmcs["n3"].events("command off") and not bmcs["n1"].events("command off")
+
+        for n in bmcs:
+            await bus.publish(power_on(n))
+        await rec.wait(lambda: all("ready" in rec.states(n) for n in bmcs), what="every node ready")
+        assert {n: b.power for n, b in bmcs.items()} == {"n1": "on", "n2": "on", "n3": "on"}
+        assert pdu.outlets() == {"1": "on", "2": "on", "3": "on", "4": "on"}
+        # stagger, as the PDU itself saw it: outlet-on switches at least outlet_stagger_s apart
+        ons = sorted(t for t, _, s in pdu.switch_log() if s == "on")
+        assert len(ons) == 3 and all(b - a >= 0.45 for a, b in zip(ons, ons[1:]))
+        # batching, as the BMCs saw it: n3 is asked to power on only after n1 and n2 (batch of 2) are on
+        first_batch_on = max(bmcs[n].events("power on")[-1][0] for n in ("n1", "n2"))
+        assert bmcs["n3"].events("command on")[-1][0] >= first_batch_on
+        done = sorted(e.time for e in rec.of(PowerActionDone, action="outlet_on"))
+        assert all((b - a).total_seconds() >= 0.45 for a, b in zip(done, done[1:]))
+        assert not rec.of(PowerActionFailed)
+    finally:
+        await pc.stop()
+
+
+async def test_redelivered_command_does_nothing_new_on_the_device(make_bus, make_bmc, monkeypatch):
+    cred = creds(monkeypatch)
+    bmc = make_bmc("n1", soft_off_delay=0.1)
+    bus = await make_bus("power-control")
+    rec = await Recorder().start(bus)
+    pc = await service(bus, site([bmc_node("n1", bmc, cred)]))
+    try:
+        await bus.publish(shutdown("n1"))
+        await rec.wait(lambda: "off" in rec.states("n1"), what="n1 off")
+        bmc.state.write_text('{"power": "on", "policy": 0, "changes": 0}')  # someone switched it back on
+        await bus.publish(shutdown("n1"))  # same idempotency key, new event id: a redelivery
+        await asyncio.sleep(1.5)
+        await pc.idle()
+        assert bmc.power == "on" and len(bmc.events("command soft-off")) == 1
+        assert rec.states("n1").count("off") == 1
+        assert pc.executed == ["saga-1/n1/shutdown"]
+    finally:
+        await pc.stop()
+
+
+async def test_wrong_bmc_password_gives_one_failure_and_no_retry_storm(make_bus, make_bmc, monkeypatch):
+    creds(monkeypatch)
+    bmc = make_bmc("n1")
+    bad = {"username": {"env": "PG_TEST_BMC_USER"}, "password": {"env": "PG_TEST_BMC_BAD"}}
+    bus = await make_bus("power-control")
+    rec = await Recorder().start(bus)
+    pc = await service(bus, site([bmc_node("n1", bmc, bad)], retries=3))
+    try:
+        await bus.publish(shutdown("n1"))
+        await rec.wait(lambda: rec.of(PowerActionFailed), what="a failure")
+        await asyncio.sleep(1.0)
+        await pc.idle()
+        failed = rec.of(PowerActionFailed)
+        assert len(failed) == 1
+        assert failed[0].data.node == "n1" and "credentials" in failed[0].data.error
+        assert "off" not in rec.states("n1") and bmc.power == "on"
+        assert not bmc.events()  # not one command reached the BMC
+    finally:
+        await pc.stop()
+
+
+async def test_read_only_pdu_community_gives_a_failure_event(make_bus, pdu, monkeypatch):
+    monkeypatch.setenv("PG_TEST_RO", "public")
+    pdus = [{"name": "p1", "host": "127.0.0.1", "port": pdu.port, "options": {"community": {"env": "PG_TEST_RO"}}}]
+    cfg = site([{"name": "n1", "outlets": [{"pdu": "p1", "outlet": 1}]}], pdus=pdus)
+    bus = await make_bus("power-control")
+    rec = await Recorder().start(bus)
+    pc = await service(bus, cfg)
+    try:
+        await bus.publish(power_on("n1"))
+        await rec.wait(lambda: rec.of(PowerActionFailed), what="a failure")
+        f = rec.of(PowerActionFailed)[0].data
+        assert f.action == "outlet_on" and f.device == "pdu:p1:1" and "noAccess" in f.error
+        assert pdu.outlets()["1"] == "off"
+        await pc.idle()
+        assert "ready" not in rec.states("n1")
+    finally:
+        await pc.stop()
+
+
+async def test_openipmi_and_redfish_nodes_in_one_outage(make_bus, ipmi_sim, sushy, monkeypatch):
+    cred = creds(monkeypatch)
+    nodes = [
+        {"name": "ipmi1", "bmc": {"driver": "ipmi", "host": "127.0.0.1", "port": ipmi_sim.port, **cred}},
+        {"name": "rf1", "bmc": {"driver": "redfish", "host": "127.0.0.1", "port": sushy.port, **cred,
+                                "options": {"ca_bundle": str(sushy.ca)}}},
+    ]
+    bus = await make_bus("power-control")
+    rec = await Recorder().start(bus)
+    pc = await service(bus, site(nodes))
+    try:
+        for n in ("ipmi1", "rf1"):
+            await bus.publish(shutdown(n))
+        await rec.wait(lambda: all("off" in rec.states(n) for n in ("ipmi1", "rf1")), what="both off")
+        assert ipmi_sim.power == "off" and sushy.power() == "Off"
+        for n in ("ipmi1", "rf1"):
+            await bus.publish(power_on(n))
+        await rec.wait(lambda: all("ready" in rec.states(n) for n in ("ipmi1", "rf1")), what="both ready")
+        assert ipmi_sim.power == "on" and sushy.power() == "On"
+    finally:
+        await pc.stop()
+
+
+async def test_dry_run_command_touches_nothing(make_bus, make_bmc, monkeypatch):
+    cred = creds(monkeypatch)
+    bmc = make_bmc("n1")
+    bus = await make_bus("power-control")
+    rec = await Recorder().start(bus)
+    pc = await service(bus, site([bmc_node("n1", bmc, cred)]))
+    try:
+        await bus.publish(shutdown("n1", dry_run=True))
+        await rec.wait(lambda: "off" in rec.states("n1"), what="n1 off (dry run)")
+        assert bmc.power == "on" and not bmc.events()
+        assert all(e.data.dry_run for e in rec.of(PowerActionDone))
+    finally:
+        await pc.stop()
+
+
+async def test_a_command_left_running_is_resumed_at_start(make_bus, make_bmc, monkeypatch):
+    cred = creds(monkeypatch)
+    bmc = make_bmc("n1", soft_off_delay=0.1)
+    cfg = site([bmc_node("n1", bmc, cred)])
+    bus = await make_bus("power-control")
+    await bus.setup()
+    from powerguard.power_control.ledger import Ledger
+
+    ledger = Ledger(await bus.power_actions(), "old-instance")
+    await ledger.claim("saga-1/n1/shutdown", shutdown("n1").model_dump(mode="json"))  # claimed, then it died
+    rec = await Recorder().start(bus)
+    pc = await service(bus, cfg)
+    try:
+        await rec.wait(lambda: "off" in rec.states("n1"), what="resumed shutdown")
+        await pc.idle()
+        assert bmc.power == "off"
+        assert (await ledger.get("saga-1/n1/shutdown"))["status"] == "done"
+    finally:
+        await pc.stop()
