@@ -26,6 +26,10 @@ app = typer.Typer(
 schemas_app = typer.Typer(help="The event contract: JSON Schema and AsyncAPI.", no_args_is_help=True)
 app.add_typer(schemas_app, name="schemas")
 
+from .power import power_app  # noqa: E402
+
+app.add_typer(power_app, name="power")
+
 err = Console(stderr=True)
 DEFAULT_URL = os.environ.get("NATS_URL", "nats://127.0.0.1:4222")
 

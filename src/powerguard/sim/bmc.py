@@ -147,8 +147,12 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     password = args.password_file.read_text().strip()
     server = SimBmc(
-        {args.user: password}, args.port, state=args.state, boot_delay=args.boot_delay,
-        soft_off_delay=args.soft_off_delay, ignore_acpi=args.ignore_acpi,
+        {args.user: password},
+        args.port,
+        state=args.state,
+        boot_delay=args.boot_delay,
+        soft_off_delay=args.soft_off_delay,
+        ignore_acpi=args.ignore_acpi,
     )
     print(f"bmc listening on 127.0.0.1:{args.port}", flush=True)
     try:

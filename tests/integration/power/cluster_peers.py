@@ -78,10 +78,20 @@ class Slurm:
         if os.geteuid() != 0:
             raise RuntimeError("Slurm tests need root (slurmd runs jobs as root here)")
         self._munge()
-        self.procs.append(_spawn([self.slurmctld, "-D", "-i", "-f", str(self.conf)], self.tmp / "log" / "ctld.log",
-                                 env={"SLURM_CONF": str(self.conf)}))
-        self.procs.append(_spawn([self.slurmd, "-D", "-f", str(self.conf)], self.tmp / "log" / "slurmd.log",
-                                 env={"SLURM_CONF": str(self.conf)}))
+        self.procs.append(
+            _spawn(
+                [self.slurmctld, "-D", "-i", "-f", str(self.conf)],
+                self.tmp / "log" / "ctld.log",
+                env={"SLURM_CONF": str(self.conf)},
+            )
+        )
+        self.procs.append(
+            _spawn(
+                [self.slurmd, "-D", "-f", str(self.conf)],
+                self.tmp / "log" / "slurmd.log",
+                env={"SLURM_CONF": str(self.conf)},
+            )
+        )
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             try:
@@ -127,8 +137,19 @@ class Dockerd:
         pid.unlink(missing_ok=True)  # stale after a SIGKILL
         self.sock.unlink(missing_ok=True)
         self.proc = _spawn(
-            [self.dockerd, "--data-root", str(self.root / "data"), "--exec-root", str(self.root / "exec"),
-             "-H", self.host, "--pidfile", str(pid), "--iptables=false", "--bridge=none"],
+            [
+                self.dockerd,
+                "--data-root",
+                str(self.root / "data"),
+                "--exec-root",
+                str(self.root / "exec"),
+                "-H",
+                self.host,
+                "--pidfile",
+                str(pid),
+                "--iptables=false",
+                "--bridge=none",
+            ],
             self.tmp / "dockerd.log",
         )
         deadline = time.monotonic() + 30

@@ -24,8 +24,16 @@ from powerguard.schemas import (
 
 from .peers import PASSWORD, USER
 
-FAST = dict(soft_off_timeout_s=3.0, boot_timeout_s=20.0, poll_interval_s=0.1, gather_s=0.3, retries=1,
-            retry_backoff_s=0.2, device_timeout_s=5.0, outlet_stagger_s=0.0)
+FAST = dict(
+    soft_off_timeout_s=3.0,
+    boot_timeout_s=20.0,
+    poll_interval_s=0.1,
+    gather_s=0.3,
+    retries=1,
+    retry_backoff_s=0.2,
+    device_timeout_s=5.0,
+    outlet_stagger_s=0.0,
+)
 
 
 def creds(monkeypatch) -> dict[str, Any]:
@@ -36,13 +44,15 @@ def creds(monkeypatch) -> dict[str, Any]:
 
 
 def site(nodes: list[dict], *, pdus: list[dict] | None = None, **settings: Any) -> SiteConfig:
-    return SiteConfig.model_validate({
-        "site": "dc1",
-        "ups": [{"name": "ups-a", "driver": "nut"}],
-        "pdus": pdus or [],
-        "nodes": [{"feeds": ["ups-a"], **n} for n in nodes],
-        "power_control": {**FAST, **settings},
-    })
+    return SiteConfig.model_validate(
+        {
+            "site": "dc1",
+            "ups": [{"name": "ups-a", "driver": "nut"}],
+            "pdus": pdus or [],
+            "nodes": [{"feeds": ["ups-a"], **n} for n in nodes],
+            "power_control": {**FAST, **settings},
+        }
+    )
 
 
 class Recorder:
@@ -59,13 +69,23 @@ class Recorder:
             self.events.append(event)
             self._changed.set()
 
-        await bus.consume(PowerActionDone, PowerActionFailed, NodeState, JobStopped, JobRestarted, handler=handler,
-                          durable="recorder", subject=[s.power_result("*"), s.job("*")], deliver="new")
+        await bus.consume(
+            PowerActionDone,
+            PowerActionFailed,
+            NodeState,
+            JobStopped,
+            JobRestarted,
+            handler=handler,
+            durable="recorder",
+            subject=[s.power_result("*"), s.job("*")],
+            deliver="new",
+        )
         return self
 
     def of(self, kind: type[Envelope], **match: Any) -> list[Envelope]:
-        return [e for e in self.events if isinstance(e, kind)
-                and all(getattr(e.data, k) == v for k, v in match.items())]
+        return [
+            e for e in self.events if isinstance(e, kind) and all(getattr(e.data, k) == v for k, v in match.items())
+        ]
 
     def states(self, node: str) -> list[str]:
         return [e.data.state for e in self.of(NodeState, node=node)]
@@ -75,9 +95,15 @@ class Recorder:
         while not pred():
             left = deadline - time.monotonic()
             if left <= 0:
-                summary = [(type(e).__name__, e.data.node if hasattr(e.data, "node") else e.data.job,
-                            getattr(e.data, "action", getattr(e.data, "state", "")), getattr(e.data, "error", None))
-                           for e in self.events]
+                summary = [
+                    (
+                        type(e).__name__,
+                        e.data.node if hasattr(e.data, "node") else e.data.job,
+                        getattr(e.data, "action", getattr(e.data, "state", "")),
+                        getattr(e.data, "error", None),
+                    )
+                    for e in self.events
+                ]
                 raise AssertionError(f"timed out waiting for {what}: {summary}")
             self._changed.clear()
             try:
@@ -87,16 +113,26 @@ class Recorder:
 
 
 def shutdown(node: str, saga: str = "saga-1", **kw: Any) -> ShutdownRequested:
-    return ShutdownRequested(data=PowerCommandData(saga_id=saga, node=node, idempotency_key=f"{saga}/{node}/shutdown",
-                                                   **kw))
+    return ShutdownRequested(
+        data=PowerCommandData(saga_id=saga, node=node, idempotency_key=f"{saga}/{node}/shutdown", **kw)
+    )
 
 
 def power_on(node: str, saga: str = "saga-1", **kw: Any) -> PowerOnRequested:
-    return PowerOnRequested(data=PowerCommandData(saga_id=saga, node=node, idempotency_key=f"{saga}/{node}/power_on",
-                                                  **kw))
+    return PowerOnRequested(
+        data=PowerCommandData(saga_id=saga, node=node, idempotency_key=f"{saga}/{node}/power_on", **kw)
+    )
 
 
 async def service(bus: Bus, site_cfg: SiteConfig) -> PowerControl:
     pc = PowerControl(bus, site_cfg, PowerControlSettings.model_validate(site_cfg.section("power_control")))
     await pc.start()
     return pc
+
+
+def job_cmd(kind, job: str, nodes: list[str], saga: str = "saga-1"):
+    """JobStopRequested / JobRestartRequested as the coordinator sends them."""
+    from powerguard.schemas import JobData
+
+    action = "restart" if kind.__name__ == "JobRestartRequested" else "stop"
+    return kind(data=JobData(job=job, saga_id=saga, nodes=nodes, idempotency_key=f"{saga}/{job}/{action}"))

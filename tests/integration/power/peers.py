@@ -39,7 +39,7 @@ def stop(proc: subprocess.Popen | None) -> None:
 
 
 def _spawn(argv: list[str], log: Path, env: dict | None = None) -> subprocess.Popen:
-    out = open(log, "ab")  # noqa: SIM115 - handed to the child
+    out = open(log, "ab")
     return subprocess.Popen(argv, stdout=out, stderr=out, env={**os.environ, **(env or {})}, start_new_session=True)
 
 
@@ -77,9 +77,20 @@ class SnmpPdu:
         deadline = time.monotonic() + 15
         while time.monotonic() < deadline:
             r = subprocess.run(
-                ["snmpget", "-v2c", "-c", "public", "-t", "0.3", "-r", "0", f"127.0.0.1:{self.port}",
-                 ".1.3.6.1.4.1.318.1.1.12.3.5.1.1.4.1"],
-                capture_output=True, text=True,
+                [
+                    "snmpget",
+                    "-v2c",
+                    "-c",
+                    "public",
+                    "-t",
+                    "0.3",
+                    "-r",
+                    "0",
+                    f"127.0.0.1:{self.port}",
+                    ".1.3.6.1.4.1.318.1.1.12.3.5.1.1.4.1",
+                ],
+                capture_output=True,
+                text=True,
             )
             if r.returncode == 0 and "INTEGER" in r.stdout:
                 return self
@@ -93,16 +104,38 @@ class SnmpPdu:
 class PyghmiBmc:
     """The project's simulated BMC (powerguard.sim.bmc) in its own process."""
 
-    def __init__(self, tmp: Path, name: str = "n1", *, power: str = "on", ignore_acpi: bool = False,
-                 boot_delay: float = 0.3, soft_off_delay: float = 0.3) -> None:
+    def __init__(
+        self,
+        tmp: Path,
+        name: str = "n1",
+        *,
+        power: str = "on",
+        ignore_acpi: bool = False,
+        boot_delay: float = 0.3,
+        soft_off_delay: float = 0.3,
+    ) -> None:
         self.port = free_udp_port()
         self.state = tmp / f"bmc-{name}.json"
         self.state.write_text(json.dumps({"power": power, "policy": 0, "changes": 0}))
         pw = tmp / f"bmc-{name}.pw"
         pw.write_text(PASSWORD)
-        self.argv = [sys.executable, "-m", "powerguard.sim.bmc", "--port", str(self.port), "--user", USER,
-                     "--password-file", str(pw), "--state", str(self.state), "--boot-delay", str(boot_delay),
-                     "--soft-off-delay", str(soft_off_delay)] + (["--ignore-acpi"] if ignore_acpi else [])
+        self.argv = [
+            sys.executable,
+            "-m",
+            "powerguard.sim.bmc",
+            "--port",
+            str(self.port),
+            "--user",
+            USER,
+            "--password-file",
+            str(pw),
+            "--state",
+            str(self.state),
+            "--boot-delay",
+            str(boot_delay),
+            "--soft-off-delay",
+            str(soft_off_delay),
+        ] + (["--ignore-acpi"] if ignore_acpi else [])
         self.log = tmp / f"bmc-{name}.log"
         self.proc: subprocess.Popen | None = None
 
@@ -117,8 +150,11 @@ class PyghmiBmc:
     def events(self, what: str | None = None) -> list[tuple[float, str]]:
         """(time, "command on" | "power on" | ...) as the BMC saw them."""
         log = Path(str(self.state) + ".log")
-        rows = [(float(t), rest) for t, rest in (line.split(" ", 1) for line in log.read_text().splitlines())] \
-            if log.exists() else []
+        rows = (
+            [(float(t), rest) for t, rest in (line.split(" ", 1) for line in log.read_text().splitlines())]
+            if log.exists()
+            else []
+        )
         return [r for r in rows if what is None or r[1] == what]
 
     def start(self) -> PyghmiBmc:
@@ -173,18 +209,19 @@ class IpmiSim:
         (tmp / "ipmisim-state").mkdir(exist_ok=True)
         self.lan = tmp / "lan.conf"
         self.lan.write_text(
-            "name \"pgsim\"\nset_working_mc 0x20\n  startlan 1\n"
+            'name "pgsim"\nset_working_mc 0x20\n  startlan 1\n'
             f"    addr 127.0.0.1 {self.port}\n    priv_limit admin\n"
             "    allowed_auths_callback none md2 md5 straight\n    allowed_auths_user none md2 md5 straight\n"
             "    allowed_auths_operator none md2 md5 straight\n    allowed_auths_admin none md2 md5 straight\n"
             "    guid a123456789abcdefa123456789abcdef\n  endlan\n"
-            f"  chassis_control \"{script} 0x20\"\n"
-            f"  user 1 true \"\" \"test\" user 10 none md2 md5 straight\n"
-            f"  user 2 true \"{USER}\" \"{PASSWORD}\" admin 10 none md2 md5 straight\n"
+            f'  chassis_control "{script} 0x20"\n'
+            f'  user 1 true "" "test" user 10 none md2 md5 straight\n'
+            f'  user 2 true "{USER}" "{PASSWORD}" admin 10 none md2 md5 straight\n'
         )
         self.emu = tmp / "sim.emu"
-        self.emu.write_text("mc_setbmc 0x20\nmc_add 0x20 0 no-device-sdrs 0x23 9 8 0x9f 0x1291 0xf02 persist_sdr\n"
-                            "mc_enable 0x20\n")
+        self.emu.write_text(
+            "mc_setbmc 0x20\nmc_add 0x20 0 no-device-sdrs 0x23 9 8 0x9f 0x1291 0xf02 persist_sdr\nmc_enable 0x20\n"
+        )
         self.proc: subprocess.Popen | None = None
 
     @property
@@ -200,9 +237,30 @@ class IpmiSim:
         deadline = time.monotonic() + 15
         while time.monotonic() < deadline:
             r = subprocess.run(
-                [ipmitool, "-I", "lanplus", "-C", "3", "-H", "127.0.0.1", "-p", str(self.port), "-U", USER,
-                 "-P", PASSWORD, "-R", "1", "-N", "1", "chassis", "power", "status"],
-                capture_output=True, text=True,
+                [
+                    ipmitool,
+                    "-I",
+                    "lanplus",
+                    "-C",
+                    "3",
+                    "-H",
+                    "127.0.0.1",
+                    "-p",
+                    str(self.port),
+                    "-U",
+                    USER,
+                    "-P",
+                    PASSWORD,
+                    "-R",
+                    "1",
+                    "-N",
+                    "1",
+                    "chassis",
+                    "power",
+                    "status",
+                ],
+                capture_output=True,
+                text=True,
             )
             if r.returncode == 0:
                 return self
@@ -229,28 +287,48 @@ def make_tls(tmp: Path, *, host: str = "127.0.0.1") -> tuple[Path, Path, Path]:
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "powerguard test CA")])
     ca = (
-        x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name).public_key(ca_key.public_key())
-        .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
+        x509.CertificateBuilder()
+        .subject_name(ca_name)
+        .issuer_name(ca_name)
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
         .not_valid_after(now + datetime.timedelta(days=1))
         .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True, content_commitment=False,
-                                     key_encipherment=False, data_encipherment=False, key_agreement=False,
-                                     encipher_only=False, decipher_only=False), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                key_cert_sign=True,
+                crl_sign=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
         .sign(ca_key, hashes.SHA256())
     )
     key = ec.generate_private_key(ec.SECP256R1())
     cert = (
-        x509.CertificateBuilder().subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, host)]))
-        .issuer_name(ca_name).public_key(key.public_key()).serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=1))
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, host)]))
+        .issuer_name(ca_name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
         .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address(host))]), critical=False)
         .sign(ca_key, hashes.SHA256())
     )
     ca_pem, cert_pem, key_pem = tmp / "ca.pem", tmp / "server.pem", tmp / "server.key"
     ca_pem.write_bytes(ca.public_bytes(serialization.Encoding.PEM))
     cert_pem.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_pem.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                          serialization.NoEncryption()))
+    key_pem.write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
     return ca_pem, cert_pem, key_pem
 
 
@@ -290,8 +368,9 @@ class SushyBmc:
     def power(self) -> str:
         import requests
 
-        r = requests.get(f"{self.url}/redfish/v1/Systems/{self.uuid}", auth=(USER, PASSWORD), verify=str(self.ca),
-                         timeout=5)
+        r = requests.get(
+            f"{self.url}/redfish/v1/Systems/{self.uuid}", auth=(USER, PASSWORD), verify=str(self.ca), timeout=5
+        )
         r.raise_for_status()
         return r.json()["PowerState"]
 

@@ -20,8 +20,9 @@ pytestmark = pytest.mark.integration
 
 
 def ipmi(port: int, *, password: str = PASSWORD, user: str = USER, timeout_s: float = 8.0) -> IpmiDriver:
-    return IpmiDriver("bmc:n1", Guarded("bmc:n1", timeout_s=timeout_s), host="127.0.0.1", port=port, user=user,
-                      password=password)
+    return IpmiDriver(
+        "bmc:n1", Guarded("bmc:n1", timeout_s=timeout_s), host="127.0.0.1", port=port, user=user, password=password
+    )
 
 
 async def until(fn, want, timeout: float = 5.0):
@@ -49,16 +50,53 @@ async def test_ipmi_against_the_simulated_bmc_agrees_with_ipmitool(make_bmc):
     await d.soft_off()
     assert await until(lambda: bmc.power, "off") == "off"
     out = subprocess.run(
-        ["ipmitool", "-I", "lanplus", "-C", "3", "-H", "127.0.0.1", "-p", str(bmc.port), "-U", USER, "-P", PASSWORD,
-         "chassis", "power", "status"], capture_output=True, text=True, timeout=20,
+        [
+            "ipmitool",
+            "-I",
+            "lanplus",
+            "-C",
+            "3",
+            "-H",
+            "127.0.0.1",
+            "-p",
+            str(bmc.port),
+            "-U",
+            USER,
+            "-P",
+            PASSWORD,
+            "chassis",
+            "power",
+            "status",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=20,
     ).stdout
     assert "Chassis Power is off" in out
     assert await d.restore_policy() == "always-off"
     await d.set_restore_policy("always-on")
     assert await d.restore_policy() == "always-on"
     out = subprocess.run(
-        ["ipmitool", "-I", "lanplus", "-C", "3", "-H", "127.0.0.1", "-p", str(bmc.port), "-U", USER, "-P", PASSWORD,
-         "chassis", "status"], capture_output=True, text=True, timeout=20,
+        [
+            "ipmitool",
+            "-I",
+            "lanplus",
+            "-C",
+            "3",
+            "-H",
+            "127.0.0.1",
+            "-p",
+            str(bmc.port),
+            "-U",
+            USER,
+            "-P",
+            PASSWORD,
+            "chassis",
+            "status",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=20,
     ).stdout
     assert "Power Restore Policy : always-on" in out
 
@@ -67,7 +105,7 @@ async def test_ipmi_wrong_password_fails_fast_and_is_not_retried(make_bmc):
     bmc = make_bmc()
     d = ipmi(bmc.port, password="wrong")
     t = time.monotonic()
-    with pytest.raises(AuthenticationFailed, match="bmc:n1.*credentials"):
+    with pytest.raises(AuthenticationFailed, match=r"bmc:n1.*credentials"):
         await d.status()
     assert time.monotonic() - t < 2
     with pytest.raises(AuthenticationFailed, match="not retried"):  # held off: the BMC is not asked again

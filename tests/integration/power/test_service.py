@@ -4,10 +4,11 @@ full shutdown and restore sequences, staggering and batching, bad input."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 
 import pytest
 
-from powerguard.schemas import NodeState, PowerActionDone, PowerActionFailed
+from powerguard.schemas import PowerActionDone, PowerActionFailed
 
 from .helpers import Recorder, creds, power_on, service, shutdown, site
 
@@ -23,8 +24,14 @@ async def test_shutdown_and_restore_with_bmcs_and_pdu_outlets(make_bus, make_bmc
     bmcs = {n: make_bmc(n, boot_delay=0.8, soft_off_delay=0.2, ignore_acpi=(n == "n3")) for n in ("n1", "n2", "n3")}
     nodes = [bmc_node(n, b, cred, outlets=[{"pdu": "p1", "outlet": i + 1}]) for i, (n, b) in enumerate(bmcs.items())]
     pdus = [{"name": "p1", "host": "127.0.0.1", "port": pdu.port}]
-    cfg = site(nodes, pdus=pdus, outlets_off_on_shutdown=True, outlet_stagger_s=0.5, max_parallel_power_on=2,
-               soft_off_timeout_s=1.5)
+    cfg = site(
+        nodes,
+        pdus=pdus,
+        outlets_off_on_shutdown=True,
+        outlet_stagger_s=0.5,
+        max_parallel_power_on=2,
+        soft_off_timeout_s=1.5,
+    )
     pdu.state.write_text('{"1": "on", "2": "on", "3": "on", "4": "on"}')
     bus = await make_bus("power-control")
     rec = await Recorder().start(bus)
@@ -46,12 +53,12 @@ async def test_shutdown_and_restore_with_bmcs_and_pdu_outlets(make_bus, make_bmc
         assert pdu.outlets() == {"1": "on", "2": "on", "3": "on", "4": "on"}
         # stagger, as the PDU itself saw it: outlet-on switches at least outlet_stagger_s apart
         ons = sorted(t for t, _, s in pdu.switch_log() if s == "on")
-        assert len(ons) == 3 and all(b - a >= 0.45 for a, b in zip(ons, ons[1:]))
+        assert len(ons) == 3 and all(b - a >= 0.45 for a, b in itertools.pairwise(ons))
         # batching, as the BMCs saw it: n3 is asked to power on only after n1 and n2 (batch of 2) are on
         first_batch_on = max(bmcs[n].events("power on")[-1][0] for n in ("n1", "n2"))
         assert bmcs["n3"].events("command on")[-1][0] >= first_batch_on
         done = sorted(e.time for e in rec.of(PowerActionDone, action="outlet_on"))
-        assert all((b - a).total_seconds() >= 0.45 for a, b in zip(done, done[1:]))
+        assert all((b - a).total_seconds() >= 0.45 for a, b in itertools.pairwise(done))
         assert not rec.of(PowerActionFailed)
     finally:
         await pc.stop()
@@ -121,8 +128,16 @@ async def test_openipmi_and_redfish_nodes_in_one_outage(make_bus, ipmi_sim, sush
     cred = creds(monkeypatch)
     nodes = [
         {"name": "ipmi1", "bmc": {"driver": "ipmi", "host": "127.0.0.1", "port": ipmi_sim.port, **cred}},
-        {"name": "rf1", "bmc": {"driver": "redfish", "host": "127.0.0.1", "port": sushy.port, **cred,
-                                "options": {"ca_bundle": str(sushy.ca)}}},
+        {
+            "name": "rf1",
+            "bmc": {
+                "driver": "redfish",
+                "host": "127.0.0.1",
+                "port": sushy.port,
+                **cred,
+                "options": {"ca_bundle": str(sushy.ca)},
+            },
+        },
     ]
     bus = await make_bus("power-control")
     rec = await Recorder().start(bus)

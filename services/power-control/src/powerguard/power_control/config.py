@@ -57,7 +57,9 @@ class IpmiOptions(_Model):
 
 class RedfishOptions(_Model):
     scheme: Literal["https", "http"] = "https"
-    system_id: str | None = Field(default=None, description="Members entry under /redfish/v1/Systems (default: only one)")
+    system_id: str | None = Field(
+        default=None, description="Members entry under /redfish/v1/Systems (default: only one)"
+    )
     ca_bundle: str | None = Field(default=None, description="PEM file of CAs to trust (default: the system's)")
     verify_tls: bool = Field(default=True, description="false only for lab BMCs with throw-away certificates")
 

@@ -50,9 +50,7 @@ class Order:
 
 
 class Sequencer:
-    def __init__(
-        self, devices: Devices, scheduler: Scheduler, settings: PowerControlSettings, emit: Emit
-    ) -> None:
+    def __init__(self, devices: Devices, scheduler: Scheduler, settings: PowerControlSettings, emit: Emit) -> None:
         self.devices = devices
         self.scheduler = scheduler
         self.s = settings
@@ -70,8 +68,14 @@ class Sequencer:
 
     def _result(self, o: Order, action: str, device: str | None, started: float, **kw: Any) -> PowerResultData:
         return PowerResultData(
-            saga_id=o.saga_id, node=o.node, action=action, idempotency_key=o.key, device=device,
-            duration_s=round(max(0.0, time.monotonic() - started), 3), dry_run=o.dry_run or self.devices.dry_run, **kw,
+            saga_id=o.saga_id,
+            node=o.node,
+            action=action,
+            idempotency_key=o.key,
+            device=device,
+            duration_s=round(max(0.0, time.monotonic() - started), 3),
+            dry_run=o.dry_run or self.devices.dry_run,
+            **kw,
         )
 
     async def _node_state(self, o: Order, state: str, detail: str | None = None) -> None:
@@ -146,7 +150,9 @@ class Sequencer:
             await self._retrying(f"{bmc.device} power off", bmc.off)
             if not await self._wait_state(bmc, "off", self.s.device_timeout_s):
                 raise PowerStateTimeout(f"{bmc.device}: still on {self.s.device_timeout_s:.0f}s after a hard power off")
-            why = f"soft-off failed ({soft_error})" if soft_error else f"still on after {self.s.soft_off_timeout_s:.0f}s"
+            why = (
+                f"soft-off failed ({soft_error})" if soft_error else f"still on after {self.s.soft_off_timeout_s:.0f}s"
+            )
             await self._done(o, "off", bmc.device, t_hard, power_state="off", detail=f"hard off: {why}")
             return True
         except PowerControlError as exc:
@@ -160,13 +166,15 @@ class Sequencer:
             device = f"pdu:{ref.pdu}:{ref.outlet}"
             try:
                 pdu = self.devices.pdu(ref.pdu)
-                if await self._retrying(f"{device} state", lambda: pdu.outlet_state(ref.outlet)) == ("on" if on else "off"):
+                if await self._retrying(f"{device} state", lambda pdu=pdu, ref=ref: pdu.outlet_state(ref.outlet)) == (
+                    "on" if on else "off"
+                ):
                     await self._done(o, action, device, t, detail="already " + ("on" if on else "off"))
                     continue
                 if on:
                     await self._stagger()
                     t = time.monotonic()
-                await self._retrying(f"{device} switch", lambda: pdu.set_outlet(ref.outlet, on))
+                await self._retrying(f"{device} switch", lambda pdu=pdu, ref=ref: pdu.set_outlet(ref.outlet, on))
                 state = await pdu.outlet_state(ref.outlet)
                 if state != ("on" if on else "off"):
                     raise PowerStateTimeout(f"{device}: reads {state} after switching it {'on' if on else 'off'}")
@@ -245,8 +253,12 @@ class Sequencer:
                     break
                 if time.monotonic() + probe.interval_s > deadline:
                     await self._failed(
-                        o, "on", f"probe:{probe.url}", started,
-                        f"node {o.node} not ready within {self.s.boot_timeout_s:.0f}s: {last}", power_state="on",
+                        o,
+                        "on",
+                        f"probe:{probe.url}",
+                        started,
+                        f"node {o.node} not ready within {self.s.boot_timeout_s:.0f}s: {last}",
+                        power_state="on",
                     )
                     return False
                 await asyncio.sleep(probe.interval_s)

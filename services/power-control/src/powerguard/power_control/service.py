@@ -20,11 +20,11 @@ from powerguard.bus import Bus, ServiceContext
 from powerguard.schemas import (
     ConfigError,
     Envelope,
+    JobData,
     JobRestarted,
     JobRestartRequested,
     JobStopped,
     JobStopRequested,
-    JobData,
     PowerOnRequested,
     ShutdownRequested,
     SiteConfig,
@@ -51,7 +51,12 @@ def load_settings(site: SiteConfig) -> PowerControlSettings:
 
 class PowerControl:
     def __init__(
-        self, bus: Bus, site: SiteConfig, settings: PowerControlSettings | None = None, *, instance: str = "power-control"
+        self,
+        bus: Bus,
+        site: SiteConfig,
+        settings: PowerControlSettings | None = None,
+        *,
+        instance: str = "power-control",
     ) -> None:
         self.bus = bus
         self.site = site
@@ -181,8 +186,13 @@ class PowerControl:
             ok = await self.seq.job(order, start=start, nodes=nodes)
             if ok:
                 kind = JobRestarted if start else JobStopped
-                await self._emit(kind(data=JobData(job=order.jobs[0], saga_id=order.saga_id, nodes=list(nodes),
-                                                   idempotency_key=order.key)))
+                await self._emit(
+                    kind(
+                        data=JobData(
+                            job=order.jobs[0], saga_id=order.saga_id, nodes=list(nodes), idempotency_key=order.key
+                        )
+                    )
+                )
         await self._finish(order.key, ok)
 
 
@@ -198,7 +208,11 @@ async def main(ctx: ServiceContext) -> None:
         log.warning("power-control in dry-run mode: no device will be touched")
     await service.start()
     ctx.set_ready(True)
-    log.info("power-control ready: %d node(s), %d PDU(s), scheduler %s", len(ctx.site.nodes), len(ctx.site.pdus),
-             service.scheduler.kind)
+    log.info(
+        "power-control ready: %d node(s), %d PDU(s), scheduler %s",
+        len(ctx.site.nodes),
+        len(ctx.site.pdus),
+        service.scheduler.kind,
+    )
     await ctx.stopping.wait()
     await service.stop()

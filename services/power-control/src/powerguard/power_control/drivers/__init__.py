@@ -74,16 +74,27 @@ class Devices:
             opts = IpmiOptions.model_validate(cfg.options)
             kg = opts.kg.resolve().get_secret_value() if opts.kg else None
             return IpmiDriver(
-                device, self._guard(device, "ipmi"), host=cfg.host, port=cfg.port or 623, user=user,
-                password=password, kg=kg,
+                device,
+                self._guard(device, "ipmi"),
+                host=cfg.host,
+                port=cfg.port or 623,
+                user=user,
+                password=password,
+                kg=kg,
             )
         from .redfish import RedfishDriver
 
         opts = RedfishOptions.model_validate(cfg.options)
         port = f":{cfg.port}" if cfg.port else ""
         return RedfishDriver(
-            device, self._guard(device, "redfish"), base_url=f"{opts.scheme}://{cfg.host}{port}", user=user,
-            password=password, system_id=opts.system_id, verify_tls=opts.verify_tls, ca_bundle=opts.ca_bundle,
+            device,
+            self._guard(device, "redfish"),
+            base_url=f"{opts.scheme}://{cfg.host}{port}",
+            user=user,
+            password=password,
+            system_id=opts.system_id,
+            verify_tls=opts.verify_tls,
+            ca_bundle=opts.ca_bundle,
         )
 
     def pdu(self, name: str) -> OutletDriver:
@@ -102,12 +113,17 @@ class Devices:
 
         opts = PduOptions.model_validate(cfg.options)
         return ApcPduDriver(
-            device, self._guard(device, "pdu"), host=cfg.host, port=cfg.port, version=opts.version,
+            device,
+            self._guard(device, "pdu"),
+            host=cfg.host,
+            port=cfg.port,
+            version=opts.version,
             community=_secret(opts.community, f"pdu {cfg.name}: community", default="private"),
             user=opts.user,
             auth_key=opts.auth_key.resolve().get_secret_value() if opts.auth_key else None,
             priv_key=opts.priv_key.resolve().get_secret_value() if opts.priv_key else None,
-            auth_protocol=opts.auth_protocol, priv_protocol=opts.priv_protocol,
+            auth_protocol=opts.auth_protocol,
+            priv_protocol=opts.priv_protocol,
         )
 
     async def close(self) -> None:

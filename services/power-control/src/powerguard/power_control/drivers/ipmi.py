@@ -36,7 +36,15 @@ class IpmiDriver(PowerDriver):
     kind = "ipmi"
 
     def __init__(
-        self, device: str, guard: Guarded, *, host: str, port: int = 623, user: str, password: str, kg: str | None = None
+        self,
+        device: str,
+        guard: Guarded,
+        *,
+        host: str,
+        port: int = 623,
+        user: str,
+        password: str,
+        kg: str | None = None,
     ) -> None:
         super().__init__(device, guard)
         self.host, self.port = host, port
@@ -95,8 +103,6 @@ class IpmiDriver(PowerDriver):
 
     async def set_restore_policy(self, policy: RestorePolicy) -> None:
         code = _POLICY_CODES[policy]
-        rsp = await self._run(
-            "set power restore policy", lambda c: c.raw_command(netfn=0, command=6, data=[code])
-        )
+        rsp = await self._run("set power restore policy", lambda c: c.raw_command(netfn=0, command=6, data=[code]))
         if "error" in rsp:
             raise CommandRejected(f"{self.device}: BMC refused the power-restore policy {policy}: {rsp['error']}")

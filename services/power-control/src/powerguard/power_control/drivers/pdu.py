@@ -84,7 +84,9 @@ class ApcPduDriver(OutletDriver):
         return f"ApcPduDriver({self.device} {self.host}:{self.port})"
 
     async def _target(self) -> UdpTransportTarget:
-        return await UdpTransportTarget.create((self.host, self.port), timeout=min(2.0, self.guard.timeout_s), retries=1)
+        return await UdpTransportTarget.create(
+            (self.host, self.port), timeout=min(2.0, self.guard.timeout_s), retries=1
+        )
 
     def _check(self, what: str, err_ind: Any, err_status: Any, err_index: Any) -> None:
         if err_ind:
@@ -111,7 +113,9 @@ class ApcPduDriver(OutletDriver):
             try:
                 code = int(value)
             except (TypeError, ValueError):
-                raise CommandRejected(f"{self.device}: outlet {outlet} does not exist ({value.prettyPrint()})") from None
+                raise CommandRejected(
+                    f"{self.device}: outlet {outlet} does not exist ({value.prettyPrint()})"
+                ) from None
             return {1: "on", 2: "off"}.get(code, "unknown")
 
         return await self.guard.call(f"GET outlet {outlet}", go)
@@ -120,7 +124,11 @@ class ApcPduDriver(OutletDriver):
         async def go() -> None:
             oid = f"{OUTLET_COMMAND}.{outlet}"
             ei, es, ex, _ = await set_cmd(
-                _engine(), self._auth, await self._target(), ContextData(), ObjectType(ObjectIdentity(oid), Integer(1 if on else 2))
+                _engine(),
+                self._auth,
+                await self._target(),
+                ContextData(),
+                ObjectType(ObjectIdentity(oid), Integer(1 if on else 2)),
             )
             self._check(f"SET outlet {outlet} {'on' if on else 'off'}", ei, es, ex)
 

@@ -16,7 +16,11 @@ from ..errors import AuthenticationFailed, CommandRejected, DeviceUnreachable, P
 from .base import Guarded, PowerDriver, PowerState, RestorePolicy
 
 _RESET = {"on": "On", "soft_off": "GracefulShutdown", "off": "ForceOff", "cycle": "ForceRestart"}
-_POLICY_TO_REDFISH: dict[RestorePolicy, str] = {"always-on": "AlwaysOn", "previous": "LastState", "always-off": "AlwaysOff"}
+_POLICY_TO_REDFISH: dict[RestorePolicy, str] = {
+    "always-on": "AlwaysOn",
+    "previous": "LastState",
+    "always-off": "AlwaysOff",
+}
 _POLICY_FROM_REDFISH = {v: k for k, v in _POLICY_TO_REDFISH.items()}
 
 

@@ -48,9 +48,7 @@ class NoScheduler(Scheduler):
         return "no scheduler configured"
 
 
-async def run(
-    argv: Sequence[str], *, timeout_s: float, env: Mapping[str, str] | None = None, what: str = ""
-) -> str:
+async def run(argv: Sequence[str], *, timeout_s: float, env: Mapping[str, str] | None = None, what: str = "") -> str:
     """Run a command (never through a shell); its stdout, or SchedulerError naming it."""
     label = what or argv[0]
     try:

@@ -26,7 +26,9 @@ class CommandScheduler(Scheduler):
     def __init__(self, options: dict) -> None:
         self.opts = CommandOptions.model_validate(options)
 
-    async def _hook(self, action: str, argv: list[str] | None, *, saga_id: str, job: str = "", nodes: Sequence[str] = ()) -> str:
+    async def _hook(
+        self, action: str, argv: list[str] | None, *, saga_id: str, job: str = "", nodes: Sequence[str] = ()
+    ) -> str:
         if not argv:
             return f"no {action} hook"
         env = {

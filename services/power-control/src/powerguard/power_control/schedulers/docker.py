@@ -18,7 +18,9 @@ class DockerOptions(BaseModel):
 
     base_url: str | None = Field(default=None, description="Docker endpoint (default: DOCKER_HOST or the local socket)")
     job_label: str = Field(default="powerguard.job", description="Label whose value is the PowerGuard job id")
-    node_label: str = Field(default="powerguard.node", description="Label whose value is the node the container runs on")
+    node_label: str = Field(
+        default="powerguard.node", description="Label whose value is the node the container runs on"
+    )
     stop_timeout_s: int = Field(default=30, ge=0, description="SIGTERM, then SIGKILL after this long")
     timeout_s: float = Field(default=60.0, gt=0)
 

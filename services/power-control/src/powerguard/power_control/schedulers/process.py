@@ -55,19 +55,14 @@ class ProcessScheduler(Scheduler):
         if self.running(job):
             return f"job {job} already running (pid {self.procs[job].pid})"
         spec = self._job(job)
-        env = {**os.environ, **spec.env, "POWERGUARD_JOB": job, "POWERGUARD_SAGA": saga_id,
-               "POWERGUARD_NODES": ",".join(nodes)}
-        out = open(Path(spec.log), "ab") if spec.log else None  # noqa: SIM115 - handed to the child
-        try:
-            self.procs[job] = subprocess.Popen(
-                spec.argv, env=env, cwd=spec.cwd, stdout=out, stderr=subprocess.STDOUT if out else None,
-                start_new_session=True,
-            )
-        except OSError as exc:
-            raise SchedulerError(f"process: cannot start job {job} ({spec.argv[0]}): {exc.strerror}") from None
-        finally:
-            if out is not None:
-                out.close()
+        env = {
+            **os.environ,
+            **spec.env,
+            "POWERGUARD_JOB": job,
+            "POWERGUARD_SAGA": saga_id,
+            "POWERGUARD_NODES": ",".join(nodes),
+        }
+        self.procs[job] = _launch(job, spec, env)
         return f"started job {job} (pid {self.procs[job].pid})"
 
     async def stop_job(self, job: str, *, nodes: Sequence[str], saga_id: str) -> str:
@@ -85,6 +80,24 @@ class ProcessScheduler(Scheduler):
 
     async def close(self) -> None:
         return None  # jobs outlive the service on purpose: a power-control restart must not stop training
+
+
+def _launch(job: str, spec: ProcessJob, env: dict[str, str]) -> subprocess.Popen:
+    out = open(Path(spec.log), "ab") if spec.log else None
+    try:
+        return subprocess.Popen(
+            spec.argv,
+            env=env,
+            cwd=spec.cwd,
+            stdout=out,
+            stderr=subprocess.STDOUT if out else None,
+            start_new_session=True,
+        )
+    except OSError as exc:
+        raise SchedulerError(f"process: cannot start job {job} ({spec.argv[0]}): {exc.strerror}") from None
+    finally:
+        if out is not None:
+            out.close()
 
 
 def _signal_group(p: subprocess.Popen, sig: signal.Signals) -> None:

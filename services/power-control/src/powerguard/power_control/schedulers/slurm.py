@@ -47,8 +47,9 @@ class SlurmScheduler(Scheduler):
         return [line.strip() for line in out.splitlines() if line.strip()]
 
     async def prepare_shutdown(self, node: str, *, saga_id: str, jobs: Sequence[str]) -> str:
-        await self._cmd("scontrol", "update", f"NodeName={self._node(node)}", "State=DRAIN",
-                        f"Reason=powerguard: outage {saga_id}")
+        await self._cmd(
+            "scontrol", "update", f"NodeName={self._node(node)}", "State=DRAIN", f"Reason=powerguard: outage {saga_id}"
+        )
         stopped = [await self.stop_job(job, nodes=[node], saga_id=saga_id) for job in jobs]
         return f"drained {self._node(node)}" + (f"; {'; '.join(stopped)}" if stopped else "")
 
@@ -72,7 +73,9 @@ class SlurmScheduler(Scheduler):
             if state in ("idle", "mixed", "allocated", "completing"):
                 return
             await asyncio.sleep(0.5)
-        raise SchedulerError(f"slurm node {name} is {state or 'unknown'} {self.opts.resume_timeout_s:.0f}s after resume")
+        raise SchedulerError(
+            f"slurm node {name} is {state or 'unknown'} {self.opts.resume_timeout_s:.0f}s after resume"
+        )
 
     async def start_job(self, job: str, *, nodes: Sequence[str], saga_id: str) -> str:
         ids = await self.job_ids(job, states="PD")

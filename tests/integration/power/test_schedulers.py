@@ -1,0 +1,194 @@
+"""Scheduler adapters against real peers (Slurm, dockerd, local processes, a user hook),
+each through a full shutdown and restore sequence of power-control on a real nats-server."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import time
+
+import psutil
+import pytest
+
+from powerguard.schemas import JobRestarted, JobRestartRequested, PowerActionDone, PowerActionFailed
+
+from .helpers import Recorder, creds, job_cmd, power_on, service, shutdown, site
+
+pytestmark = pytest.mark.integration
+
+
+def bmc_node(name: str, bmc, cred: dict) -> dict:
+    return {"name": name, "bmc": {"driver": "ipmi", "host": "127.0.0.1", "port": bmc.port, **cred}}
+
+
+async def outage(bus, rec, node: str, job: str) -> None:
+    """shutdown (with the job) -> off -> power on -> ready -> job restart -> restarted."""
+    await bus.publish(shutdown(node, jobs=[job]))
+    await rec.wait(lambda: "off" in rec.states(node), what=f"{node} off")
+
+
+async def restore(bus, rec, node: str, job: str) -> None:
+    await bus.publish(power_on(node))
+    await rec.wait(lambda: "ready" in rec.states(node), timeout=60, what=f"{node} ready")
+    await bus.publish(job_cmd(JobRestartRequested, job, [node]))
+    await rec.wait(
+        lambda: rec.of(JobRestarted, job=job) or rec.of(PowerActionFailed, action="job_start"), what=f"{job} restarted"
+    )
+    assert not rec.of(PowerActionFailed), rec.of(PowerActionFailed)[0].data.error
+
+
+async def until(fn, timeout: float = 30.0):
+    deadline = time.monotonic() + timeout
+    while not (value := fn()) and time.monotonic() < deadline:
+        await asyncio.sleep(0.2)
+    return value
+
+
+async def test_slurm_drains_requeues_resumes_and_releases(make_bus, make_bmc, slurm, tmp_path, monkeypatch):
+    cred = creds(monkeypatch)
+    bmc = make_bmc("n1", soft_off_delay=0.1, boot_delay=0.2)
+    out = tmp_path / "train.out"
+    jid = slurm.cmd(
+        "sbatch",
+        "--parsable",
+        "--requeue",
+        "--open-mode=append",
+        "-J",
+        "train",
+        "-o",
+        str(out),
+        "--wrap",
+        "echo started; sleep 600",
+    ).strip()
+    assert await until(lambda: slurm.cmd("squeue", "-h", "-j", jid, "-o", "%T").strip() == "RUNNING")
+    cfg = site(
+        [bmc_node("n1", bmc, cred)],
+        scheduler={
+            "kind": "slurm",
+            "options": {"slurm_conf": str(slurm.conf), "node_map": {"n1": slurm.node}, "resume_timeout_s": 60},
+        },
+    )
+    bus = await make_bus("power-control")
+    rec = await Recorder().start(bus)
+    pc = await service(bus, cfg)
+    try:
+        await outage(bus, rec, "n1", "train")
+        info = slurm.cmd("scontrol", "show", "node", slurm.node)
+        assert "DRAIN" in info and "powerguard: outage saga-1" in info
+        job = slurm.cmd("scontrol", "show", "job", jid)
+        state = " ".join(w for w in job.split() if w.startswith(("JobState=", "Reason=")))
+        assert "JobState=PENDING" in state and "held" in state.lower(), state  # requeued and held, not lost
+        assert bmc.power == "off"
+        await restore(bus, rec, "n1", "train")
+        assert slurm.node_state() in ("idle", "mixed", "allocated")
+        assert await until(lambda: slurm.cmd("squeue", "-h", "-j", jid, "-o", "%T").strip() == "RUNNING", 60)
+        assert await until(lambda: out.exists() and out.read_text().count("started") == 2)
+    finally:
+        await pc.stop()
+        slurm.cmd("scancel", jid, check=False)
+
+
+async def test_docker_stops_and_starts_the_jobs_containers(make_bus, make_bmc, dockerd, monkeypatch):
+    cred = creds(monkeypatch)
+    bmc = make_bmc("n1", soft_off_delay=0.1, boot_delay=0.2)
+    client = dockerd.client()
+    labels = {"powerguard.job": "train", "powerguard.node": "n1", "powerguard.test": "1"}
+    ct = client.containers.run(dockerd.IMAGE, ["sleep", "600"], detach=True, labels=labels, network_mode="none")
+    other = client.containers.run(
+        dockerd.IMAGE,
+        ["sleep", "600"],
+        detach=True,
+        network_mode="none",
+        labels={"powerguard.job": "other", "powerguard.test": "1"},
+    )
+    cfg = site(
+        [bmc_node("n1", bmc, cred)],
+        scheduler={"kind": "docker", "options": {"base_url": dockerd.host, "stop_timeout_s": 1}},
+    )
+    bus = await make_bus("power-control")
+    rec = await Recorder().start(bus)
+    pc = await service(bus, cfg)
+    try:
+        await outage(bus, rec, "n1", "train")
+        ct.reload()
+        other.reload()
+        assert ct.status == "exited" and other.status == "running"
+        await restore(bus, rec, "n1", "train")
+        ct.reload()
+        assert ct.status == "running"
+        assert "started container" in rec.of(PowerActionDone, action="job_start")[0].data.detail
+    finally:
+        await pc.stop()
+        for c in (ct, other):
+            c.remove(force=True)
+
+
+async def test_process_launcher_stops_and_restarts_a_job(make_bus, make_bmc, tmp_path, monkeypatch):
+    cred = creds(monkeypatch)
+    bmc = make_bmc("n1", soft_off_delay=0.1, boot_delay=0.2)
+    pids = tmp_path / "pids"
+    script = f"import os, time; open({str(pids)!r}, 'a').write(f'{{os.getpid()}}\\n'); time.sleep(600)"
+    cfg = site(
+        [bmc_node("n1", bmc, cred)],
+        scheduler={
+            "kind": "process",
+            "options": {"stop_timeout_s": 5, "jobs": {"train": {"argv": [sys.executable, "-c", script]}}},
+        },
+    )
+    bus = await make_bus("power-control")
+    rec = await Recorder().start(bus)
+    pc = await service(bus, cfg)
+    try:
+        await pc.scheduler.start_job("train", nodes=["n1"], saga_id="boot")
+        assert await until(lambda: pids.exists() and pids.read_text().strip())
+        first = int(pids.read_text().split()[0])
+        await outage(bus, rec, "n1", "train")
+        assert not psutil.pid_exists(first) or psutil.Process(first).status() == psutil.STATUS_ZOMBIE
+        await restore(bus, rec, "n1", "train")
+        assert await until(lambda: len(pids.read_text().split()) == 2)
+        second = int(pids.read_text().split()[1])
+        assert psutil.pid_exists(second) and second != first
+    finally:
+        await pc.scheduler.stop_job("train", nodes=["n1"], saga_id="end")
+        await pc.stop()
+
+
+async def test_command_hook_gets_saga_job_and_node_in_its_environment(make_bus, tmp_path, monkeypatch):
+    seen = tmp_path / "hook.log"
+    hook = [
+        sys.executable,
+        "-c",
+        f"import os; open({str(seen)!r}, 'a').write(' '.join(os.environ[k] for k in "
+        "('POWERGUARD_ACTION', 'POWERGUARD_SAGA', 'POWERGUARD_JOB', 'POWERGUARD_NODES')) + '\\n')",
+    ]
+    cfg = site([{"name": "n1"}], scheduler={"kind": "command", "options": {"stop": hook, "start": hook, "drain": hook}})
+    bus = await make_bus("power-control")
+    rec = await Recorder().start(bus)
+    pc = await service(bus, cfg)
+    try:
+        await outage(bus, rec, "n1", "train")
+        await restore(bus, rec, "n1", "train")
+        lines = seen.read_text().splitlines()
+        assert lines[0].split() == ["drain", "saga-1", "n1"]  # no job for a drain: the field is empty
+        assert lines[1].split() == ["stop", "saga-1", "train", "n1"]
+        assert lines[2].split() == ["start", "saga-1", "train", "n1"]
+    finally:
+        await pc.stop()
+
+
+async def test_failing_hook_is_reported_and_the_node_still_goes_down(make_bus, make_bmc, monkeypatch):
+    cred = creds(monkeypatch)
+    bmc = make_bmc("n1", soft_off_delay=0.1)
+    cfg = site([bmc_node("n1", bmc, cred)], scheduler={"kind": "command", "options": {"drain": ["false"]}})
+    bus = await make_bus("power-control")
+    rec = await Recorder().start(bus)
+    pc = await service(bus, cfg)
+    try:
+        await outage(bus, rec, "n1", "train")
+        failed = rec.of(PowerActionFailed, action="job_stop")
+        assert failed and "exited 1" in failed[0].data.error
+        assert bmc.power == "off"
+    finally:
+        await pc.stop()
+    assert os.environ.get("POWERGUARD_JOB") is None  # hooks get their env, ours is untouched
