@@ -16,6 +16,8 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
+from opentelemetry import context as otel_context
+
 from powerguard.bus import Bus, BusNames
 from powerguard.bus.agents import announce
 from powerguard.schemas import (
@@ -39,6 +41,7 @@ class Request:
     seq: int
     data: CheckpointRequestData
     received: float
+    traceparent: str | None = None  # the request's trace: the checkpoint span and the acks join it
 
     @property
     def deadline_ts(self) -> float:
@@ -131,7 +134,12 @@ class BusThread:
 
     # ------------------------------------------------------------------ loops
     async def _receive(self, sub) -> None:
-        async for event in sub:
+        while True:
+            try:
+                received = await sub.next_received()
+            except StopAsyncIteration:
+                return
+            event = received.event
             assert isinstance(event, CheckpointRequested)
             with self._lock:
                 if any(r.data.request_id == event.data.request_id for r in self.requests):
@@ -139,7 +147,9 @@ class BusThread:
                 if event.data.request_id in self.acked:
                     continue
                 self.request_seq += 1
-                self.requests.append(Request(self.request_seq, event.data, time.time()))
+                self.requests.append(
+                    Request(self.request_seq, event.data, time.time(), received.headers.get("traceparent"))
+                )
             log.info("checkpoint requested: %s (deadline %s)", event.data.request_id, event.data.deadline)
 
     async def _heartbeat(self) -> None:
@@ -175,11 +185,15 @@ class BusThread:
                         )
                     )
 
-    async def _publish(self, event: Envelope) -> None:
+    async def _publish(self, event: Envelope, ctx: otel_context.Context | None = None) -> None:
+        token = otel_context.attach(ctx) if ctx is not None else None
         try:
             await self.bus.publish(event)
         except Exception as exc:
             log.error("could not publish %s: %s", event.short_type, exc)
+        finally:
+            if token is not None:
+                otel_context.detach(token)
 
     # ------------------------------------------------------------------ training-thread API
     def pending(self) -> Request | None:
@@ -190,22 +204,24 @@ class BusThread:
                     return r
         return None
 
-    def answer(self, requests: list[CheckpointRequestData], event_for: Callable) -> None:
+    def answer(
+        self, requests: list[CheckpointRequestData], event_for: Callable, ctx: otel_context.Context | None = None
+    ) -> None:
         """Publish one ack per request (built by ``event_for(request)``), from any thread. A
         request another rank saw first is answered too, and ignored when it arrives here later."""
         with self._lock:
             todo = [r for r in requests if r.request_id not in self.acked]
             self.acked.update(r.request_id for r in todo)
         for r in todo:
-            asyncio.run_coroutine_threadsafe(self._publish(event_for(r)), self.loop)
+            asyncio.run_coroutine_threadsafe(self._publish(event_for(r), ctx), self.loop)
 
     def publish(self, event: Envelope, timeout: float = 10.0) -> None:
         """Publish from the training thread and wait until it is stored."""
         asyncio.run_coroutine_threadsafe(self.bus.publish(event), self.loop).result(timeout)
 
-    def publish_nowait(self, event: Envelope) -> None:
+    def publish_nowait(self, event: Envelope, ctx: otel_context.Context | None = None) -> None:
         """Publish from the training thread without waiting (errors are logged)."""
-        asyncio.run_coroutine_threadsafe(self._publish(event), self.loop)
+        asyncio.run_coroutine_threadsafe(self._publish(event, ctx), self.loop)
 
     def run(self, coro, timeout: float = 10.0):
         """Run a coroutine on the bus loop and wait for its result."""

@@ -45,6 +45,7 @@ from powerguard.schemas import (
 )
 
 from . import _layout as L
+from . import _spans
 from ._bus import BusThread, Request
 from ._hashing import HashingWriter
 from ._remote import RemoteCopier
@@ -131,6 +132,9 @@ class CheckpointAgent:
         self.stats: dict[str, float] = {}
         self._bus: BusThread | None = None
         if nats_url:
+            from powerguard.bus.tracing import configure_tracing
+
+            configure_tracing("powerguard-ckpt-agent")  # exports only when OTEL_* env asks for it
             agent = AgentData(
                 job=job,
                 rank=self.rank,
@@ -263,18 +267,36 @@ class CheckpointAgent:
 
     def _checkpoint_for_requests(self, step: int, pending: Request | None) -> None:
         t_agree = time.time()
-        requests = {r.request_id: r for rs in self._gather([pending.data] if pending else []) for r in rs}
+        gathered = self._gather([(pending.data, pending.traceparent)] if pending else [])
+        requests = {data.request_id: data for rs in gathered for data, _ in rs}
         first_seen = pending.received if pending else t_agree
-        if self._async is not None:  # finish the periodic save first: one save at a time on the group
-            self._async[1].result()
-            self._finish_async()
+        span = _spans.start(
+            f"checkpoint {self.job}",
+            _spans.parent(tp for rs in gathered for _, tp in rs),
+            first_seen,
+            **{
+                "powerguard.job": self.job,
+                "powerguard.rank": self.rank,
+                "powerguard.world_size": self.world_size,
+                "powerguard.step": step,
+                "powerguard.saga_id": next(iter(requests.values())).saga_id if requests else None,
+            },
+        )
         try:
-            info = self.save(step)
-        except CheckpointError as exc:
-            self._answer_failed(list(requests.values()), exc)
-            return
-        info["durations"]["agree_s"] = max(0.0, t_agree - first_seen)
-        self._answer_durable(list(requests.values()), step, info)
+            if self._async is not None:  # finish the periodic save first: one save at a time on the group
+                self._async[1].result()
+                self._finish_async()
+            try:
+                info = self.save(step)
+            except CheckpointError as exc:
+                _spans.failed(span, exc)
+                self._answer_failed(list(requests.values()), exc, ctx=_spans.inside(span))
+                return
+            info["durations"]["agree_s"] = max(0.0, t_agree - first_seen)
+            span.set_attribute("powerguard.bytes", info["bytes"])
+            self._answer_durable(list(requests.values()), step, info, ctx=_spans.inside(span))
+        finally:
+            span.end()
         if self._remote is not None:
             deadlines = [r.deadline.timestamp() for r in requests.values()]
             self._remote.copy_if_time_allows(step, min(deadlines) if deadlines else None)
@@ -436,7 +458,9 @@ class CheckpointAgent:
             "world_size": self.world_size,
         }
 
-    def _answer_durable(self, requests: list[CheckpointRequestData], step: int, info: dict[str, Any]) -> None:
+    def _answer_durable(
+        self, requests: list[CheckpointRequestData], step: int, info: dict[str, Any], ctx: Any = None
+    ) -> None:
         if self._bus is None or not requests:
             return
         self._bus.answer(
@@ -453,9 +477,10 @@ class CheckpointAgent:
                     durations=Durations(**info["durations"]),
                 ),
             ),
+            ctx,
         )
 
-    def _answer_failed(self, requests: list[CheckpointRequestData], exc: BaseException) -> None:
+    def _answer_failed(self, requests: list[CheckpointRequestData], exc: BaseException, ctx: Any = None) -> None:
         log.error("rank %d: checkpoint failed: %s", self.rank, exc)
         if self._bus is None or not requests:
             return
@@ -467,12 +492,28 @@ class CheckpointAgent:
                     **self._ack_fields(r), step=self._step, error=str(exc), error_type=type(exc).__name__
                 ),
             ),
+            ctx,
         )
 
     # ------------------------------------------------------------------ restore
     def restore(self) -> int:
         """Load the newest valid committed checkpoint (local tier, then remote); return the step
         to run next (0 when there is none). Every skipped checkpoint is logged with its reason."""
+        span = _spans.start(
+            f"restore {self.job}", _spans.job_parent(), **{"powerguard.job": self.job, "powerguard.rank": self.rank}
+        )
+        try:
+            step = self._restore()
+            span.set_attribute("powerguard.step", step - 1 if step else -1)
+            return step
+        except BaseException as exc:
+            _spans.failed(span, exc)
+            raise
+        finally:
+            span.end()
+            self._restore_ended = time.time()
+
+    def _restore(self) -> int:
         candidates = self._gather(self._candidates() if self.rank == 0 else None)[0]
         for tier, url, _step in candidates:
             fs, path = L.fs_for(url)
@@ -529,6 +570,17 @@ class CheckpointAgent:
             return
         self._resumed_reported = True
         restored = getattr(self, "_restored", None)
+        span = _spans.start(
+            f"resume {self.job}",
+            _spans.job_parent(),
+            getattr(self, "_restore_ended", None),
+            **{
+                "powerguard.job": self.job,
+                "powerguard.step": self._step,
+                "powerguard.restored_step": restored[0] if restored else None,
+            },
+        )
+        span.end()  # restore finished -> first training step done
         self._bus.publish_nowait(
             JobResumed(
                 source=self._bus._source,
@@ -540,7 +592,8 @@ class CheckpointAgent:
                     if restored
                     else "no checkpoint: started from step 0",
                 ),
-            )
+            ),
+            _spans.inside(span),
         )
 
     # ------------------------------------------------------------------ shutdown

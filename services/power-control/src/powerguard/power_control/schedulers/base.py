@@ -48,6 +48,15 @@ class NoScheduler(Scheduler):
         return "no scheduler configured"
 
 
+def trace_env() -> dict[str, str]:
+    """W3C ``TRACEPARENT`` of the current span, for a child process to join the outage trace."""
+    from opentelemetry.propagate import inject
+
+    carrier: dict[str, str] = {}
+    inject(carrier)
+    return {"TRACEPARENT": carrier["traceparent"]} if "traceparent" in carrier else {}
+
+
 async def run(argv: Sequence[str], *, timeout_s: float, env: Mapping[str, str] | None = None, what: str = "") -> str:
     """Run a command (never through a shell); its stdout, or SchedulerError naming it."""
     label = what or argv[0]

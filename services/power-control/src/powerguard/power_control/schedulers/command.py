@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from .base import Scheduler, run
+from .base import Scheduler, run, trace_env
 
 
 class CommandOptions(BaseModel):
@@ -37,6 +37,7 @@ class CommandScheduler(Scheduler):
             "POWERGUARD_JOB": job,
             "POWERGUARD_NODE": nodes[0] if len(nodes) == 1 else "",
             "POWERGUARD_NODES": ",".join(nodes),
+            **trace_env(),
         }
         out = await run(argv, timeout_s=self.opts.timeout_s, env=env, what=f"{action} hook")
         return out.strip().splitlines()[-1] if out.strip() else f"{action} hook ok"

@@ -6,6 +6,7 @@ by single-host sites without a scheduler."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
@@ -15,7 +16,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..errors import SchedulerError
-from .base import Scheduler
+from .base import Scheduler, trace_env
 
 
 class ProcessJob(BaseModel):
@@ -32,6 +33,9 @@ class ProcessOptions(BaseModel):
 
     jobs: dict[str, ProcessJob] = Field(default_factory=dict)
     stop_timeout_s: float = Field(default=30.0, ge=0)
+    state_dir: str | None = Field(
+        default=None, description="Keep <job>.pid here, so a restarted power-control can still stop the job"
+    )
 
 
 class ProcessScheduler(Scheduler):
@@ -61,12 +65,17 @@ class ProcessScheduler(Scheduler):
             "POWERGUARD_JOB": job,
             "POWERGUARD_SAGA": saga_id,
             "POWERGUARD_NODES": ",".join(nodes),
+            **trace_env(),
         }
         self.procs[job] = _launch(job, spec, env)
+        if self.opts.state_dir:
+            _write_pid(Path(self.opts.state_dir), job, self.procs[job].pid)
         return f"started job {job} (pid {self.procs[job].pid})"
 
     async def stop_job(self, job: str, *, nodes: Sequence[str], saga_id: str) -> str:
         p = self.procs.get(job)
+        if p is None and self.opts.state_dir:
+            return await self._stop_adopted(job)
         if p is None or p.poll() is not None:
             return f"job {job} not running"
         _signal_group(p, signal.SIGTERM)
@@ -78,8 +87,35 @@ class ProcessScheduler(Scheduler):
             await asyncio.to_thread(p.wait)
             return f"killed job {job} after {self.opts.stop_timeout_s:.0f}s"
 
+    async def _stop_adopted(self, job: str) -> str:
+        """Stop a job a previous power-control started (its process group id is in the pid file)."""
+        try:
+            pgid = _read_pid(Path(self.opts.state_dir or "."), job)
+            os.killpg(pgid, signal.SIGTERM)
+        except (OSError, ValueError, IndexError):
+            return f"job {job} not running"
+        deadline = asyncio.get_running_loop().time() + self.opts.stop_timeout_s
+        while asyncio.get_running_loop().time() < deadline:
+            try:
+                os.killpg(pgid, 0)
+            except ProcessLookupError:
+                return f"stopped job {job} (process group {pgid})"
+            await asyncio.sleep(0.1)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, signal.SIGKILL)
+        return f"killed job {job} (process group {pgid}) after {self.opts.stop_timeout_s:.0f}s"
+
     async def close(self) -> None:
         return None  # jobs outlive the service on purpose: a power-control restart must not stop training
+
+
+def _write_pid(state_dir: Path, job: str, pid: int) -> None:
+    state_dir.mkdir(parents=True, exist_ok=True)
+    (state_dir / f"{job}.pid").write_text(f"{pid}\n")
+
+
+def _read_pid(state_dir: Path, job: str) -> int:
+    return int((state_dir / f"{job}.pid").read_text().split()[0])
 
 
 def _launch(job: str, spec: ProcessJob, env: dict[str, str]) -> subprocess.Popen:
