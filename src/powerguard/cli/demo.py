@@ -1,76 +1,160 @@
-"""``powerguard demo``.
+"""``powerguard demo``: a whole outage, end to end, on this machine (pip only).
 
-Until the simulated site and the services land (issues 3-7), the demo runs the event
-contract end to end on an embedded nats-server: a power event is published as ups-monitor
-would, a durable consumer receives it as the coordinator would, and the round trip, the
-deduplication of a second monitor's copy and the shared trace id are reported.
+Starts an embedded nats-server, the simulated site (UPS and PDU as SNMP agents, one IPMI BMC
+per node, a 2-node x 2-rank training job with the ckpt-agent) and the three services as their
+own processes; runs the reference training (same seed, no outage) first; then the scripted
+outage, printing a live timeline; at the end a summary table, a JSON report, the trace as
+OTLP JSON and a Gantt picture of it (PNG and HTML) next to the report.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import shutil
 import tempfile
 import time
+from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
-from powerguard.bus import Bus, BusNames, EmbeddedNats
-from powerguard.bus.tracing import configure_tracing
-from powerguard.schemas import Envelope, OnBattery, PowerData, deterministic_id
+from powerguard.bus import Bus
+
+COLORS = {
+    "setup": "dim",
+    "outage": "bold red",
+    "detect": "magenta",
+    "saga": "cyan",
+    "checkpoint": "yellow",
+    "power": "green",
+    "resume": "bold blue",
+}
 
 
-async def run_demo(console: Console) -> dict:
-    configure_tracing("powerguard-demo")
-    with tempfile.TemporaryDirectory(prefix="pg-demo-") as tmp, EmbeddedNats(store_dir=tmp) as server:
-        console.print(f"[bold]embedded nats-server[/bold] at {server.url}")
-        names = BusNames()
-        monitor_a = await Bus.connect(server.url, service="ups-monitor-a", names=names)
-        monitor_b = await Bus.connect(server.url, service="ups-monitor-b", names=names, setup=False)
-        coordinator = await Bus.connect(server.url, service="coordinator", names=names, setup=False)
-        received: asyncio.Queue[tuple[Envelope, float]] = asyncio.Queue()
+def _bit_exact(final: Path, reference: Path) -> bool:
+    import torch
 
-        async def on_power(event: Envelope) -> None:
-            await received.put((event, time.perf_counter()))
+    a, b = torch.load(final, weights_only=True), torch.load(reference, weights_only=True)
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
-        await coordinator.consume(OnBattery, handler=on_power, durable="coordinator-demo", deliver="new")
-        transition = deterministic_id("demo", "ups1", "on_battery", 1)
-        reading = PowerData(
-            site="demo",
-            ups="ups1",
-            on_battery=True,
-            status=["OB", "DISCHRG"],
-            charge_pct=97.0,
-            runtime_s=540.0,
-            load_pct=50.0,
-            input_v=0.0,
-            via="poll",
-        )
-        t0 = time.perf_counter()
-        ack_a = await monitor_a.publish(OnBattery(id=transition, source="/powerguard/ups-monitor-a", data=reading))
-        ack_b = await monitor_b.publish(OnBattery(id=transition, source="/powerguard/ups-monitor-b", data=reading))
-        event, t1 = await asyncio.wait_for(received.get(), 10)
-        await asyncio.sleep(0.2)
-        extra = received.qsize()
-        for bus in (coordinator, monitor_b, monitor_a):
-            await bus.drain()
 
-    table = Table(title="event contract round trip")
+async def run_demo(
+    console: Console,
+    *,
+    scenario: str = "outage",
+    seed: int = 1234,
+    steps: int = 240,
+    json_out: Path | None = None,
+    workdir: Path | None = None,
+    keep: bool = False,
+) -> dict:
+    from powerguard.bus import BusNames
+    from powerguard.sim.drill import run_drill
+    from powerguard.sim.site import SimSite, SiteOptions
+    from powerguard.sim.timeline import write_html, write_png
+
+    started = time.monotonic()
+    own_dir = workdir is None
+    work = workdir or Path(tempfile.mkdtemp(prefix="pg-demo-"))
+    out_dir = (json_out.parent if json_out else Path.cwd() / "demo-output").resolve()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    site = SimSite(work, SiteOptions(seed=seed, steps=steps))
+    console.print(
+        f"[bold]PowerGuard outage drill[/bold]: scenario [bold]{scenario}[/bold], seed {seed}, work dir {work}"
+    )
+    console.print("[dim]reference run (same seed, no outage) ...[/dim]")
+    t = time.monotonic()
+    reference = await asyncio.to_thread(site.reference_run)
+    console.print(f"[dim]reference run done in {time.monotonic() - t:.1f}s[/dim]")
+    bus: Bus | None = None
+    try:
+        await site.start()
+        assert site.nats is not None
+        console.print(f"[dim]nats {site.nats.url}, site file {site.site_file}, OTLP receiver {site.otlp_url}[/dim]")
+        bus = await Bus.connect(site.nats.url, service="demo", names=BusNames())
+
+        def notify(at: float, phase: str, text: str) -> None:
+            console.print(f"[{COLORS.get(phase, 'white')}]{at:7.2f}s  {phase:<10}  {text}[/]")
+
+        report = await run_drill(site, scenario, notify=notify, bus=bus)
+        report["bit_exact"] = _bit_exact(site.final, reference)
+        report["seed"] = seed
+        await bus.drain()
+        bus = None
+        await site.stop()  # the services flush their spans on the way out
+        await asyncio.sleep(0.5)
+        trace_id, spans = _outage_trace(site, report)
+        report["trace_id"] = trace_id
+        report["span_count"] = len(spans)
+        report["trace_services"] = sorted({s.service for s in spans})
+        report["wall_s"] = round(time.monotonic() - started, 1)
+        stem = json_out.stem if json_out else f"demo-{scenario}"
+        files = {
+            "trace": out_dir / f"{stem}.trace.json",
+            "png": out_dir / f"{stem}.timeline.png",
+            "html": out_dir / f"{stem}.timeline.html",
+        }
+        site.receiver.write_otlp_json(files["trace"], trace_id)
+        if spans:
+            title = f"PowerGuard {scenario} drill - trace {trace_id} - {len(spans)} spans"
+            write_png(spans, files["png"], title)
+            write_html(spans, files["html"], title)
+        report["files"] = {k: str(v) for k, v in files.items()}
+        if os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
+            sent = await site.receiver.forward(os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"])
+            console.print(f"[dim]forwarded {sent} OTLP request(s) to {os.environ['OTEL_EXPORTER_OTLP_ENDPOINT']}[/dim]")
+        if json_out:
+            await asyncio.to_thread(json_out.write_text, json.dumps(report, indent=2) + "\n")
+        _summary(console, report)
+        return report
+    finally:
+        if bus is not None:
+            await bus.close()
+        await site.stop()
+        if own_dir and not keep:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def _outage_trace(site, report: dict) -> tuple[str | None, list]:
+    """The outage's trace: the one the saga's spans live in (the on_battery event's trace)."""
+    spans = site.receiver.spans
+    saga = report.get("saga_id")
+    ids = [s.trace_id for s in spans if saga and s.attributes.get("powerguard.saga_id") == saga]
+    if not ids:
+        return None, []
+    trace_id = max(set(ids), key=ids.count)
+    return trace_id, site.receiver.trace(trace_id)
+
+
+def _summary(console: Console, r: dict) -> None:
+    def s(v: float | None) -> str:
+        return "-" if v is None else f"{v:.2f} s"
+
+    table = Table(title=f"outage drill: {r['scenario']}")
     table.add_column("figure")
     table.add_column("value", justify="right")
-    table.add_row("on_battery published -> consumed", f"{(t1 - t0) * 1000:.1f} ms")
-    table.add_row("copies stored (2 monitors, 1 transition)", str(1 + (0 if ack_b.duplicate else 1)))
-    table.add_row("copies delivered", str(1 + extra))
-    table.add_row("runtime remaining", f"{event.data.runtime_s:.0f} s")
+    rows = [
+        ("utility failure -> detected (on_battery on the bus)", s(r["detected_s"])),
+        ("utility failure -> every rank's checkpoint durable", s(r["all_acked_s"])),
+        ("utility failure -> every node off", s(r["nodes_off_s"])),
+        ("utility return -> every node powered on and ready", s(r["power_restored_s"])),
+        ("utility return -> training resumed", s(r["training_resumed_s"])),
+        ("saga", " -> ".join(r["saga_states"])),
+        ("nodes powered off", str(r["nodes_powered_off"])),
+        (
+            "step at detection / checkpoint / restored",
+            f"{r['step_at_detection']} / {r['checkpoint_step']} / "
+            f"{r['restored_step'] if r['restored_step'] is not None else '-'}",
+        ),
+        ("steps lost (RPO)", str(r["rpo_steps"])),
+        ("final parameters bit-exact vs. reference run", "[green]yes[/green]" if r["bit_exact"] else "[red]NO[/red]"),
+        ("trace", f"{r['trace_id']} ({r['span_count']} spans from {len(r['trace_services'])} services)"),
+        ("wall time", f"{r['wall_s']:.0f} s"),
+    ]
+    for k, v in rows:
+        table.add_row(k, v)
     console.print(table)
-    console.print(
-        "[dim]The full outage drill (simulated UPS, BMCs, training ranks) arrives with the "
-        "services; see the README.[/dim]"
-    )
-    return {
-        "scenario": "contract",
-        "latency_ms": round((t1 - t0) * 1000, 2),
-        "duplicate_dropped": bool(ack_b.duplicate),
-        "delivered": 1 + extra,
-        "stream_seq": ack_a.seq,
-    }
+    for k, v in r.get("files", {}).items():
+        console.print(f"[dim]{k}: {v}[/dim]")

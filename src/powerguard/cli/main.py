@@ -195,16 +195,44 @@ def schemas_export(directory: Path = typer.Argument(..., help="Output directory"
 
 @app.command()
 def demo(
-    json_out: Path = typer.Option(None, "--json", help="Write the report as JSON to this file"),
+    flap: bool = typer.Option(False, "--flap", help="Power returns before any shutdown: the saga is cancelled"),
+    race: bool = typer.Option(False, "--race", help="Power returns while the nodes shut down: shutdown, then restore"),
+    seed: int = typer.Option(1234, "--seed", help="Training seed (the reference run uses the same)"),
+    steps: int = typer.Option(240, "--steps", min=60, help="Training steps of the job"),
+    json_out: Path = typer.Option(None, "--json", help="Write the report here; trace and timeline go next to it"),
+    workdir: Path = typer.Option(None, "--workdir", help="Keep the site's files (logs, checkpoints) here"),
 ) -> None:
-    """Run the outage drill on this machine with an embedded NATS and a simulated site."""
+    """Run a whole outage drill on this machine: embedded NATS, simulated UPS/PDU/BMCs, real services,
+    a 2-node x 2-rank training job; checks bit-exact resume against a reference run."""
+    if flap and race:
+        err.print("[red]error:[/red] --flap and --race are different scenarios; pick one")
+        raise typer.Exit(2)
+    scenario = "flap" if flap else "race" if race else "outage"
+    from powerguard.sim.drill import DrillError
+
     try:
-        report = asyncio.run(run_demo(Console()))
-    except (BusError, PowerGuardError) as exc:
+        report = asyncio.run(
+            run_demo(
+                Console(),
+                scenario=scenario,
+                seed=seed,
+                steps=steps,
+                json_out=json_out,
+                workdir=workdir,
+                keep=workdir is not None,
+            )
+        )
+    except (BusError, PowerGuardError, DrillError) as exc:
         err.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(1) from None
-    if json_out:
-        json_out.write_text(json.dumps(report, indent=2) + "\n")
+    ok = report["bit_exact"] and report["rpo_steps"] == 0
+    if scenario == "flap":
+        ok = ok and report["nodes_powered_off"] == 0 and "cancelled" in report["saga_states"]
+    else:
+        ok = ok and report["training_resumed_s"] is not None
+    if not ok:
+        err.print("[red]the drill did not meet its checks[/red] (see the table above)")
+        raise typer.Exit(1)
 
 
 def main() -> None:  # pragma: no cover

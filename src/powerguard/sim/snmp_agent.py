@@ -40,7 +40,7 @@ class SnmpAgent:
         self._transport: Any = None
         self.port: int | None = None
 
-    def scalar(self, oid: str, syntax: type, get: Getter, *, set: Setter | None = None) -> None:  # noqa: A002
+    def scalar(self, oid: str, syntax: type, get: Getter, *, set: Setter | None = None) -> None:
         self._objects.append((_oid(oid), syntax, get, set))
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> int:
@@ -87,10 +87,10 @@ def _initial(syntax: type) -> Any:
 
 def _instance_class(base: type, get: Getter, setter: Setter | None) -> type:
     class Instance(base):  # pysnmp 7.1 instance hooks are still camelCase and synchronous
-        def getValue(self, name, **ctx):  # noqa: N802
+        def getValue(self, name, **ctx):
             return self.getSyntax().clone(get())
 
-        def writeTest(self, varBind, **ctx):  # noqa: N802, N803
+        def writeTest(self, varBind, **ctx):
             name, value = varBind
             if setter is None:
                 raise smi_error.NotWritableError(name=name, idx=ctx.get("idx"))
@@ -100,7 +100,7 @@ def _instance_class(base: type, get: Getter, setter: Setter | None) -> type:
                 raise smi_error.WrongValueError(name=name, idx=ctx.get("idx"))
             super().writeTest(varBind, **ctx)
 
-        def writeCommit(self, varBind, **ctx):  # noqa: N802, N803
+        def writeCommit(self, varBind, **ctx):
             super().writeCommit(varBind, **ctx)
             assert setter is not None
             setter(int(varBind[1]), False)
@@ -112,8 +112,12 @@ async def _selftest() -> None:  # pragma: no cover - manual check
     state = {"x": 1}
     agent = SnmpAgent(write_community="private")
     agent.scalar("1.3.6.1.2.1.33.1.4.1.0", rfc1902.Integer32, lambda: 3)
-    agent.scalar("1.3.6.1.4.1.318.1.1.12.3.3.1.1.4.1", rfc1902.Integer32, lambda: state["x"],
-                 set=lambda v, dry: v in (1, 2, 3) and (dry or not state.update(x=v)))
+    agent.scalar(
+        "1.3.6.1.4.1.318.1.1.12.3.3.1.1.4.1",
+        rfc1902.Integer32,
+        lambda: state["x"],
+        set=lambda v, dry: v in (1, 2, 3) and (dry or not state.update(x=v)),
+    )
     port = await agent.start()
     print("port", port, flush=True)
     await asyncio.sleep(30)

@@ -45,6 +45,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--stream", default="PG_EVENTS")
     p.add_argument("--agents-bucket", default="pg_agents")
     p.add_argument("--node", default=os.environ.get("POWERGUARD_NODE"))
+    p.add_argument("--nodes", help="n1,n2: ranks are spread over these nodes in order (simulated multi-node)")
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--width", type=int, default=64)
     p.add_argument("--samples", type=int, default=512)
@@ -61,6 +62,21 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def ordered_allreduce(_state, bucket):
+    """DDP comm hook: gather every rank's gradients and add them in rank order (bit-reproducible)."""
+    grad = bucket.buffer()
+    parts = [torch.empty_like(grad) for _ in range(dist.get_world_size())]
+    fut = dist.all_gather(parts, grad, async_op=True).get_future()
+
+    def total(_fut):
+        out = parts[0].clone()
+        for part in parts[1:]:
+            out += part
+        return out.div_(len(parts))
+
+    return fut.then(total)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s rank{os.environ.get('RANK', 0)} %(message)s")
@@ -68,6 +84,10 @@ def main(argv: list[str] | None = None) -> int:
     rank = dist.get_rank()
     data, model = build(args.seed, args.width, args.samples)
     ddp = DDP(model)
+    # sum gradients in rank order: the result then does not depend on DDP's bucket layout, which it
+    # rebuilds after its first iteration - a restarted run does that at another step, and with more
+    # than two ranks a ring all-reduce adds in a layout-dependent order (resume would be off by 1e-8)
+    ddp.register_comm_hook(None, ordered_allreduce)
     opt = torch.optim.AdamW(ddp.parameters(), lr=1e-2)
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=25, gamma=0.5)
     sampler = DistributedSampler(data, shuffle=True, seed=args.seed)
@@ -85,7 +105,9 @@ def main(argv: list[str] | None = None) -> int:
         remote_url=args.remote_url,
         nats_url=args.nats_url,
         names=names,
-        node=args.node,
+        node=args.nodes.split(",")[rank * len(args.nodes.split(",")) // dist.get_world_size()]
+        if args.nodes
+        else args.node,
         local_every_s=args.local_every_s,
         remote_every_s=args.remote_every_s,
         http_port=args.http_port,

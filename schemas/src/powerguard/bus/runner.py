@@ -162,7 +162,14 @@ def service_main(
         extend(parser)
     args = parser.parse_args(argv)
     configure_logging(name, args.log_level)
-    configure_tracing(f"powerguard-{name}")
+    provider = configure_tracing(f"powerguard-{name}")
+    try:
+        return _run(name, main, parser, args)
+    finally:
+        provider.shutdown()  # exports the spans still queued: the outage trace must be complete
+
+
+def _run(name: str, main, parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     try:
         site = load_site(args.config) if args.config else None
     except ConfigError as exc:

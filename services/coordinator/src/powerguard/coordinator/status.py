@@ -6,7 +6,7 @@ import time
 
 from powerguard.bus import Bus
 
-from .saga import SagaRecord
+from .saga import SagaRecord, rpo_steps, rto_s
 from .store import SagaStore
 
 
@@ -29,6 +29,8 @@ def summarize(rec: SagaRecord, now: float | None = None) -> dict:
         "started": rec.created_at,
         "age_s": round(now - rec.created_at, 1),
         "trace_id": rec.trace_id,
+        "rpo_steps": rpo_steps(rec),
+        "rto_s": None if (rto := rto_s(rec)) is None else round(rto, 2),
     }
 
 

@@ -6,6 +6,7 @@ monitors watching one UPS put one event per transition on the stream."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import socket
 import time
@@ -267,11 +268,28 @@ class Monitor:
             observed_at=datetime.fromtimestamp(now, UTC),
         )
         event = EVENTS[tr.kind](id=eid, source=f"/powerguard/ups-monitor/{self.instance}", subject=ups, data=data)
-        try:
-            await self.bus.publish(event)
-        except Exception as exc:
-            log.error("ups %s: %s not published: %s", ups, tr.kind, exc)
-            return
+        # a state change starts the outage trace: from the moment it was seen to the event stored
+        detect = (
+            self.bus.tracer.start_as_current_span(
+                f"detect {ups}",
+                start_time=int(now * 1e9),
+                attributes={
+                    "powerguard.site": site,
+                    "powerguard.ups": ups,
+                    "powerguard.transition": tr.kind,
+                    "powerguard.via": via,
+                    "powerguard.driver": t.cfg.driver,
+                },
+            )
+            if tr.kind != "status"
+            else contextlib.nullcontext()
+        )
+        with detect:
+            try:
+                await self.bus.publish(event)
+            except Exception as exc:
+                log.error("ups %s: %s not published: %s", ups, tr.kind, exc)
+                return
         if tr.kind != "status":
             log.info("ups %s: %s", ups, tr.kind)
 

@@ -1,0 +1,255 @@
+"""The scripted outage on the simulated site, observed from the bus like an operator would:
+
+utility fails → on battery → checkpoint on every rank → hold → shutdown as the runtime runs low
+→ utility returns → stable → staggered power-on → the job restarts from its checkpoint →
+training resumes and finishes → final parameters compared with the reference run.
+
+Scenarios: ``outage`` (the above), ``flap`` (power returns once every rank has acked, before
+any shutdown: the saga is cancelled and no node goes down), ``race`` (power returns while the
+nodes are shutting down: the shutdown finishes, then the restore runs).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from powerguard.bus import Bus
+from powerguard.schemas import (
+    AgentRegistered,
+    CheckpointDurable,
+    CheckpointFailed,
+    Envelope,
+    JobResumed,
+    NodeState,
+    OnBattery,
+    OnLine,
+    PowerActionDone,
+    PowerActionFailed,
+    SagaStateChanged,
+)
+
+from .site import SimSite
+
+SCENARIOS = ("outage", "flap", "race")
+Notify = Callable[[float, str, str], None]  # (seconds since start, phase, text)
+
+
+class DrillError(Exception):
+    """The drill could not finish: names the step that did not happen in time."""
+
+
+@dataclass
+class Observed:
+    t0: float
+    events: list[tuple[float, Envelope]] = field(default_factory=list)
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def add(self, event: Envelope) -> None:
+        self.events.append((time.time(), event))
+        self.changed.set()
+
+    def of(self, kind: type[Envelope], pred: Callable[[Envelope], bool] = lambda e: True) -> list[tuple[float, Any]]:
+        return [(t, e) for t, e in self.events if isinstance(e, kind) and pred(e)]
+
+    def first(self, kind: type[Envelope], pred: Callable[[Envelope], bool] = lambda e: True) -> float | None:
+        hits = self.of(kind, pred)
+        return hits[0][0] if hits else None
+
+
+def _describe(e: Envelope) -> tuple[str, str] | None:
+    d = e.data
+    if isinstance(e, OnBattery):
+        return "detect", f"ups-monitor: {d.ups} on battery (runtime {d.runtime_s or 0:.0f}s, via {d.via})"
+    if isinstance(e, OnLine):
+        return "detect", f"ups-monitor: {d.ups} back on line"
+    if isinstance(e, SagaStateChanged):
+        return "saga", f"coordinator: saga {d.state.value}" + (f" ({d.reason})" if d.reason else "")
+    if isinstance(e, CheckpointDurable):
+        return "checkpoint", f"rank {d.rank}: checkpoint step {d.step} durable ({d.bytes / 1e6:.1f} MB)"
+    if isinstance(e, CheckpointFailed):
+        return "checkpoint", f"rank {d.rank}: checkpoint FAILED: {d.error}"
+    if isinstance(e, NodeState):
+        return "power", f"{d.node}: {d.state}"
+    if isinstance(e, PowerActionDone) and d.action in ("outlet_on", "outlet_off", "on", "off", "soft_off"):
+        return "power", f"{d.node}: {d.action} on {d.device} ({d.detail or 'ok'})"
+    if isinstance(e, PowerActionFailed):
+        return "power", f"{d.node}: {d.action} FAILED: {d.error}"
+    if isinstance(e, JobResumed) and d.step is not None:
+        return "resume", f"job {d.job}: training resumed from step {d.step}"
+    return None
+
+
+async def _until(obs: Observed, pred: Callable[[], Any], timeout_s: float, what: str, site: SimSite) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while not (value := pred()):
+        dead = [n for n in site.alive() if not n.startswith("bmc")]
+        if dead:
+            raise DrillError(f"{', '.join(dead)} exited while waiting for {what}; see {site.workdir}/<name>.log")
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise DrillError(f"timed out after {timeout_s:.0f}s waiting for {what}")
+        obs.changed.clear()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(obs.changed.wait(), min(left, 0.25))
+    return value
+
+
+def _progress(site: SimSite) -> dict[int, int]:
+    """Last completed step per rank."""
+    last: dict[int, int] = {}
+    try:
+        for line in site.progress.read_text().splitlines():
+            rank, step = line.split()
+            last[int(rank)] = int(step)
+    except (OSError, ValueError):
+        pass
+    return last
+
+
+async def run_drill(site: SimSite, scenario: str, *, notify: Notify, bus: Bus, warmup_steps: int = 30) -> dict:
+    """Run one scenario on a started site; return the report (without the bit-exact check)."""
+    if scenario not in SCENARIOS:
+        raise ValueError(f"scenario must be one of {', '.join(SCENARIOS)}")
+    obs = Observed(t0=time.time())
+    world = site.opts.nodes * site.opts.ranks_per_node
+    job = site.opts.job
+
+    def say(phase: str, text: str, at: float | None = None) -> None:
+        notify((at or time.time()) - obs.t0, phase, text)
+
+    async def watch() -> None:
+        async for event in bus.subscribe(subject=bus.subjects.all, deliver="new"):
+            obs.add(event)
+            line = _describe(event)
+            if line:
+                say(*line)
+
+    watcher = asyncio.create_task(watch())
+    try:
+        await asyncio.sleep(0.3)  # the subscription is bound
+        # the job starts through power-control's process adapter, as it restarts it later
+        from powerguard.schemas import JobData, JobRestartRequested
+
+        await bus.publish(
+            JobRestartRequested(
+                data=JobData(
+                    job=job, saga_id="demo-start", nodes=site.node_names, idempotency_key=f"demo-start/{job}/restart"
+                )
+            )
+        )
+        say("setup", f"job {job}: {world} ranks on {', '.join(site.node_names)} launched by power-control")
+        await _until(
+            obs,
+            lambda: len({e.data.rank for _, e in obs.of(AgentRegistered, lambda e: e.data.job == job)}) >= world,
+            120,
+            f"{world} ranks to register",
+            site,
+        )
+        await _until(
+            obs,
+            lambda: min(_progress(site).values() or [0]) >= warmup_steps and len(_progress(site)) == world,
+            120,
+            f"training to reach step {warmup_steps}",
+            site,
+        )
+        t_fail = time.time()
+        site.utility(on=False)
+        say("outage", "utility power FAILS: the UPS is on battery", t_fail)
+        t_det = await _until(obs, lambda: obs.first(OnBattery), 30, "on_battery", site)
+        step_at_detection = max(_progress(site).values())
+        acked = lambda: len({e.data.rank for _, e in obs.of(CheckpointDurable, lambda e: e.data.job == job)}) >= world  # noqa: E731
+        await _until(obs, acked, 90, "every rank's checkpoint ack", site)
+        t_acked = max(t for t, _ in obs.of(CheckpointDurable, lambda e: e.data.job == job))
+        saga_state = lambda *states: obs.first(SagaStateChanged, lambda e: e.data.state.value in states)  # noqa: E731
+        t_ret: float
+        if scenario == "flap":
+            await _until(obs, lambda: saga_state("holding", "checkpointed"), 30, "the saga to hold", site)
+            t_ret = time.time()
+            site.utility(on=True)
+            say("outage", "utility power RETURNS before any shutdown (a flap)", t_ret)
+            await _until(obs, lambda: saga_state("cancelled", "done", "failed"), 60, "the saga to end", site)
+        else:
+            if scenario == "race":
+                await _until(
+                    obs,
+                    lambda: obs.first(NodeState, lambda e: e.data.state == "shutting_down"),
+                    60,
+                    "the shutdown to start",
+                    site,
+                )
+                t_ret = time.time()
+                site.utility(on=True)
+                say("outage", "utility power RETURNS while the nodes are shutting down (a race)", t_ret)
+
+            def off() -> bool:
+                nodes = {e.data.node for _, e in obs.of(NodeState, lambda e: e.data.state == "off")}
+                return len(nodes) >= len(site.node_names)
+
+            await _until(obs, off, 90, "every node off", site)
+            if scenario == "outage":
+                await asyncio.sleep(1.0)
+                t_ret = time.time()
+                site.utility(on=True)
+                say("outage", "utility power RETURNS", t_ret)
+            await _until(obs, lambda: saga_state("done", "failed"), 180, "the restore to finish", site)
+        await _until(obs, lambda: site.final.exists(), 240, "training to finish", site)
+        await asyncio.sleep(0.5)
+        return _report(
+            scenario,
+            obs,
+            site,
+            t_fail=t_fail,
+            t_det=t_det,
+            t_acked=t_acked,
+            t_ret=t_ret,
+            step_at_detection=step_at_detection,
+        )
+    finally:
+        watcher.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watcher
+
+
+def _report(
+    scenario: str,
+    obs: Observed,
+    site: SimSite,
+    *,
+    t_fail: float,
+    t_det: float,
+    t_acked: float,
+    t_ret: float,
+    step_at_detection: int,
+) -> dict:
+    job = site.opts.job
+    off = [t for t, e in obs.of(NodeState, lambda e: e.data.state == "off")]
+    ready = [t for t, e in obs.of(NodeState, lambda e: e.data.state == "ready" and e.data.saga_id != "demo-start")]
+    resumed = obs.of(JobResumed, lambda e: e.data.job == job and e.data.step is not None)
+    saga = obs.of(SagaStateChanged)
+    restored_step = resumed[-1][1].data.step if resumed else None
+    acked_steps = {e.data.step for _, e in obs.of(CheckpointDurable, lambda e: e.data.job == job)}
+    if restored_step is not None:
+        rpo = max(0, step_at_detection - restored_step)
+    else:  # no restart (flap): nothing was lost; the checkpoint taken is a bonus
+        rpo = 0 if acked_steps and min(acked_steps) >= step_at_detection else None
+    return {
+        "scenario": scenario,
+        "saga_id": saga[0][1].data.saga_id if saga else None,
+        "saga_states": [e.data.state.value for _, e in saga],
+        "detected_s": round(t_det - t_fail, 3),
+        "all_acked_s": round(t_acked - t_fail, 3),
+        "nodes_off_s": round(max(off) - t_fail, 3) if off else None,
+        "nodes_powered_off": len({e.data.node for _, e in obs.of(NodeState, lambda e: e.data.state == "off")}),
+        "power_restored_s": round(max(ready) - t_ret, 3) if ready and off else None,
+        "training_resumed_s": round(resumed[-1][0] - t_ret, 3) if resumed and off else None,
+        "step_at_detection": step_at_detection,
+        "checkpoint_step": min(acked_steps) if acked_steps else None,
+        "restored_step": restored_step,
+        "rpo_steps": rpo,
+        "events": len(obs.events),
+    }

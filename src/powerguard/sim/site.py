@@ -1,0 +1,311 @@
+"""The simulated site of the demo, all on loopback and pip-only: an embedded nats-server, a
+UPS and a switched PDU as SNMP agents (pysnmp), one IPMI BMC per node (pyghmi, own process),
+an OTLP receiver for every process's spans, the site YAML, and the three services
+(ups-monitor, coordinator, power-control) as their own processes. The training job (ckpt-agent
+in every rank) is launched by power-control's ``process`` scheduler adapter."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from powerguard.bus import EmbeddedNats
+
+from .otlp import OtlpReceiver
+from .pdu import SimPdu
+from .ups import Battery, ups_agent
+
+SERVICES = ("ups-monitor", "coordinator", "power-control")
+SECRETS = {
+    "PG_DEMO_SNMP_COMMUNITY": "public",
+    "PG_DEMO_PDU_COMMUNITY": "private",
+    "PG_DEMO_BMC_USER": "admin",
+    "PG_DEMO_BMC_PASSWORD": "demo-bmc-pw",
+}
+
+
+def _free_udp_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class SiteOptions:
+    nodes: int = 2
+    ranks_per_node: int = 2
+    steps: int = 240
+    seed: int = 1234
+    step_sleep_s: float = 0.04
+    speed: float = 8.0  # UPS seconds per real second on battery
+    load_per_node_pct: float = 30.0
+    shutdown_reserve_s: float = 400.0
+    job: str = "demo-train"
+
+
+@dataclass
+class SimSite:
+    workdir: Path
+    opts: SiteOptions = field(default_factory=SiteOptions)
+
+    def __post_init__(self) -> None:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.node_names = [f"node{i + 1}" for i in range(self.opts.nodes)]
+        self.bmc_state = {n: self.workdir / f"bmc-{n}.json" for n in self.node_names}
+        self.battery = Battery(load=self._load, speed=self.opts.speed)
+        self.pdu = SimPdu(self.opts.nodes)
+        self.receiver = OtlpReceiver()
+        self.nats: EmbeddedNats | None = None
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.agents: list = []
+        self.progress = self.workdir / "progress.txt"
+        self.final = self.workdir / "final.pt"
+        self.site_file = self.workdir / "site.yaml"
+        self.otlp_url = ""
+
+    # ------------------------------------------------------------ the physical site
+    def node_on(self, node: str) -> bool:
+        try:
+            return json.loads(self.bmc_state[node].read_text()).get("power") == "on"
+        except (OSError, ValueError):
+            return False
+
+    def _load(self) -> float:
+        return self.opts.load_per_node_pct * sum(self.node_on(n) for n in self.node_names)
+
+    def utility(self, on: bool) -> None:
+        """Mains power fails (False) or returns (True)."""
+        self.battery.set_on_battery(not on)
+
+    # ------------------------------------------------------------ lifecycle
+    async def start(self) -> None:
+        self.nats = EmbeddedNats(store_dir=self.workdir / "nats")
+        self.nats.start()
+        self.otlp_url = await self.receiver.start()
+        ups = ups_agent(self.battery)
+        ups_port = await ups.start()
+        pdu = self.pdu.agent()
+        pdu_port = await pdu.start()
+        self.agents = [ups, pdu]
+        bmc_ports = {}
+        pw = self.workdir / "bmc.pw"
+        pw.write_text(SECRETS["PG_DEMO_BMC_PASSWORD"])
+        for n in self.node_names:
+            bmc_ports[n] = _free_udp_port()
+            self.bmc_state[n].write_text(json.dumps({"power": "on", "policy": 2, "changes": 0}))
+            self._spawn(
+                f"bmc-{n}",
+                [
+                    sys.executable,
+                    "-m",
+                    "powerguard.sim.bmc",
+                    "--port",
+                    str(bmc_ports[n]),
+                    "--user",
+                    SECRETS["PG_DEMO_BMC_USER"],
+                    "--password-file",
+                    str(pw),
+                    "--state",
+                    str(self.bmc_state[n]),
+                    "--boot-delay",
+                    "1.0",
+                    "--soft-off-delay",
+                    "0.5",
+                ],
+            )
+        self.site_file.write_text(yaml.safe_dump(self._site(ups_port, pdu_port, bmc_ports), sort_keys=False))
+        for svc in SERVICES:
+            self._spawn(
+                svc,
+                [
+                    sys.executable,
+                    "-m",
+                    f"powerguard.{svc.replace('-', '_')}",
+                    "--config",
+                    str(self.site_file),
+                    "--nats-url",
+                    self.nats.url,
+                    "--http-port",
+                    "0",
+                ],
+            )
+
+    def _env(self, service: str) -> dict[str, str]:
+        return {
+            **os.environ,
+            **SECRETS,
+            "OTEL_EXPORTER_OTLP_ENDPOINT": self.otlp_url,
+            "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+            "OTEL_BSP_SCHEDULE_DELAY": "200",
+            "OTEL_SERVICE_NAME": f"powerguard-{service}",
+            "PYTHONUNBUFFERED": "1",
+        }
+
+    def _spawn(self, name: str, argv: list[str]) -> None:
+        log = open(self.workdir / f"{name}.log", "ab")
+        self.procs[name] = subprocess.Popen(
+            argv, stdout=log, stderr=subprocess.STDOUT, env=self._env(name), start_new_session=True
+        )
+        log.close()
+
+    def alive(self) -> list[str]:
+        """Processes of the site that died (a service crash shows up here)."""
+        return [n for n, p in self.procs.items() if p.poll() is not None]
+
+    def _train_argv(self, *, out: Path, local_dir: Path, nats: bool) -> list[str]:
+        o = self.opts
+        argv = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            str(o.nodes * o.ranks_per_node),
+            "-m",
+            "powerguard.sim.train",
+            "--job",
+            o.job,
+            "--steps",
+            str(o.steps),
+            "--seed",
+            str(o.seed),
+            "--local-dir",
+            str(local_dir),
+            "--out",
+            str(out),
+            "--step-sleep",
+            str(o.step_sleep_s),
+        ]
+        if nats:
+            assert self.nats is not None
+            argv += [
+                "--nats-url",
+                self.nats.url,
+                "--nodes",
+                ",".join(self.node_names),
+                "--progress",
+                str(self.progress),
+            ]
+        return argv
+
+    def reference_run(self, timeout_s: float = 300.0) -> Path:
+        """The same job with the same seed, uninterrupted and without the bus: the bit-exact reference."""
+        out = self.workdir / "reference.pt"
+        argv = self._train_argv(out=out, local_dir=self.workdir / "ckpt-reference", nats=False)
+        argv[argv.index("--step-sleep") + 1] = "0"
+        with open(self.workdir / "reference.log", "ab") as log:
+            subprocess.run(
+                argv,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                timeout=timeout_s,
+                check=True,
+            )
+        return out
+
+    def _site(self, ups_port: int, pdu_port: int, bmc_ports: dict[str, int]) -> dict:
+        o = self.opts
+        launch = [sys.executable, "-m", "powerguard.sim.launch"]
+        for n in self.node_names:
+            launch += ["--node-state", str(self.bmc_state[n])]
+        job_argv = [*launch, "--", *self._train_argv(out=self.final, local_dir=self.workdir / "ckpt", nats=True)]
+        cred = {"username": {"env": "PG_DEMO_BMC_USER"}, "password": {"env": "PG_DEMO_BMC_PASSWORD"}}
+        return {
+            "site": "demo",
+            "ups": [
+                {
+                    "name": "ups-a",
+                    "driver": "snmp",
+                    "host": "127.0.0.1",
+                    "port": ups_port,
+                    "options": {"community": {"env": "PG_DEMO_SNMP_COMMUNITY"}, "profile": "apc"},
+                }
+            ],
+            "pdus": [
+                {
+                    "name": "pdu-a",
+                    "host": "127.0.0.1",
+                    "port": pdu_port,
+                    "options": {"community": {"env": "PG_DEMO_PDU_COMMUNITY"}},
+                }
+            ],
+            "nodes": [
+                {
+                    "name": n,
+                    "feeds": ["ups-a"],
+                    "outlets": [{"pdu": "pdu-a", "outlet": i + 1}],
+                    "bmc": {"driver": "ipmi", "host": "127.0.0.1", "port": bmc_ports[n], **cred},
+                }
+                for i, n in enumerate(self.node_names)
+            ],
+            "ups_monitor": {"poll_interval_s": 0.25, "status_every_s": 0.5, "timeout_s": 1.0, "comm_timeout_s": 5.0},
+            "coordinator": {
+                "ckpt_timeout_s": 60,
+                "shutdown_reserve_s": o.shutdown_reserve_s,
+                "margin_s": 5,
+                "restore_stable_s": 2,
+                "min_restart_charge_pct": 20,
+                "tick_s": 0.1,
+                "shutdown_timeout_s": 60,
+                "restore_timeout_s": 150,
+                "max_on_battery_s": 600,
+            },
+            "power_control": {
+                "soft_off_timeout_s": 5,
+                "boot_timeout_s": 40,
+                "outlet_stagger_s": 1.0,
+                "max_parallel_power_on": 1,
+                "gather_s": 0.3,
+                "poll_interval_s": 0.2,
+                "device_timeout_s": 5,
+                "outlets_off_on_shutdown": True,
+                "scheduler": {
+                    "kind": "process",
+                    "options": {
+                        "stop_timeout_s": 30,
+                        "state_dir": str(self.workdir / "jobs"),
+                        "jobs": {
+                            o.job: {
+                                "argv": job_argv,
+                                "log": str(self.workdir / "job.log"),
+                                "env": {k: v for k, v in self._env("ckpt-agent").items() if k.startswith("OTEL_")},
+                            }
+                        },
+                    },
+                },
+            },
+        }
+
+    async def stop(self) -> None:
+        job_pid = self.workdir / "jobs" / f"{self.opts.job}.pid"
+        if job_pid.exists():  # a job still running (a failed drill): stop it with the site
+            try:
+                os.killpg(int(job_pid.read_text().split()[0]), signal.SIGKILL)
+            except (OSError, ValueError):
+                pass
+        for name in reversed(list(self.procs)):
+            p = self.procs[name]
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGTERM)
+        deadline = time.monotonic() + 15
+        for p in self.procs.values():
+            try:
+                p.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+        for a in self.agents:
+            a.stop()
+        await self.receiver.stop()
+        if self.nats is not None:
+            self.nats.stop()
