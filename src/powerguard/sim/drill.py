@@ -87,7 +87,7 @@ def _describe(e: Envelope) -> tuple[str, str] | None:
 async def _until(obs: Observed, pred: Callable[[], Any], timeout_s: float, what: str, site: SimSite) -> Any:
     deadline = time.monotonic() + timeout_s
     while not (value := pred()):
-        dead = [n for n in site.alive() if not n.startswith("bmc")]
+        dead = [n for n in site.dead() if not n.startswith("bmc")]
         if dead:
             raise DrillError(f"{', '.join(dead)} exited while waiting for {what}; see {site.workdir}/<name>.log")
         left = deadline - time.monotonic()
@@ -191,14 +191,15 @@ async def run_drill(site: SimSite, scenario: str, *, notify: Notify, bus: Bus, w
                 return len(nodes) >= len(site.node_names)
 
             await _until(obs, off, 90, "every node off", site)
+            if site.final.exists():
+                raise DrillError("training finished before the shutdown: run more --steps")
             if scenario == "outage":
                 await asyncio.sleep(1.0)
                 t_ret = time.time()
                 site.utility(on=True)
                 say("outage", "utility power RETURNS", t_ret)
             await _until(obs, lambda: saga_state("done", "failed"), 180, "the restore to finish", site)
-        await _until(obs, lambda: site.final.exists(), 240, "training to finish", site)
-        await asyncio.sleep(0.5)
+        await _until(obs, lambda: site.final.exists() and not site.job_running(), 240, "training to finish", site)
         return _report(
             scenario,
             obs,
@@ -251,5 +252,6 @@ def _report(
         "checkpoint_step": min(acked_steps) if acked_steps else None,
         "restored_step": restored_step,
         "rpo_steps": rpo,
+        "nodes_on_at_end": sum(site.node_on(n) for n in site.node_names),
         "events": len(obs.events),
     }

@@ -157,7 +157,19 @@ class SimSite:
         )
         log.close()
 
-    def alive(self) -> list[str]:
+    def job_running(self) -> bool:
+        """The training job's launcher (started by power-control's process adapter) is alive."""
+        try:
+            pid = int((self.workdir / "jobs" / f"{self.opts.job}.pid").read_text().split()[0])
+            os.kill(pid, 0)
+        except (OSError, ValueError, IndexError):
+            return False
+        try:  # a zombie is not running (power-control reaps it only when it next looks)
+            return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+        except (OSError, IndexError):
+            return False
+
+    def dead(self) -> list[str]:
         """Processes of the site that died (a service crash shows up here)."""
         return [n for n, p in self.procs.items() if p.poll() is not None]
 

@@ -1,0 +1,99 @@
+"""The outage drill end to end, as `make demo` runs it: every service in its own process, the
+simulated site on loopback, real torch.distributed ranks. Asserts the report and the trace."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections import Counter
+
+import pytest
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
+
+
+def drill(tmp_path, *flags: str) -> tuple[dict, list[dict], subprocess.CompletedProcess]:
+    report_file = tmp_path / "report.json"
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "powerguard.cli",
+            "demo",
+            *flags,
+            "--json",
+            str(report_file),
+            "--workdir",
+            str(tmp_path / "site"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=540,
+    )
+    assert report_file.exists(), r.stdout[-4000:] + r.stderr[-4000:]
+    report = json.loads(report_file.read_text())
+    otlp = json.loads((tmp_path / "report.trace.json").read_text())
+    spans = [
+        {
+            **s,
+            "service": next(
+                a["value"]["stringValue"] for a in rs["resource"]["attributes"] if a["key"] == "service.name"
+            ),
+        }
+        for rs in otlp["resourceSpans"]
+        for ss in rs["scopeSpans"]
+        for s in ss["spans"]
+    ]
+    return report, spans, r
+
+
+def names(spans: list[dict]) -> Counter:
+    return Counter(s["name"] for s in spans)
+
+
+def test_outage_checkpoints_shuts_down_restores_and_resumes_bit_exact(tmp_path):
+    report, spans, r = drill(tmp_path)
+    assert r.returncode == 0, r.stdout[-3000:]
+    assert report["rpo_steps"] == 0 and report["bit_exact"] is True
+    assert report["nodes_powered_off"] == 2 and report["nodes_on_at_end"] == 2
+    assert report["saga_states"][-3:] == ["restoring", "resumed", "done"]
+    assert 0 < report["detected_s"] < 2 and report["all_acked_s"] < 30
+    assert report["training_resumed_s"] is not None and report["restored_step"] == report["checkpoint_step"]
+    # one trace across ups-monitor, coordinator, power-control and every rank's ckpt-agent
+    assert {s["traceId"] for s in spans} == {report["trace_id"]}
+    assert {s["service"] for s in spans} == {
+        "powerguard-ups-monitor",
+        "powerguard-coordinator",
+        "powerguard-power-control",
+        "powerguard-ckpt-agent",
+    }
+    n = names(spans)
+    assert n["detect ups-a"] == 1
+    ckpt = [s for s in spans if s["name"] == "checkpoint demo-train" and s["service"] == "powerguard-ckpt-agent"]
+    assert n["checkpoint demo-train"] == 5  # the coordinator's phase and one per rank
+    ranks = {a["value"]["intValue"] for s in ckpt for a in s["attributes"] if a["key"] == "powerguard.rank"}
+    assert ranks == {"0", "1", "2", "3"}
+    assert n["shutdown node1"] == 2 and n["shutdown node2"] == 2  # coordinator phase + power-control sequence
+    assert n["power_on node1"] == 1 and n["power_on node2"] == 1 and n["power_on node1,node2"] == 1
+    assert n["job_restart demo-train"] == 1 and n["restore demo-train"] == 4 and n["resume demo-train"] == 1
+    assert (tmp_path / "report.timeline.png").stat().st_size > 10_000
+    assert "<svg" in (tmp_path / "report.timeline.html").read_text()
+
+
+def test_flap_cancels_the_saga_and_no_node_goes_down(tmp_path):
+    report, spans, r = drill(tmp_path, "--flap")
+    assert r.returncode == 0, r.stdout[-3000:]
+    assert report["saga_states"][-1] == "cancelled"
+    assert report["nodes_powered_off"] == 0 and report["nodes_on_at_end"] == 2
+    assert report["bit_exact"] is True and report["rpo_steps"] == 0
+    assert not [s for s in spans if s["name"].startswith(("shutdown", "power_on"))]
+
+
+def test_race_finishes_the_shutdown_then_restores(tmp_path):
+    report, spans, r = drill(tmp_path, "--race")
+    assert r.returncode == 0, r.stdout[-3000:]
+    assert "shutting_down" in report["saga_states"] and report["saga_states"][-1] == "done"
+    assert report["nodes_powered_off"] == 2 and report["nodes_on_at_end"] == 2
+    assert report["training_resumed_s"] is not None and report["bit_exact"] is True
+    assert names(spans)["resume demo-train"] == 1
