@@ -31,7 +31,7 @@ test-unit: venv  ## only the fast unit tests
 	$(BIN)/pytest tests/unit
 
 demo: venv  ## outage drill on this machine: embedded NATS + simulated site
-	$(BIN)/powerguard demo
+	$(BIN)/powerguard demo --json demo-output/report.json
 
 bench: venv  ## run the benchmarks; figures land in bench/results/
 	@for b in bench/saga.py bench/detection.py bench/checkpoint.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done

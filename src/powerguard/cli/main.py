@@ -235,6 +235,82 @@ def demo(
         raise typer.Exit(1)
 
 
+@app.command()
+def drill(
+    site: Path = typer.Option(..., "--site", "-c", help="Site YAML of the site to drill"),
+    ups: str = typer.Option(..., "--ups", help="The UPS whose outage is simulated"),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Required: every power and job command is dry-run"),
+    url: str = typer.Option(None, "--url", "-s", help="NATS URL (default: the site file's nats.url)"),
+    runtime_s: float = typer.Option(None, "--runtime-s", help="Battery runtime to start from (default: last reading)"),
+    speed: float = typer.Option(1.0, "--speed", min=0.01, help="UPS seconds drained per second (10: ten times faster)"),
+    timeout_s: float = typer.Option(900.0, "--timeout", help="Give up after this long"),
+    as_json: bool = typer.Option(False, "--json", help="Print the result as JSON"),
+) -> None:
+    """Drill a real site's outage path: synthetic on-battery, real saga and real checkpoint acks,
+    power-control in dry-run; prints the plan as executed and a battery budget check."""
+    from rich.table import Table
+
+    from powerguard.bus import Bus
+    from powerguard.coordinator.drill import run_site_drill
+    from powerguard.schemas import load_site
+
+    if not dry_run:
+        err.print(
+            "[red]error:[/red] a drill runs with --dry-run only (a real outage test powers nodes off: "
+            "use the UPS's own self-test for that)"
+        )
+        raise typer.Exit(2)
+    console = Console()
+
+    async def go():
+        cfg = load_site(site)
+        bus = await Bus.connect(
+            url or cfg.nats.url, service="drill", names=BusNames.from_settings(cfg.nats), setup=False
+        )
+        try:
+            return await run_site_drill(
+                bus,
+                cfg,
+                ups,
+                runtime_s=runtime_s,
+                speed=speed,
+                timeout_s=timeout_s,
+                notify=lambda at, text: console.print(f"{at:7.2f}s  {text}") if not as_json else None,
+            )
+        finally:
+            await bus.close()
+
+    try:
+        result = asyncio.run(go())
+    except (BusError, PowerGuardError, TimeoutError) as exc:
+        err.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(1) from None
+    if as_json:
+        sys.stdout.write(json.dumps(result.as_dict(), indent=2) + "\n")
+    else:
+        table = Table(title=f"drill of {ups}: budget check")
+        table.add_column("figure")
+        table.add_column("value", justify="right")
+        slowest = result.slowest_s
+        for k, v in (
+            ("battery runtime at drill start", f"{result.runtime_s:.0f} s at load {result.load_pct or '?'} %"),
+            ("checkpoint budget (min(ckpt_timeout, runtime - reserve - margin))", f"{result.budget_s:.1f} s"),
+            ("slowest job's checkpoint (last rank durable)", "-" if slowest is None else f"{slowest:.2f} s"),
+            ("ranks acked / expected", f"{sum(map(len, result.acks.values()))} / {sum(result.expected.values())}"),
+            ("shutdown decided after", "-" if result.shutdown_at_s is None else f"{result.shutdown_at_s:.1f} s"),
+            (
+                "commands (all dry-run)",
+                str(len(result.commands)) if not result.not_dry else f"[red]{len(result.not_dry)} NOT dry-run[/red]",
+            ),
+            ("saga", " -> ".join(result.states)),
+            ("verdict", "[green]OK[/green]" if result.ok else "[red]NOT OK[/red]"),
+        ):
+            table.add_row(k, v)
+        console.print(table)
+    if not result.ok:
+        raise typer.Exit(1)
+
+
 def main() -> None:  # pragma: no cover
     app()
 

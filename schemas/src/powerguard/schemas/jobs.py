@@ -18,6 +18,7 @@ class JobData(Data):
     rank: int | None = Field(default=None, ge=0)
     step: int | None = Field(default=None, ge=0, description="For resumed: step restored from")
     detail: str | None = None
+    dry_run: bool = Field(default=False, description="A drill: report what would be done, do nothing")
 
 
 class JobEvent(Envelope):

@@ -27,6 +27,9 @@ class PowerData(Data):
     partial: bool = Field(default=False, description="Some values could not be read")
     reason: str | None = Field(default=None, description="Human-readable cause (comm_lost etc.)")
     observed_at: AwareDatetime = Field(default_factory=utcnow, description="When the reading was taken")
+    drill: bool = Field(
+        default=False, description="Synthetic, from `powerguard drill`: the saga's power and job commands are dry-run"
+    )
 
 
 class PowerEvent(Envelope):

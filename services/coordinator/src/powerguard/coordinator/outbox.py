@@ -48,13 +48,25 @@ def command_event(rec: SagaRecord, cmd: Command) -> Envelope:
             return JobStopRequested(
                 id=eid,
                 source=SOURCE,
-                data=JobData(job=cmd.target, saga_id=rec.saga_id, idempotency_key=cmd.key, nodes=a.get("nodes", [])),
+                data=JobData(
+                    job=cmd.target,
+                    saga_id=rec.saga_id,
+                    idempotency_key=cmd.key,
+                    nodes=a.get("nodes", []),
+                    dry_run=rec.drill,
+                ),
             )
         case "job_restart":
             return JobRestartRequested(
                 id=eid,
                 source=SOURCE,
-                data=JobData(job=cmd.target, saga_id=rec.saga_id, idempotency_key=cmd.key, nodes=a.get("nodes", [])),
+                data=JobData(
+                    job=cmd.target,
+                    saga_id=rec.saga_id,
+                    idempotency_key=cmd.key,
+                    nodes=a.get("nodes", []),
+                    dry_run=rec.drill,
+                ),
             )
         case "shutdown":
             return ShutdownRequested(
@@ -66,6 +78,7 @@ def command_event(rec: SagaRecord, cmd: Command) -> Envelope:
                     idempotency_key=cmd.key,
                     reason=a.get("reason"),
                     jobs=a.get("jobs", []),
+                    dry_run=rec.drill,
                 ),
             )
         case "power_on":
@@ -73,7 +86,11 @@ def command_event(rec: SagaRecord, cmd: Command) -> Envelope:
                 id=eid,
                 source=SOURCE,
                 data=PowerCommandData(
-                    saga_id=rec.saga_id, node=cmd.target, idempotency_key=cmd.key, reason="power restored"
+                    saga_id=rec.saga_id,
+                    node=cmd.target,
+                    idempotency_key=cmd.key,
+                    reason="power restored",
+                    dry_run=rec.drill,
                 ),
             )
     raise ValueError(f"unknown command kind {cmd.kind}")

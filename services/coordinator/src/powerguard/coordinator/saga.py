@@ -40,6 +40,7 @@ class Power:
     charge_pct: float | None = None
     low_battery: bool = False
     fsd: bool = False
+    drill: bool = False  # a synthetic reading from `powerguard drill`
 
 
 @dataclass(frozen=True)
@@ -93,6 +94,7 @@ class UpsView(BaseModel):
     low_battery: bool = False
     fsd: bool = False
     since: float = 0.0  # when on_battery last changed
+    drill: bool = False  # on battery only in a drill
 
 
 class JobPlan(BaseModel):
@@ -161,6 +163,7 @@ class SagaRecord(BaseModel):
     root_span_id: str = Field(default_factory=lambda: secrets.token_hex(8))
     parent_span_id: str | None = None  # the span that published the first on_battery
     spans_done: set[str] = Field(default_factory=set)
+    drill: bool = False  # started by `powerguard drill`: every power and job command is dry-run
 
     @property
     def terminal(self) -> bool:
@@ -202,6 +205,7 @@ def start(
         rec.trace_id, rec.parent_span_id = trace
     rec.history.append(Transition(state=S.DETECTED, at=now, reason=f"on battery: {', '.join(rec.on_battery)}"))
     rec.at_risk = topo.nodes_at_risk(rec.on_battery)
+    rec.drill = all(rec.ups[u].drill for u in rec.on_battery)
     _join(rec, rec.at_risk, jobs)
     return rec
 
@@ -282,6 +286,9 @@ def _observe(rec: SagaRecord, p: Power, now: float) -> None:
         view.charge_pct = p.charge_pct
     view.low_battery = p.low_battery and p.on_battery
     view.fsd = p.fsd
+    view.drill = p.drill
+    if p.on_battery and not p.drill and rec.drill:
+        rec.drill = False  # a real outage during a drill: from now on the commands are real
 
 
 def _ack(rec: SagaRecord, a: Ack, now: float) -> None:

@@ -27,6 +27,7 @@ from powerguard.schemas import (
     ConfigError,
     Envelope,
     ForcedShutdown,
+    JobRestarted,
     JobResumed,
     LowBattery,
     NodeState,
@@ -46,7 +47,15 @@ from .topology import AgentRegistry, Topology
 
 log = logging.getLogger(__name__)
 
-INPUT_TYPES = (PowerEvent, CheckpointDurable, CheckpointFailed, NodeState, PowerActionFailed, JobResumed)
+INPUT_TYPES = (
+    PowerEvent,
+    CheckpointDurable,
+    CheckpointFailed,
+    NodeState,
+    PowerActionFailed,
+    JobResumed,
+    JobRestarted,
+)
 
 
 class _Open:
@@ -197,7 +206,11 @@ class Coordinator:
                 metrics.IGNORED.labels("unknown_ups").inc()
                 log.warning("power event for unknown UPS %s (site %s) ignored", d.ups, d.site)
                 return
+            current = self.ups.get(d.ups)
+            if current is not None and current.drill and current.on_battery and not d.drill and not d.on_battery:
+                return  # the UPS's real telemetry (on line) must not end a drill of it
             p = Power(
+                drill=d.drill,
                 ups=d.ups,
                 on_battery=d.on_battery,
                 runtime_s=d.runtime_s,
@@ -209,6 +222,7 @@ class Coordinator:
             if view.on_battery != p.on_battery:
                 view.since = now
             view.on_battery, view.low_battery, view.fsd = p.on_battery, p.low_battery, p.fsd
+            view.drill = p.drill and p.on_battery
             view.runtime_s = p.runtime_s if p.runtime_s is not None else view.runtime_s
             view.charge_pct = p.charge_pct if p.charge_pct is not None else view.charge_pct
             if self.open:
@@ -245,6 +259,10 @@ class Coordinator:
             for sid, o in self.open.items():
                 if ev.data.job in o.rec.jobs:
                     inputs.setdefault(sid, []).append(Resumed(job=ev.data.job, step=ev.data.step))
+        if isinstance(ev, JobRestarted) and ev.data.dry_run:  # a drill: the job never stopped, so it "resumed"
+            for sid, o in self.open.items():
+                if o.rec.drill and ev.data.saga_id == sid and ev.data.job in o.rec.jobs:
+                    inputs.setdefault(sid, []).append(Resumed(job=ev.data.job, step=None))
 
     def _to_node_saga(self, node: str, report: NodeReport, inputs: dict[str, list[Input]]) -> None:
         for sid, o in self.open.items():

@@ -139,7 +139,7 @@ class PowerControl:
             order = Order(saga_id=d.saga_id, node=d.node, key=key, jobs=tuple(d.jobs), dry_run=d.dry_run)
             self._spawn(self._shutdown(order))
             return
-        order = Order(saga_id=d.saga_id or "", node=(d.nodes or ["-"])[0], key=key, jobs=(d.job,))
+        order = Order(saga_id=d.saga_id or "", node=(d.nodes or ["-"])[0], key=key, jobs=(d.job,), dry_run=d.dry_run)
         self._spawn(self._job(order, start=isinstance(event, JobRestartRequested), nodes=d.nodes))
 
     def _spawn(self, coro) -> asyncio.Task:
@@ -183,16 +183,17 @@ class PowerControl:
     async def _job(self, order: Order, *, start: bool, nodes: Sequence[str]) -> None:
         name = f"job_{'restart' if start else 'stop'} {order.jobs[0]}"
         with self._tracer.start_as_current_span(name, attributes=_attrs(order)):
-            ok = await self.seq.job(order, start=start, nodes=nodes)
+            ok = await self._seq(order).job(order, start=start, nodes=nodes)
             if ok:
                 kind = JobRestarted if start else JobStopped
-                await self._emit(
-                    kind(
-                        data=JobData(
-                            job=order.jobs[0], saga_id=order.saga_id, nodes=list(nodes), idempotency_key=order.key
-                        )
-                    )
+                data = JobData(
+                    job=order.jobs[0],
+                    saga_id=order.saga_id,
+                    nodes=list(nodes),
+                    idempotency_key=order.key,
+                    dry_run=order.dry_run,
                 )
+                await self._emit(kind(data=data))
         await self._finish(order.key, ok)
 
 

@@ -1,0 +1,236 @@
+"""``powerguard drill --site site.yaml --ups UPS --dry-run``: test the outage path of a real site.
+
+Like ``upsmon -c fsd`` with a dummy SHUTDOWNCMD, but with real acknowledgments: a synthetic
+on-battery (marked ``drill``) for one UPS starts the real saga in the running coordinator; the
+real agents of every job on the nodes that UPS feeds take a real checkpoint and ack it; the
+battery is drained in synthetic ``status`` events (``speed`` UPS seconds per second, from the
+runtime the UPS last reported); the saga decides the shutdown and sends its commands with
+``dry_run`` set, so power-control only reports what it would do; then a synthetic on-line lets
+the saga run its (dry-run) restore. The result is the plan as executed and a budget check:
+slowest job's checkpoint vs. the checkpoint budget vs. the time left before the shutdown.
+
+A real on-battery of the same UPS during a drill turns the saga real from then on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from powerguard.bus import Bus
+from powerguard.schemas import (
+    AgentData,
+    CheckpointDurable,
+    CheckpointFailed,
+    ConfigError,
+    Envelope,
+    JobRestartRequested,
+    JobStopRequested,
+    OnBattery,
+    OnLine,
+    PowerActionDone,
+    PowerData,
+    PowerEvent,
+    PowerOnRequested,
+    PowerStatus,
+    SagaStateChanged,
+    ShutdownRequested,
+    SiteConfig,
+)
+
+from .policy import Policy
+from .topology import Topology
+
+SOURCE = "/powerguard/drill"
+Notify = Callable[[float, str], None]
+
+
+@dataclass
+class DrillResult:
+    saga_id: str | None = None
+    states: list[str] = field(default_factory=list)
+    runtime_s: float = 0.0
+    load_pct: float | None = None
+    budget_s: float = 0.0
+    shutdown_after_s: float = 0.0
+    acks: dict[str, dict[int, float]] = field(default_factory=dict)  # job -> rank -> seconds after on_battery
+    failed: dict[str, dict[int, str]] = field(default_factory=dict)
+    expected: dict[str, int] = field(default_factory=dict)  # job -> world size
+    commands: list[str] = field(default_factory=list)
+    shutdown_at_s: float | None = None
+    not_dry: list[str] = field(default_factory=list)
+
+    @property
+    def slowest_s(self) -> float | None:
+        times = [t for ranks in self.acks.values() for t in ranks.values()]
+        return max(times) if times else None
+
+    @property
+    def complete(self) -> bool:
+        return all(len(self.acks.get(j, {})) == n for j, n in self.expected.items())
+
+    @property
+    def ok(self) -> bool:
+        slowest = self.slowest_s
+        return (
+            self.complete
+            and not self.not_dry
+            and slowest is not None
+            and slowest <= self.budget_s
+            and bool(self.states)
+            and self.states[-1] == "done"
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "saga_id": self.saga_id,
+            "states": self.states,
+            "runtime_s": self.runtime_s,
+            "load_pct": self.load_pct,
+            "checkpoint_budget_s": round(self.budget_s, 1),
+            "shutdown_after_s": round(self.shutdown_after_s, 1),
+            "slowest_checkpoint_s": None if self.slowest_s is None else round(self.slowest_s, 3),
+            "acks": {j: {str(r): round(t, 3) for r, t in ranks.items()} for j, ranks in self.acks.items()},
+            "failed": self.failed,
+            "expected_ranks": self.expected,
+            "commands": self.commands,
+            "commands_not_dry_run": self.not_dry,
+            "ok": self.ok,
+        }
+
+
+async def last_reading(bus: Bus, site: str, ups: str, timeout_s: float = 3.0) -> PowerData | None:
+    """The UPS's last power event or telemetry on the bus, if any."""
+    sub = bus.subscribe(PowerEvent, subject=bus.subjects.power(site, ups), deliver="last")
+    try:
+        return (await asyncio.wait_for(sub.__anext__(), timeout_s)).data
+    except (TimeoutError, StopAsyncIteration):
+        return None
+    finally:
+        await sub.aclose()
+
+
+async def jobs_at_risk(bus: Bus, topo: Topology, ups: str) -> dict[str, int]:
+    """job -> world size, for the registered agents on the nodes only this UPS (set) feeds."""
+    nodes = set(topo.nodes_at_risk([ups]))
+    jobs: dict[str, int] = {}
+    for entry in await (await bus.agents()).items():
+        try:
+            agent = AgentData.model_validate(entry.json())
+        except ValueError:
+            continue
+        if agent.node in nodes:
+            jobs[agent.job] = agent.world_size
+    return jobs
+
+
+async def run_site_drill(
+    bus: Bus,
+    site: SiteConfig,
+    ups: str,
+    *,
+    notify: Notify,
+    runtime_s: float | None = None,
+    load_pct: float | None = None,
+    speed: float = 1.0,
+    timeout_s: float = 900.0,
+) -> DrillResult:
+    topo = Topology.from_site(site)
+    policy = Policy.model_validate(site.section("coordinator"))
+    if ups not in topo.ups:
+        raise ConfigError(f"UPS {ups!r} feeds no node in the site file (UPSes: {', '.join(sorted(topo.ups))})")
+    if not topo.nodes_at_risk([ups]):
+        raise ConfigError(f"no node depends on {ups} alone (every node it feeds has another feed): nothing to drill")
+    result = DrillResult()
+    if runtime_s is None:
+        reading = await last_reading(bus, site.site, ups)
+        if reading is None or reading.runtime_s is None:
+            raise ConfigError(f"no runtime reading of {ups} on the bus (is ups-monitor running?); pass --runtime-s")
+        runtime_s, load_pct = reading.runtime_s, reading.load_pct if load_pct is None else load_pct
+    result.runtime_s, result.load_pct = runtime_s, load_pct
+    result.budget_s = max(0.0, min(policy.ckpt_timeout_s, runtime_s - policy.shutdown_reserve_s - policy.margin_s))
+    result.shutdown_after_s = max(0.0, (runtime_s - policy.shutdown_reserve_s) / speed)
+    result.expected = await jobs_at_risk(bus, topo, ups)
+    t0 = time.time()
+
+    def data(on_battery: bool, runtime: float) -> PowerData:
+        return PowerData(
+            site=site.site, ups=ups, on_battery=on_battery, runtime_s=max(0.0, runtime), load_pct=load_pct,
+            status=["OB", "DISCHRG"] if on_battery else ["OL"], driver="drill", drill=True,
+            seconds_on_battery=(time.time() - t0) * speed if on_battery else 0,
+        )
+
+    done = asyncio.Event()
+    restored = asyncio.Event()
+
+    async def watch() -> None:
+        subjects = bus.subjects
+        async for ev in bus.subscribe(subject=subjects.all, deliver="new"):
+            _observe(ev, result, t0, notify)
+            if isinstance(ev, SagaStateChanged) and ev.data.saga_id == result.saga_id:
+                if ev.data.state.value in ("down", "cancelled"):
+                    restored.set()
+                if ev.data.state.terminal:
+                    done.set()
+
+    watcher = asyncio.create_task(watch())
+    try:
+        await asyncio.sleep(0.3)
+        await bus.publish(OnBattery(source=SOURCE, subject=ups, data=data(True, runtime_s)))
+        notify(0.0, f"synthetic on-battery for {ups}: runtime {runtime_s:.0f}s at load {load_pct or '?'}%, "
+                    f"drained at {speed:g}x")
+        deadline = time.monotonic() + timeout_s
+        while not restored.is_set():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the saga did not shut down within {timeout_s:.0f}s")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(restored.wait(), 1.0)
+            if not restored.is_set():
+                left = runtime_s - (time.time() - t0) * speed
+                await bus.publish(PowerStatus(source=SOURCE, subject=ups, data=data(True, left)))
+        await bus.publish(OnLine(source=SOURCE, subject=ups, data=data(False, runtime_s)))
+        notify(time.time() - t0, f"synthetic on-line for {ups}: the saga restores (dry-run)")
+        await asyncio.wait_for(done.wait(), max(1.0, deadline - time.monotonic()))
+        return result
+    finally:
+        watcher.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watcher
+
+
+def _observe(ev: Envelope, r: DrillResult, t0: float, notify: Notify) -> None:
+    at = time.time() - t0
+    if isinstance(ev, SagaStateChanged):
+        if r.saga_id is None:
+            r.saga_id = ev.data.saga_id
+        if ev.data.saga_id == r.saga_id:
+            r.states.append(ev.data.state.value)
+            if ev.data.state.value == "shutting_down":
+                r.shutdown_at_s = at
+            notify(at, f"saga {ev.data.state.value}" + (f": {ev.data.reason}" if ev.data.reason else ""))
+    elif isinstance(ev, CheckpointDurable | CheckpointFailed) and ev.data.saga_id == r.saga_id:
+        d = ev.data
+        if isinstance(ev, CheckpointDurable):
+            r.acks.setdefault(d.job, {})[d.rank] = at
+            notify(at, f"{d.job} rank {d.rank}: checkpoint step {d.step} durable")
+        else:
+            r.failed.setdefault(d.job, {})[d.rank] = d.error
+            notify(at, f"{d.job} rank {d.rank}: checkpoint FAILED: {d.error}")
+    elif isinstance(ev, ShutdownRequested | PowerOnRequested) and ev.data.saga_id == r.saga_id:
+        what = f"{ev.type.rsplit('.', 1)[-1]} {ev.data.node}" + (" (dry-run)" if ev.data.dry_run else " (REAL)")
+        r.commands.append(what)
+        if not ev.data.dry_run:
+            r.not_dry.append(what)
+        notify(at, f"command: {what}")
+    elif isinstance(ev, JobStopRequested | JobRestartRequested) and ev.data.saga_id == r.saga_id:
+        what = f"{ev.type.rsplit('.', 1)[-1]} {ev.data.job}" + (" (dry-run)" if ev.data.dry_run else " (REAL)")
+        r.commands.append(what)
+        if not ev.data.dry_run:
+            r.not_dry.append(what)
+        notify(at, f"command: {what}")
+    elif isinstance(ev, PowerActionDone) and ev.data.saga_id == r.saga_id and ev.data.dry_run:
+        notify(at, f"power-control would: {ev.data.action} {ev.data.device or ev.data.node}")
