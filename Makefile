@@ -34,7 +34,7 @@ demo: venv  ## outage drill on this machine: embedded NATS + simulated site
 	$(BIN)/powerguard demo --json demo-output/report.json
 
 bench: venv  ## run the benchmarks; figures land in bench/results/
-	@for b in bench/saga.py bench/detection.py bench/checkpoint.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
+	@for b in bench/saga.py bench/detection.py bench/upsmon_side_by_side.py bench/checkpoint.py bench/drill.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
 	$(BIN)/python bench/report.py
 
 schemas: venv  ## regenerate schemas/generated (JSON Schema, AsyncAPI, catalogue)
