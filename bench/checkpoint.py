@@ -94,20 +94,36 @@ def worker(args: argparse.Namespace) -> None:
             shutil.rmtree(plain_dir)
         results["durable_s"].append(timed(lambda rep=rep: guard.save(100 + rep)))
 
-    # async periodic save: the stall seen by training vs the synchronous save. The first one
-    # allocates the staging buffers (once per job); the second is the steady state.
-    stalls = []
+    # async periodic save: the stall seen by training vs the synchronous save, as the extra wall
+    # time of the training step during which the save starts (its staging copy overlaps that
+    # step's forward/backward; the optimizer step waits for the copy). The first save allocates
+    # the staging buffers (once per job); the second is the steady state.
+    x = torch.randn(2, width)
+
+    def train_step() -> None:
+        ddp(x).sum().backward()
+        opt.step()
+        opt.zero_grad(set_to_none=False)
+
+    def boundary_and_step(s: int) -> float:
+        dist.barrier(group)
+        t0 = time.perf_counter()
+        guard.step(s)
+        train_step()
+        dist.barrier(group)
+        return time.perf_counter() - t0
+
+    base = statistics.median(boundary_and_step(150 + i) for i in range(4))
+    slowdowns, blocked = [], []
     for s in (200, 201):
         guard.local_every_s = 1e-9
         guard._last_local = 0.0
-        dist.barrier(group)
-        t0 = time.perf_counter()
-        guard.step(s)  # starts the async save
-        stalls.append(time.perf_counter() - t0)
+        slowdowns.append(max(0.0, boundary_and_step(s) - base))
+        # what blocked the training thread: starting the save + the optimizer step's wait for the copy
+        blocked.append(guard.stats["async_stall_s"] + guard.stats.get("async_wait_s", 0.0))
+        guard.local_every_s = 0
         guard.wait()
-    guard.local_every_s = 0
-    first_stall, stall = stalls
-
+    first_stall, stall = blocked
     # restore (verify + load) of the newest durable checkpoint
     restore_s = timed(guard.restore)
 
@@ -135,6 +151,8 @@ def worker(args: argparse.Namespace) -> None:
             "durable_over_plain_dcp": round(plain / durable, 3),
             "sync_save_s": round(durable, 3),
             "async_stall_s": round(stall, 4),
+            "async_step_slowdown_s": round(slowdowns[1], 4),
+            "train_step_s": round(base, 4),
             "async_first_stall_s": round(first_stall, 4),
             "async_stall_over_sync": round(stall / durable, 4),
             "restore_mb_s": round(mb / restore_s, 1),

@@ -96,9 +96,10 @@ class BusThread:
                 names=self.names,
                 connect_timeout=self.connect_timeout,
             )
-            await announce(self.bus, AgentRegistered(source=self._source, data=self._data()))
+            # listen first, then register: a request sent as soon as the registration is seen must not be missed
             sub = self.bus.subscribe(CheckpointRequested, subject=self.bus.subjects.ckpt_request(self.agent.job))
             await sub.start()
+            await announce(self.bus, AgentRegistered(source=self._source, data=self._data()))
         except BaseException as exc:
             self._ready.set_exception(exc)
             return

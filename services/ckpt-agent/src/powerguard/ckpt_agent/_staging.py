@@ -1,10 +1,18 @@
 """Staging for periodic (async) saves: copy the state into CPU buffers that are allocated once
-and reused, so the stall per save is one memcpy of the state (no page faults on fresh memory).
-Pinned memory when a GPU is present (faster device-to-host copies). Only one async save is in
-flight at a time, so reusing the buffers is safe."""
+and reused, so a save costs one memcpy of the state (no page faults on fresh memory). Pinned
+memory when a GPU is present (faster device-to-host copies). Only one async save is in flight at
+a time, so reusing the buffers is safe.
+
+With ``stable`` (the storage pointers of the parameters and optimizer state, which change only
+in ``optimizer.step()``), the copy overlaps with training: everything else (buffers such as
+BatchNorm statistics, RNG states, counters) is copied at once, the stable tensors in a
+background thread, and ``stage`` returns a Future. The agent makes the next ``optimizer.step()``
+wait for that Future, so the snapshot is exactly the state at the checkpoint's step."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import torch
@@ -15,20 +23,34 @@ from torch.distributed.checkpoint.staging import AsyncStager, BlockingAsyncStage
 class ReusingStager(AsyncStager):
     _synchronize_after_execute = False
 
-    def __init__(self) -> None:
+    def __init__(self, *, stable: Callable[[], set[int]] | None = None) -> None:
         self._cache: dict[str, Any] | None = None
         self._keys: tuple | None = None
+        self._stable = stable
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="pg-ckpt-stage") if stable else None
+        self.staging: Future | None = None  # the background copy in flight, if any
 
-    def stage(self, state_dict: dict[str, Any]) -> dict[str, Any]:
+    def stage(self, state_dict: dict[str, Any]) -> dict[str, Any] | Future:
         keys = _shape_key(state_dict)
         try:
             if self._cache is None or keys != self._keys:
                 self._cache = _create_cpu_state_dict(state_dict, pin_memory=torch.cuda.is_available())
                 self._keys = keys
-            return _copy_state_dict(state_dict, self._cache)
-        except (ValueError, TypeError):  # a value type torch's helpers do not handle: a fresh copy
+            if self._pool is None or self._stable is None:
+                return _copy_state_dict(state_dict, self._cache)
+            later: list[tuple[torch.Tensor, torch.Tensor]] = []
+            staged = _assign(state_dict, self._cache, self._stable(), later)
+            self.staging = self._pool.submit(_copy_pairs, later, staged)
+            return self.staging
+        except (ValueError, TypeError, KeyError):  # a layout torch's helpers do not handle: a fresh copy
             self._cache = None
             return BlockingAsyncStager().stage(state_dict)
+
+    def wait_staged(self) -> None:
+        """Block until the background copy (if any) has finished."""
+        staging = self.staging
+        if staging is not None:
+            staging.result()
 
     def synchronize_staging(self) -> None:
         if torch.cuda.is_available():
@@ -36,6 +58,31 @@ class ReusingStager(AsyncStager):
 
     def close(self) -> None:
         self._cache = None
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+
+
+def _assign(src: Any, dst: Any, stable: set[int], later: list[tuple[torch.Tensor, torch.Tensor]]) -> Any:
+    """The staged structure: volatile tensors copied now, stable ones queued in ``later``."""
+    if isinstance(src, dict):
+        return {k: _assign(v, dst[k], stable, later) for k, v in src.items()}
+    if isinstance(src, list | tuple):
+        return type(src)(_assign(v, d, stable, later) for v, d in zip(src, dst, strict=True))
+    if isinstance(src, torch.Tensor) and isinstance(dst, torch.Tensor):
+        if src.untyped_storage().data_ptr() in stable:
+            later.append((dst, src))
+        else:
+            dst.copy_(src)
+        return dst
+    return src  # ints, floats, bytes...: immutable snapshots already
+
+
+def _copy_pairs(pairs: list[tuple[torch.Tensor, torch.Tensor]], staged: dict[str, Any]) -> dict[str, Any]:
+    for dst, src in pairs:
+        dst.copy_(src)  # releases the GIL: training goes on meanwhile
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    return staged
 
 
 def _shape_key(obj: Any) -> tuple:

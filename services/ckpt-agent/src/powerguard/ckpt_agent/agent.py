@@ -20,6 +20,7 @@ import signal
 import socket
 import threading
 import time
+import weakref
 from concurrent.futures import Future
 from datetime import timedelta
 from typing import Any
@@ -73,6 +74,10 @@ class CheckpointAgent:
       sync_every_n_steps: agree on checkpoints every N steps (very short steps).
       http_port: on rank 0, serve ``POST /api/v1/trigger_checkpoint`` (the apcupsd-script interface).
       agree_timeout_s: how long a rank waits for the others at a step boundary with no request pending.
+      overlap_staging: periodic saves copy parameters and optimizer state in the background while
+        the next forward/backward runs; the next ``optimizer.step()`` waits for the copy. Needs
+        parameters and optimizer state to change only in ``optimizer.step()`` (turn it off if
+        your loop writes to them elsewhere).
     """
 
     def __init__(
@@ -94,6 +99,7 @@ class CheckpointAgent:
         keep: int = 3,
         keep_remote: int = 3,
         sync_every_n_steps: int = 1,
+        overlap_staging: bool = True,
         http_port: int | None = None,
         heartbeat_s: float = 5.0,
         agree_timeout_s: float = 1800.0,
@@ -126,7 +132,15 @@ class CheckpointAgent:
         self._step = 0
         self._boundary = 0
         self._async: tuple[int, Future, HashingWriter, float] | None = None
-        self._stager = ReusingStager()
+        overlap = overlap_staging and optimizer is not None
+        # weak references only: a cycle through the stager or the optimizer would keep the agent and
+        # its gloo process groups alive until interpreter shutdown, where destroying them aborts
+        stable = weakref.WeakMethod(self._stable_storages)
+        self._stager = ReusingStager(stable=(lambda: ((m := stable()) and m()) or set()) if overlap else None)
+        self._hook = None
+        if overlap:
+            before = weakref.WeakMethod(self._before_optimizer_step)
+            self._hook = optimizer.register_step_pre_hook(lambda *a: (m := before()) and m(*a))
         self._retainer: threading.Thread | None = None
         self._resumed_reported = False
         self.stats: dict[str, float] = {}
@@ -409,6 +423,21 @@ class CheckpointAgent:
             "durations": {"write_s": 0.0, "commit_s": elapsed, "total_s": elapsed},
         }
 
+    def _stable_storages(self) -> set[int]:
+        """Storages that change only in ``optimizer.step()``: parameters and optimizer state."""
+        ptrs = {p.untyped_storage().data_ptr() for p in self.model.parameters()}
+        for state in self.optimizer.state.values() if self.optimizer is not None else ():
+            ptrs.update(t.untyped_storage().data_ptr() for t in state.values() if isinstance(t, torch.Tensor))
+        return ptrs
+
+    def _before_optimizer_step(self, *_: Any) -> None:
+        """The optimizer is about to change what a background copy may still be reading."""
+        staging = self._stager.staging
+        if staging is not None and not staging.done():
+            t0 = time.perf_counter()
+            self._stager.wait_staged()
+            self.stats["async_wait_s"] = self.stats.get("async_wait_s", 0.0) + time.perf_counter() - t0
+
     def _start_async(self, step: int) -> None:
         directory = L.step_dir(self.local_root, self.job, step)
         if self.rank == 0:
@@ -416,12 +445,14 @@ class CheckpointAgent:
         self._gather(None)  # the directory exists before anyone writes
         writer = HashingWriter(directory, sync_files=True)
         t0 = time.perf_counter()
+        self.stats["async_wait_s"] = 0.0
         future = dcp.async_save(
             partition_replicated(self._state_dict(), rank=self.rank, world_size=self.world_size),
             storage_writer=writer,
             process_group=self._save_group,
             async_stager=self._stager,
         )
+        future = getattr(future, "upload_completion", future)  # a staging Future gives an AsyncSaveResponse
         self.stats["async_stall_s"] = time.perf_counter() - t0
         self._async = (step, future, writer, t0)
 
@@ -602,6 +633,10 @@ class CheckpointAgent:
         try:
             self.wait()
         finally:
+            if self._hook is not None:
+                self._hook.remove()
+                self._hook = None
+            self._stager.close()
             if self._remote is not None:
                 self._remote.close()
             if self._bus is not None:

@@ -159,8 +159,14 @@ async def run_site_drill(
 
     def data(on_battery: bool, runtime: float) -> PowerData:
         return PowerData(
-            site=site.site, ups=ups, on_battery=on_battery, runtime_s=max(0.0, runtime), load_pct=load_pct,
-            status=["OB", "DISCHRG"] if on_battery else ["OL"], driver="drill", drill=True,
+            site=site.site,
+            ups=ups,
+            on_battery=on_battery,
+            runtime_s=max(0.0, runtime),
+            load_pct=load_pct,
+            status=["OB", "DISCHRG"] if on_battery else ["OL"],
+            driver="drill",
+            drill=True,
             seconds_on_battery=(time.time() - t0) * speed if on_battery else 0,
         )
 
@@ -181,8 +187,11 @@ async def run_site_drill(
     try:
         await asyncio.sleep(0.3)
         await bus.publish(OnBattery(source=SOURCE, subject=ups, data=data(True, runtime_s)))
-        notify(0.0, f"synthetic on-battery for {ups}: runtime {runtime_s:.0f}s at load {load_pct or '?'}%, "
-                    f"drained at {speed:g}x")
+        notify(
+            0.0,
+            f"synthetic on-battery for {ups}: runtime {runtime_s:.0f}s at load {load_pct or '?'}%, "
+            f"drained at {speed:g}x",
+        )
         deadline = time.monotonic() + timeout_s
         while not restored.is_set():
             if time.monotonic() > deadline:

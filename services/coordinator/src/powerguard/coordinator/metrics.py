@@ -1,4 +1,4 @@
-from prometheus_client import Counter, Gauge
+from prometheus_client import Counter, Gauge, Histogram
 
 LEADER = Gauge("powerguard_coordinator_leader", "1 while this replica holds the lease")
 OPEN_SAGAS = Gauge("powerguard_sagas_open", "Sagas not yet terminal")
@@ -6,3 +6,10 @@ TRANSITIONS = Counter("powerguard_saga_transitions_total", "Saga state changes",
 COMMANDS = Counter("powerguard_saga_commands_total", "Commands issued", ["kind"])
 IGNORED = Counter("powerguard_coordinator_ignored_total", "Inputs that matched no saga", ["reason"])
 MISSING_RANKS = Gauge("powerguard_saga_missing_ranks", "Ranks that did not ack in the last partial checkpoint")
+RESERVE = Gauge("powerguard_shutdown_reserve_seconds", "Battery runtime kept for the shutdown (policy)")
+CHECKPOINT_SECONDS = Histogram(
+    "powerguard_checkpoint_duration_seconds",
+    "A rank's checkpoint for a saga, request seen to durable (from its ack)",
+    ["job"],
+    buckets=(0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300),
+)

@@ -72,6 +72,7 @@ class Coordinator:
         self.site = site
         self.topo = Topology.from_site(site)
         self.policy = policy or Policy.model_validate(site.section("coordinator"))
+        metrics.RESERVE.set(self.policy.shutdown_reserve_s)
         self.instance = instance or socket.gethostname()
         self.registry = AgentRegistry(ttl_s=bus.limits.agents_ttl_s)
         self.ups: dict[str, UpsView] = {}
@@ -239,6 +240,8 @@ class Coordinator:
                 log.info("ack from %s rank %d for saga %s that is not open: ignored", d.job, d.rank, d.saga_id)
                 return
             ok = isinstance(ev, CheckpointDurable)
+            if ok and ev.data.durations is not None and ev.data.durations.total_s is not None:
+                metrics.CHECKPOINT_SECONDS.labels(d.job).observe(ev.data.durations.total_s)
             ack = Ack(
                 job=d.job, rank=d.rank, request_id=d.request_id, step=d.step, ok=ok, error=None if ok else ev.data.error
             )

@@ -25,12 +25,16 @@ from powerguard.schemas import (
     JobRestartRequested,
     JobStopped,
     JobStopRequested,
+    NodeState,
+    PowerActionDone,
+    PowerActionFailed,
     PowerOnRequested,
     ShutdownRequested,
     SiteConfig,
     decode,
 )
 
+from . import metrics
 from .config import PowerControlSettings
 from .drivers import Devices
 from .ledger import Ledger
@@ -75,6 +79,14 @@ class PowerControl:
         self._tracer = trace.get_tracer("powerguard.power_control")
 
     async def _emit(self, event: Envelope) -> None:
+        d = event.data
+        if isinstance(event, PowerActionDone | PowerActionFailed) and not d.dry_run:
+            metrics.ACTIONS.labels(d.action, "done" if isinstance(event, PowerActionDone) else "failed").inc()
+            if isinstance(event, PowerActionFailed) and d.action in ("on", "outlet_on"):
+                metrics.NODE_READY.labels(d.node).set(0)
+                metrics.RESTORE_FAILED.labels(d.node).inc()
+        if isinstance(event, NodeState) and d.state in ("ready", "off") and not self.settings.dry_run:
+            metrics.NODE_READY.labels(d.node).set(1 if d.state == "ready" else 0)
         await self.bus.publish(event)
 
     # -------------------------------------------------------------- lifecycle

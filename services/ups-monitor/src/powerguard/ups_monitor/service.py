@@ -32,6 +32,7 @@ from powerguard.schemas import (
     deterministic_id,
 )
 
+from . import metrics
 from .config import MonitorSettings, NutOptions, SnmpOptions
 from .nut import NutDriver, UpsError
 from .reading import Reading
@@ -207,7 +208,10 @@ class Monitor:
                     log.warning("ups %s: %s", t.cfg.name, error)
                 reading = _from_trap(trap) if trap is not None else None
                 transitions = t.state.failed(error, now) if reading is None else []
+                if reading is None and any(tr.kind == "comm_lost" for tr in transitions):
+                    metrics.comm_lost(self.site.site, t.cfg.name)
             if reading is not None:
+                metrics.observe(self.site.site, t.cfg.name, reading)
                 previous = t.state.reading
                 transitions = t.state.good(reading, now)
                 if any(getattr(reading, f) != (getattr(previous, f) if previous else False) for f in FLAGS):
@@ -291,6 +295,7 @@ class Monitor:
                 log.error("ups %s: %s not published: %s", ups, tr.kind, exc)
                 return
         if tr.kind != "status":
+            metrics.TRANSITIONS.labels(site, ups, tr.kind).inc()
             log.info("ups %s: %s", ups, tr.kind)
 
 

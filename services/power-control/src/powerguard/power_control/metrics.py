@@ -1,0 +1,11 @@
+"""power-control's Prometheus metrics (alert rules: compose/prometheus/alerts.yml)."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge
+
+ACTIONS = Counter("powerguard_power_actions_total", "Power and job actions reported", ["action", "outcome"])
+NODE_READY = Gauge("powerguard_node_ready", "1 once a restored node is ready, 0 while it is off or failed", ["node"])
+RESTORE_FAILED = Counter(
+    "powerguard_node_restore_failed_total", "Nodes that did not come back after a restore", ["node"]
+)
