@@ -100,12 +100,21 @@ class _PullLoop:
         raise NotImplementedError
 
     async def _bind(self) -> None:
+        resume = self.durable is None and self._last_seq is not None
+        if resume:
+            # resume after the last message seen, on a fresh consumer: the old one may still exist
+            # (a leader change, not a loss) and its deliver policy cannot be updated (err 10012)
+            old, self.name = self.name, f"{self.name.rsplit('-', 1)[0]}-{uuid.uuid4().hex[:12]}"
+            try:
+                await self.bus.js.delete_consumer(self.bus.names.stream, old)
+            except (nats.errors.Error, js_errors.Error, TimeoutError):
+                pass
         cfg = self._config()
         if len(self.filters) == 1:
             cfg.filter_subject = self.filters[0]
         else:
             cfg.filter_subjects = self.filters
-        if self.durable is None and self._last_seq is not None:
+        if resume:
             cfg.deliver_policy = api.DeliverPolicy.BY_START_SEQUENCE
             cfg.opt_start_seq = self._last_seq + 1
         await self.bus.js.add_consumer(self.bus.names.stream, cfg)
