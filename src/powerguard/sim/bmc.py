@@ -53,8 +53,18 @@ serversession.ServerSession = _Session  # the server module creates sessions by 
 
 
 class SimBmc(bmc.Bmc):
-    def __init__(self, authdata, port, *, state: Path, boot_delay: float, soft_off_delay: float, ignore_acpi: bool):
-        super().__init__(authdata, port=port, address="127.0.0.1")
+    def __init__(
+        self,
+        authdata,
+        port,
+        *,
+        state: Path,
+        boot_delay: float,
+        soft_off_delay: float,
+        ignore_acpi: bool,
+        address: str = "127.0.0.1",
+    ):
+        super().__init__(authdata, port=port, address=address)
         self.state_file = state
         self.boot_delay = boot_delay
         self.soft_off_delay = soft_off_delay
@@ -137,7 +147,8 @@ class SimBmc(bmc.Bmc):
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m powerguard.sim.bmc", description=__doc__.split("\n\n")[0])
-    p.add_argument("--port", type=int, required=True, help="UDP port on 127.0.0.1")
+    p.add_argument("--port", type=int, required=True, help="UDP port")
+    p.add_argument("--listen", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--user", default="admin")
     p.add_argument("--password-file", type=Path, required=True, help="File holding the password")
     p.add_argument("--state", type=Path, required=True, help="JSON file holding the power state")
@@ -153,8 +164,9 @@ def main(argv: list[str] | None = None) -> int:
         boot_delay=args.boot_delay,
         soft_off_delay=args.soft_off_delay,
         ignore_acpi=args.ignore_acpi,
+        address=args.listen,
     )
-    print(f"bmc listening on 127.0.0.1:{args.port}", flush=True)
+    print(f"bmc listening on {args.listen}:{args.port}", flush=True)
     try:
         server.listen(timeout=30)
     except KeyboardInterrupt:

@@ -10,13 +10,14 @@ import os
 import signal
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from powerguard.schemas import ConfigError, PowerGuardError, SiteConfig, load_site
 
 from .client import Bus
 from .http import HealthServer
 from .logs import configure_logging
-from .names import BusNames
+from .names import BusNames, StreamLimits
 from .tracing import configure_tracing
 
 log = logging.getLogger(__name__)
@@ -61,11 +62,16 @@ async def run_service(
     """Run ``main`` until it returns or SIGTERM/SIGINT; then drain. Returns an exit code."""
     nats = site.nats if site else None
     password = nats.password.resolve().get_secret_value() if nats and nats.password else None
+    # one site file for every service, one NATS user per service: the environment may name it
+    user = (nats.user if nats else None) or os.environ.get("NATS_USER")
+    password = password or _env_secret("NATS_PASSWORD")
+    replicas = int(os.environ.get("POWERGUARD_NATS_REPLICAS", "1"))
     bus = await Bus.connect(
-        nats_url,
+        [u.strip() for u in nats_url.split(",") if u.strip()],
+        limits=StreamLimits(replicas=replicas),
         service=name,
         names=names or (BusNames.from_settings(nats) if nats else BusNames()),
-        user=nats.user if nats else None,
+        user=user,
         password=password,
         creds_file=nats.creds_file if nats else None,
         tls_ca=nats.tls_ca if nats else None,
@@ -113,6 +119,12 @@ async def run_service(
     return code
 
 
+def _env_secret(name: str) -> str | None:
+    """``NAME_FILE`` (a mounted secret) or ``NAME``."""
+    path = os.environ.get(f"{name}_FILE")
+    return Path(path).read_text().strip() if path else os.environ.get(name)
+
+
 def service_parser(name: str, description: str, default_port: int) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=f"python -m powerguard.{name.replace('-', '_')}", description=description)
     p.add_argument(
@@ -125,7 +137,7 @@ def service_parser(name: str, description: str, default_port: int) -> argparse.A
     p.add_argument(
         "--nats-url",
         default=None,
-        help="NATS server URL (default: the site file's nats.url, env NATS_URL, nats://127.0.0.1:4222)",
+        help="NATS server URL(s), comma-separated for a cluster (default: env NATS_URL, the site file's nats.url)",
     )
     p.add_argument(
         "--http-host",
@@ -174,7 +186,9 @@ def _run(name: str, main, parser: argparse.ArgumentParser, args: argparse.Namesp
         site = load_site(args.config) if args.config else None
     except ConfigError as exc:
         parser.exit(2, f"error: {exc}\n")
-    url = args.nats_url or (site.nats.url if site else None) or os.environ.get("NATS_URL", "nats://127.0.0.1:4222")
+    # the environment overrides the shared site file (one file, many deployments); a comma-separated
+    # list names every server of a cluster
+    url = args.nats_url or os.environ.get("NATS_URL") or (site.nats.url if site else "nats://127.0.0.1:4222")
     try:
         return asyncio.run(
             run_service(

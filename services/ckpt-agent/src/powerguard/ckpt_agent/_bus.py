@@ -36,6 +36,15 @@ from powerguard.schemas import (
 log = logging.getLogger(__name__)
 
 
+def _env_secret(name: str) -> str | None:
+    """``NAME_FILE`` (a mounted secret) or ``NAME``."""
+    path = os.environ.get(f"{name}_FILE")
+    if path:
+        with open(path) as f:
+            return f.read().strip()
+    return os.environ.get(name)
+
+
 @dataclass
 class Request:
     seq: int
@@ -91,7 +100,9 @@ class BusThread:
         self._stop = asyncio.Event()
         try:
             self.bus = await Bus.connect(
-                self.url,
+                [u.strip() for u in self.url.split(",") if u.strip()],
+                user=os.environ.get("NATS_USER"),  # a NATS user of its own where the server has accounts
+                password=_env_secret("NATS_PASSWORD"),
                 service=f"ckpt-agent-{self.agent.job}-{self.agent.rank}",
                 names=self.names,
                 connect_timeout=self.connect_timeout,

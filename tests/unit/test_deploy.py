@@ -1,0 +1,89 @@
+"""The deployment files as shipped: compose files validate with docker-compose, the alert rules
+pass promtool's check and unit tests, and every metric the rules and the dashboard use is one a
+service exports."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import require_binary
+
+ROOT = Path(__file__).resolve().parents[2]
+COMPOSE = ROOT / "compose"
+
+
+@pytest.fixture
+def compose_dir(tmp_path) -> Path:
+    """A copy of compose/ with generated secrets and a site file, as an operator prepares it."""
+    work = tmp_path / "compose"
+    shutil.copytree(COMPOSE, work, ignore=shutil.ignore_patterns("secrets", "wheels", "site.yaml"))
+    subprocess.run(["sh", str(work / "make-secrets.sh")], check=True, capture_output=True)
+    shutil.copy(work / "site.sim.yaml", work / "site.yaml")
+    return work
+
+
+@pytest.mark.parametrize("files", [["docker-compose.yml"], ["docker-compose.yml", "nats-cluster.yml"]])
+def test_compose_files_validate(compose_dir, files):
+    docker_compose = require_binary("docker-compose", "docker-compose")
+    args = [a for f in files for a in ("-f", str(compose_dir / f))]
+    out = subprocess.run(
+        [docker_compose, *args, "--profile", "sim", "--profile", "observability", "config"],
+        capture_output=True,
+        text=True,
+        cwd=compose_dir,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    config = yaml.safe_load(out.stdout)
+    services = config["services"]
+    assert {"nats", "ups-monitor", "coordinator", "power-control", "sim", "trainer", "jaeger"} <= set(services)
+    for name in ("ups-monitor", "coordinator", "power-control"):
+        assert services[name]["depends_on"]["nats"]["condition"] == "service_healthy"
+        assert services[name]["environment"]["NATS_USER"] == name  # its own NATS user
+    if "nats-cluster.yml" in files:
+        assert {"nats-2", "nats-3"} <= set(services)
+        assert "nats-3" in services["coordinator"]["environment"]["NATS_URL"]
+
+
+def test_make_secrets_gives_every_service_a_nats_password(compose_dir):
+    env = dict(line.split("=", 1) for line in (compose_dir / "secrets" / "nats.env").read_text().splitlines())
+    conf = (COMPOSE / "nats.conf").read_text()
+    for var in re.findall(r"password: \$(\w+)", conf):
+        assert len(env[var]) >= 16, var
+
+
+def test_alert_rules_check_and_unit_tests():
+    promtool = require_binary("promtool", "prometheus")
+    prom = COMPOSE / "prometheus"
+    check = subprocess.run([promtool, "check", "rules", "alerts.yml"], cwd=prom, capture_output=True, text=True)
+    assert check.returncode == 0, check.stdout + check.stderr
+    test = subprocess.run([promtool, "test", "rules", "alerts.test.yml"], cwd=prom, capture_output=True, text=True)
+    assert test.returncode == 0, test.stdout + test.stderr
+
+
+def _exported_metrics() -> set[str]:
+    names = set()
+    for path in ROOT.glob("*/**/metrics.py"):
+        for kind, name in re.findall(r"(Gauge|Counter|Histogram)\(\s*\"(\w+)\"", path.read_text()):
+            counter = kind == "Counter" and not name.endswith("_total")
+            names.add(name + ("_total" if counter else ""))
+            if kind == "Histogram":
+                names.update({name + "_bucket", name + "_sum", name + "_count"})
+    return names
+
+
+def test_rules_and_dashboard_use_only_metrics_the_services_export():
+    exported = _exported_metrics() | {"up"}
+    used = set(re.findall(r"\b(powerguard_\w+)", (COMPOSE / "prometheus" / "alerts.yml").read_text()))
+    dashboard = json.loads((COMPOSE / "grafana" / "powerguard.json").read_text())
+    for panel in dashboard["panels"]:
+        for target in panel["targets"]:
+            used |= set(re.findall(r"\b(powerguard_\w+)", target["expr"]))
+    assert used and used <= exported, sorted(used - exported)
