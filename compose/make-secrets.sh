@@ -15,4 +15,6 @@ done
 [ -f secrets/pdu_community ] || printf 'private' > secrets/pdu_community
 [ -f secrets/snmp_community ] || printf 'public' > secrets/snmp_community
 chmod 600 secrets/*
+# compose (v1) mounts file secrets with their host owner and mode: let the images' user (uid 10001) read them
+if [ "$(id -u)" = 0 ]; then chown 10001 secrets/nats_* secrets/bmc_* secrets/pdu_community secrets/snmp_community; fi
 echo "wrote $(pwd)/secrets (edit bmc_*, pdu_community, snmp_community for your site)"

@@ -138,3 +138,55 @@ class OtlpReceiver:
                     log.warning("could not forward spans to %s: %s", url, exc)
                     break
         return sent
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m powerguard.sim.otlp --port 4318``: a trace sink for drills (compose ``sim``
+    profile): OTLP/HTTP in, ``GET /spans`` out (JSON: trace id, span id, parent, name, service)."""
+    import argparse
+    import asyncio
+    import signal
+
+    p = argparse.ArgumentParser(prog="python -m powerguard.sim.otlp", description=main.__doc__.split("\n\n")[0])
+    p.add_argument("--host", default="0.0.0.0")
+    p.add_argument("--port", type=int, default=4318)
+    args = p.parse_args(argv)
+
+    async def serve() -> None:
+        receiver = OtlpReceiver()
+
+        async def spans(_: web.Request) -> web.Response:
+            return web.json_response(
+                [
+                    {
+                        "trace_id": s.trace_id,
+                        "span_id": s.span_id,
+                        "parent_id": s.parent_id,
+                        "name": s.name,
+                        "service": s.service,
+                        "attributes": {k: str(v) for k, v in s.attributes.items()},
+                    }
+                    for s in receiver.spans
+                ]
+            )
+
+        app = web.Application(client_max_size=32 * 1024 * 1024)
+        app.router.add_post("/v1/traces", receiver._traces)
+        app.router.add_get("/spans", spans)
+        app.router.add_get("/healthz", lambda _: web.Response(text="ok"))
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        await web.TCPSite(runner, args.host, args.port).start()
+        stop = asyncio.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            asyncio.get_running_loop().add_signal_handler(sig, stop.set)
+        print(f"trace sink on {args.host}:{args.port}", flush=True)
+        await stop.wait()
+        await runner.cleanup()
+
+    asyncio.run(serve())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
