@@ -21,8 +21,13 @@ def main() -> None:
     report_file = OUT / "drill.json"
     subprocess.run([sys.executable, "-m", "powerguard.cli", "demo", "--json", str(report_file)], check=True)
     report = json.loads(report_file.read_text())
-    site = {}  # the demo's configured waits (powerguard.sim.site)
-    site["restore_stable_s"], site["outlet_stagger_s"], site["boot_delay_s"] = 2.0, 1.0, 1.0
+    from powerguard.sim import site as sim  # the waits the simulated site is configured with
+
+    site = {
+        "restore_stable_s": sim.RESTORE_STABLE_S,
+        "outlet_stagger_s": sim.OUTLET_STAGGER_S,
+        "boot_delay_s": sim.BOOT_DELAY_S,
+    }
     spans = [
         s
         for rs in json.loads((OUT / "drill.trace.json").read_text())["resourceSpans"]

@@ -25,6 +25,10 @@ from .pdu import SimPdu
 from .ups import Battery, ups_agent
 
 SERVICES = ("ups-monitor", "coordinator", "power-control")
+# what the simulated site waits on purpose (the drill benchmark subtracts these from its timings)
+BOOT_DELAY_S = 1.0
+RESTORE_STABLE_S = 2.0
+OUTLET_STAGGER_S = 1.0
 SECRETS = {
     "PG_DEMO_SNMP_COMMUNITY": "public",
     "PG_DEMO_PDU_COMMUNITY": "private",
@@ -117,7 +121,7 @@ class SimSite:
                     "--state",
                     str(self.bmc_state[n]),
                     "--boot-delay",
-                    "1.0",
+                    str(BOOT_DELAY_S),
                     "--soft-off-delay",
                     "0.5",
                 ],
@@ -265,7 +269,7 @@ class SimSite:
                 "ckpt_timeout_s": 60,
                 "shutdown_reserve_s": o.shutdown_reserve_s,
                 "margin_s": 5,
-                "restore_stable_s": 2,
+                "restore_stable_s": RESTORE_STABLE_S,
                 "min_restart_charge_pct": 20,
                 "tick_s": 0.1,
                 "shutdown_timeout_s": 60,
@@ -275,7 +279,7 @@ class SimSite:
             "power_control": {
                 "soft_off_timeout_s": 5,
                 "boot_timeout_s": 40,
-                "outlet_stagger_s": 1.0,
+                "outlet_stagger_s": OUTLET_STAGGER_S,
                 "max_parallel_power_on": 1,
                 "gather_s": 0.3,
                 "poll_interval_s": 0.2,

@@ -9,6 +9,9 @@ import os
 import sys
 import time
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "ups"))
+from pass_persist import serve
+
 STATE = sys.argv[1]
 CONTROL = ".1.3.6.1.4.1.318.1.1.12.3.3.1.1.4"
 STATUS = ".1.3.6.1.4.1.318.1.1.12.3.5.1.1.4"
@@ -36,50 +39,21 @@ def values(state: dict[str, str]) -> dict[str, tuple[str, str]]:
     return out
 
 
-def key(oid: str) -> tuple[int, ...]:
-    return tuple(int(x) for x in oid.strip(".").split("."))
-
-
-def main() -> None:
-    for line in sys.stdin:
-        cmd = line.strip()
-        if not cmd:
-            continue  # snmpd sends a blank line after a set
-        if cmd == "PING":
-            print("PONG", flush=True)
-            continue
-        oid = sys.stdin.readline().strip()
-        state = load()
-        vals = values(state)
-        if cmd == "set":
-            typ_val = sys.stdin.readline().split()
-            if not oid.startswith(CONTROL + "."):
-                print("not-writable", flush=True)
-                continue
-            n = oid.rsplit(".", 1)[1]
-            if n not in state:
-                print("no-creation", flush=True)
-                continue
-            if len(typ_val) != 2 or typ_val[0] != "integer" or typ_val[1] not in ("1", "2", "3"):
-                print("wrong-value", flush=True)
-                continue
-            state[n] = "off" if typ_val[1] == "2" else "on"
-            save(state)
-            with open(STATE + ".log", "a") as f:
-                f.write(f"{time.time():.6f} {n} {state[n]}\n")
-            print("DONE", flush=True)
-            continue
-        if cmd == "get":
-            hit = vals.get(oid)
-        else:
-            nxt = sorted((k for k in vals if key(k) > key(oid)), key=key)
-            oid = nxt[0] if nxt else None
-            hit = vals.get(oid) if oid else None
-        if hit is None:
-            print("NONE", flush=True)
-        else:
-            print(oid, hit[0], hit[1], sep="\n", flush=True)
+def on_set(oid: str, typ: str, val: str) -> str:
+    if not oid.startswith(CONTROL + "."):
+        return "not-writable"
+    state = load()
+    n = oid.rsplit(".", 1)[1]
+    if n not in state:
+        return "no-creation"
+    if typ != "integer" or val not in ("1", "2", "3"):
+        return "wrong-value"
+    state[n] = "off" if val == "2" else "on"
+    save(state)
+    with open(STATE + ".log", "a") as f:
+        f.write(f"{time.time():.6f} {n} {state[n]}\n")
+    return "DONE"
 
 
 if __name__ == "__main__":
-    main()
+    serve(lambda: values(load()), on_set)

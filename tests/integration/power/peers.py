@@ -14,6 +14,7 @@ from pathlib import Path
 
 from tests.conftest import require_binary
 from tests.integration.ups.nut_peer import free_port
+from tests.integration.ups.snmp_peer import start_snmpd
 
 HERE = Path(__file__).parent
 USER, PASSWORD = "admin", "s3cret-pw"
@@ -43,6 +44,13 @@ def _spawn(argv: list[str], log: Path, env: dict | None = None) -> subprocess.Po
     return subprocess.Popen(argv, stdout=out, stderr=out, env={**os.environ, **(env or {})}, start_new_session=True)
 
 
+def ipmitool(port: int, *args: str, timeout: float = 20) -> subprocess.CompletedProcess:
+    """``ipmitool -I lanplus -C 3`` (without -C 3 each call waits 10 s) as USER against 127.0.0.1:port."""
+    binary = require_binary("ipmitool", "ipmitool")
+    argv = [binary, "-I", "lanplus", "-C", "3", "-H", "127.0.0.1", "-p", str(port), "-U", USER, "-P", PASSWORD, *args]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+
+
 class SnmpPdu:
     """snmpd with pass_persist for the APC rPDU outlet table; ``rw`` and ``ro`` communities."""
 
@@ -51,7 +59,6 @@ class SnmpPdu:
         self.tmp, self.port = tmp, free_udp_port()
         self.state = tmp / "pdu-state.json"
         self.state.write_text(json.dumps({str(n): "off" for n in range(1, outlets + 1)}))
-        (tmp / "persist").mkdir(exist_ok=True)
         self.conf = tmp / "pdu-snmpd.conf"
         self.conf.write_text(
             "rwcommunity private 127.0.0.1\nrocommunity public 127.0.0.1\n"
@@ -69,33 +76,16 @@ class SnmpPdu:
         return [(float(t), int(n), s) for t, n, s in (line.split() for line in log.read_text().splitlines())]
 
     def start(self) -> SnmpPdu:
-        self.proc = _spawn(
-            [self.snmpd, "-f", "-Lo", "-C", "-c", str(self.conf), f"udp:127.0.0.1:{self.port}"],
-            self.tmp / "pdu-snmpd.log",
-            env={"SNMP_PERSISTENT_DIR": str(self.tmp / "persist")},
+        self.proc = start_snmpd(
+            self.snmpd,
+            self.conf,
+            self.port,
+            self.tmp,
+            community="public",
+            probe=".1.3.6.1.4.1.318.1.1.12.3.5.1.1.4.1",
+            log="pdu-snmpd.log",
         )
-        deadline = time.monotonic() + 15
-        while time.monotonic() < deadline:
-            r = subprocess.run(
-                [
-                    "snmpget",
-                    "-v2c",
-                    "-c",
-                    "public",
-                    "-t",
-                    "0.3",
-                    "-r",
-                    "0",
-                    f"127.0.0.1:{self.port}",
-                    ".1.3.6.1.4.1.318.1.1.12.3.5.1.1.4.1",
-                ],
-                capture_output=True,
-                text=True,
-            )
-            if r.returncode == 0 and "INTEGER" in r.stdout:
-                return self
-            time.sleep(0.1)
-        raise RuntimeError(f"snmpd not ready: {(self.tmp / 'pdu-snmpd.log').read_text()[-2000:]}")
+        return self
 
     def stop(self) -> None:
         stop(self.proc)
@@ -233,35 +223,9 @@ class IpmiSim:
             [self.bin, "-c", str(self.lan), "-f", str(self.emu), "-s", str(self.tmp / "ipmisim-state"), "-n"],
             self.tmp / "ipmisim.log",
         )
-        ipmitool = require_binary("ipmitool", "ipmitool")
         deadline = time.monotonic() + 15
         while time.monotonic() < deadline:
-            r = subprocess.run(
-                [
-                    ipmitool,
-                    "-I",
-                    "lanplus",
-                    "-C",
-                    "3",
-                    "-H",
-                    "127.0.0.1",
-                    "-p",
-                    str(self.port),
-                    "-U",
-                    USER,
-                    "-P",
-                    PASSWORD,
-                    "-R",
-                    "1",
-                    "-N",
-                    "1",
-                    "chassis",
-                    "power",
-                    "status",
-                ],
-                capture_output=True,
-                text=True,
-            )
+            r = ipmitool(self.port, "-R", "1", "-N", "1", "chassis", "power", "status")
             if r.returncode == 0:
                 return self
             if self.proc.poll() is not None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import subprocess
 import time
 
 import pytest
@@ -14,7 +13,7 @@ from powerguard.power_control.drivers.pdu import ApcPduDriver
 from powerguard.power_control.drivers.redfish import RedfishDriver
 from powerguard.power_control.errors import AuthenticationFailed, CommandRejected, DeviceUnreachable, TlsUntrusted
 
-from .peers import PASSWORD, USER, free_udp_port
+from .peers import PASSWORD, USER, free_udp_port, ipmitool
 
 pytestmark = pytest.mark.integration
 
@@ -49,55 +48,12 @@ async def test_ipmi_against_the_simulated_bmc_agrees_with_ipmitool(make_bmc):
     assert await d.status() == "on"
     await d.soft_off()
     assert await until(lambda: bmc.power, "off") == "off"
-    out = subprocess.run(
-        [
-            "ipmitool",
-            "-I",
-            "lanplus",
-            "-C",
-            "3",
-            "-H",
-            "127.0.0.1",
-            "-p",
-            str(bmc.port),
-            "-U",
-            USER,
-            "-P",
-            PASSWORD,
-            "chassis",
-            "power",
-            "status",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=20,
-    ).stdout
+    out = ipmitool(bmc.port, "chassis", "power", "status").stdout
     assert "Chassis Power is off" in out
     assert await d.restore_policy() == "always-off"
     await d.set_restore_policy("always-on")
     assert await d.restore_policy() == "always-on"
-    out = subprocess.run(
-        [
-            "ipmitool",
-            "-I",
-            "lanplus",
-            "-C",
-            "3",
-            "-H",
-            "127.0.0.1",
-            "-p",
-            str(bmc.port),
-            "-U",
-            USER,
-            "-P",
-            PASSWORD,
-            "chassis",
-            "status",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=20,
-    ).stdout
+    out = ipmitool(bmc.port, "chassis", "status").stdout
     assert "Power Restore Policy : always-on" in out
 
 

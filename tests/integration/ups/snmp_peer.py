@@ -17,6 +17,32 @@ AGENT = Path(__file__).with_name("ups_agent.py")
 V3_USER, V3_AUTH, V3_PRIV = "pguser", "authpass123", "privpass123"
 
 
+def start_snmpd(
+    snmpd: str, conf: Path, port: int, tmp: Path, *, community: str, probe: str, log: str = "snmpd.log"
+) -> subprocess.Popen:
+    """snmpd in the foreground on 127.0.0.1:port, once ``probe`` answers an INTEGER (or RuntimeError)."""
+    (tmp / "persist").mkdir(exist_ok=True)
+    out = open(tmp / log, "ab")
+    proc = subprocess.Popen(
+        [snmpd, "-f", "-Lo", "-C", "-c", str(conf), f"udp:127.0.0.1:{port}"],
+        env={**os.environ, "SNMP_PERSISTENT_DIR": str(tmp / "persist")},
+        stdout=out,
+        stderr=out,
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        r = subprocess.run(
+            ["snmpget", "-v2c", "-c", community, "-t", "0.3", "-r", "0", f"127.0.0.1:{port}", probe],
+            capture_output=True,
+            text=True,
+        )
+        if r.returncode == 0 and "INTEGER" in r.stdout:
+            return proc
+        time.sleep(0.1)
+    raise RuntimeError(f"snmpd not ready: {(tmp / log).read_text()[-2000:]}")
+
+
 class SnmpUps:
     def __init__(
         self, tmp: Path, *, community: str = "public", extra_users: tuple[str, ...] = (), port: int | None = None
@@ -26,7 +52,6 @@ class SnmpUps:
         self.tmp, self.port, self.community = tmp, port or free_port(), community
         self.state = tmp / "ups-state.json"
         self.set(on_battery=False)
-        (tmp / "persist").mkdir(exist_ok=True)
         conf = tmp / "snmpd.conf"
         agent = f"{sys.executable} {AGENT} {self.state}"
         conf.write_text(
@@ -46,37 +71,10 @@ class SnmpUps:
         os.replace(tmp, self.state)
 
     def start(self) -> SnmpUps:
-        env = {**os.environ, "SNMP_PERSISTENT_DIR": str(self.tmp / "persist")}
-        log = open(self.tmp / "snmpd.log", "ab")
-        self.proc = subprocess.Popen(
-            [self.snmpd, "-f", "-Lo", "-C", "-c", str(self.conf), f"udp:127.0.0.1:{self.port}"],
-            env=env,
-            stdout=log,
-            stderr=log,
-            start_new_session=True,
+        self.proc = start_snmpd(
+            self.snmpd, self.conf, self.port, self.tmp, community=self.community, probe=".1.3.6.1.2.1.33.1.4.1.0"
         )
-        deadline = time.monotonic() + 15
-        while time.monotonic() < deadline:
-            r = subprocess.run(
-                [
-                    "snmpget",
-                    "-v2c",
-                    "-c",
-                    self.community,
-                    "-t",
-                    "0.3",
-                    "-r",
-                    "0",
-                    f"127.0.0.1:{self.port}",
-                    ".1.3.6.1.2.1.33.1.4.1.0",
-                ],
-                capture_output=True,
-                text=True,
-            )
-            if r.returncode == 0 and "INTEGER" in r.stdout:
-                return self
-            time.sleep(0.1)
-        raise RuntimeError(f"snmpd not ready: {(self.tmp / 'snmpd.log').read_text()[-2000:]}")
+        return self
 
     def stop(self) -> None:
         if self.proc and self.proc.poll() is None:

@@ -3,7 +3,11 @@
 values come from a JSON state file the test rewrites. Run by snmpd, not by pytest."""
 
 import json
+import os
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from pass_persist import serve
 
 STATE = sys.argv[1]
 UPS = ".1.3.6.1.2.1.33"
@@ -39,35 +43,5 @@ def values() -> dict[str, tuple[str, str]]:
     return out
 
 
-def key(oid: str) -> tuple[int, ...]:
-    return tuple(int(x) for x in oid.strip(".").split("."))
-
-
-def main() -> None:
-    for line in sys.stdin:
-        cmd = line.strip()
-        if not cmd:
-            continue  # snmpd sends a blank line after a set
-        if cmd == "PING":
-            print("PONG", flush=True)
-            continue
-        oid = sys.stdin.readline().strip()
-        vals = values()
-        if cmd == "get":
-            hit = vals.get(oid)
-        elif cmd == "getnext":
-            nxt = sorted((k for k in vals if key(k) > key(oid)), key=key)
-            oid = nxt[0] if nxt else None
-            hit = vals.get(oid) if oid else None
-        else:  # set
-            sys.stdin.readline()
-            print("not-writable", flush=True)
-            continue
-        if hit is None:
-            print("NONE", flush=True)
-        else:
-            print(oid, hit[0], hit[1], sep="\n", flush=True)
-
-
 if __name__ == "__main__":
-    main()
+    serve(values)

@@ -79,7 +79,8 @@ class Bus:
         """Connect (reconnecting forever once connected) and, with ``setup``, create the
         stream and KV buckets if they are missing. Raises :class:`ConnectError` when no
         server answers within ``connect_timeout``."""
-        servers = [url] if isinstance(url, str) else list(url)
+        # a string may name several servers of a cluster, comma-separated
+        servers = [u.strip() for u in url.split(",") if u.strip()] if isinstance(url, str) else list(url)
         closing = [False]  # set by drain()/close(): expected disconnects are not warnings
         reconnected = [asyncio.Event()]  # set (and replaced) at every reconnect
 

@@ -10,11 +10,11 @@ import os
 import signal
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from powerguard.schemas import ConfigError, PowerGuardError, SiteConfig, load_site
 
 from .client import Bus
+from .env import env_secret
 from .http import HealthServer
 from .logs import configure_logging
 from .names import BusNames, StreamLimits
@@ -64,10 +64,10 @@ async def run_service(
     password = nats.password.resolve().get_secret_value() if nats and nats.password else None
     # one site file for every service, one NATS user per service: the environment may name it
     user = (nats.user if nats else None) or os.environ.get("NATS_USER")
-    password = password or _env_secret("NATS_PASSWORD")
+    password = password or env_secret("NATS_PASSWORD")
     replicas = int(os.environ.get("POWERGUARD_NATS_REPLICAS", "1"))
     bus = await Bus.connect(
-        [u.strip() for u in nats_url.split(",") if u.strip()],
+        nats_url,
         limits=StreamLimits(replicas=replicas),
         service=name,
         names=names or (BusNames.from_settings(nats) if nats else BusNames()),
@@ -117,12 +117,6 @@ async def run_service(
             await health.stop()
     log.info("%s stopped", name)
     return code
-
-
-def _env_secret(name: str) -> str | None:
-    """``NAME_FILE`` (a mounted secret) or ``NAME``."""
-    path = os.environ.get(f"{name}_FILE")
-    return Path(path).read_text().strip() if path else os.environ.get(name)
 
 
 def service_parser(name: str, description: str, default_port: int) -> argparse.ArgumentParser:

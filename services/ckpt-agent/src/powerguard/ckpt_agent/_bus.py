@@ -20,6 +20,7 @@ from opentelemetry import context as otel_context
 
 from powerguard.bus import Bus, BusNames
 from powerguard.bus.agents import announce
+from powerguard.bus.env import env_secret
 from powerguard.schemas import (
     AgentData,
     AgentDeregistered,
@@ -34,15 +35,6 @@ from powerguard.schemas import (
 )
 
 log = logging.getLogger(__name__)
-
-
-def _env_secret(name: str) -> str | None:
-    """``NAME_FILE`` (a mounted secret) or ``NAME``."""
-    path = os.environ.get(f"{name}_FILE")
-    if path:
-        with open(path) as f:
-            return f.read().strip()
-    return os.environ.get(name)
 
 
 @dataclass
@@ -100,9 +92,9 @@ class BusThread:
         self._stop = asyncio.Event()
         try:
             self.bus = await Bus.connect(
-                [u.strip() for u in self.url.split(",") if u.strip()],
+                self.url,
                 user=os.environ.get("NATS_USER"),  # a NATS user of its own where the server has accounts
-                password=_env_secret("NATS_PASSWORD"),
+                password=env_secret("NATS_PASSWORD"),
                 service=f"ckpt-agent-{self.agent.job}-{self.agent.rank}",
                 names=self.names,
                 connect_timeout=self.connect_timeout,

@@ -229,14 +229,11 @@ def _observe(ev: Envelope, r: DrillResult, t0: float, notify: Notify) -> None:
         else:
             r.failed.setdefault(d.job, {})[d.rank] = d.error
             notify(at, f"{d.job} rank {d.rank}: checkpoint FAILED: {d.error}")
-    elif isinstance(ev, ShutdownRequested | PowerOnRequested) and ev.data.saga_id == r.saga_id:
-        what = f"{ev.type.rsplit('.', 1)[-1]} {ev.data.node}" + (" (dry-run)" if ev.data.dry_run else " (REAL)")
-        r.commands.append(what)
-        if not ev.data.dry_run:
-            r.not_dry.append(what)
-        notify(at, f"command: {what}")
-    elif isinstance(ev, JobStopRequested | JobRestartRequested) and ev.data.saga_id == r.saga_id:
-        what = f"{ev.type.rsplit('.', 1)[-1]} {ev.data.job}" + (" (dry-run)" if ev.data.dry_run else " (REAL)")
+    elif isinstance(ev, ShutdownRequested | PowerOnRequested | JobStopRequested | JobRestartRequested):
+        if ev.data.saga_id != r.saga_id:
+            return
+        target = ev.data.job if isinstance(ev, JobStopRequested | JobRestartRequested) else ev.data.node
+        what = f"{ev.type.rsplit('.', 1)[-1]} {target}" + (" (dry-run)" if ev.data.dry_run else " (REAL)")
         r.commands.append(what)
         if not ev.data.dry_run:
             r.not_dry.append(what)

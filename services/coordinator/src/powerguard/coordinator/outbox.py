@@ -28,71 +28,41 @@ def _dt(t: float | None) -> datetime | None:
     return datetime.fromtimestamp(t, UTC) if t is not None else None
 
 
+_JOB_COMMANDS = {"job_stop": JobStopRequested, "job_restart": JobRestartRequested}
+_POWER_COMMANDS = {"shutdown": ShutdownRequested, "power_on": PowerOnRequested}
+
+
 def command_event(rec: SagaRecord, cmd: Command) -> Envelope:
     eid = deterministic_id("cmd", cmd.key)
     a = cmd.args
-    match cmd.kind:
-        case "ckpt_request":
-            return CheckpointRequested(
-                id=eid,
-                source=SOURCE,
-                data=CheckpointRequestData(
-                    request_id=a["request_id"],
-                    saga_id=rec.saga_id,
-                    job=cmd.target,
-                    reason="power",
-                    deadline=_dt(a["deadline"]),
-                ),
-            )
-        case "job_stop":
-            return JobStopRequested(
-                id=eid,
-                source=SOURCE,
-                data=JobData(
-                    job=cmd.target,
-                    saga_id=rec.saga_id,
-                    idempotency_key=cmd.key,
-                    nodes=a.get("nodes", []),
-                    dry_run=rec.drill,
-                ),
-            )
-        case "job_restart":
-            return JobRestartRequested(
-                id=eid,
-                source=SOURCE,
-                data=JobData(
-                    job=cmd.target,
-                    saga_id=rec.saga_id,
-                    idempotency_key=cmd.key,
-                    nodes=a.get("nodes", []),
-                    dry_run=rec.drill,
-                ),
-            )
-        case "shutdown":
-            return ShutdownRequested(
-                id=eid,
-                source=SOURCE,
-                data=PowerCommandData(
-                    saga_id=rec.saga_id,
-                    node=cmd.target,
-                    idempotency_key=cmd.key,
-                    reason=a.get("reason"),
-                    jobs=a.get("jobs", []),
-                    dry_run=rec.drill,
-                ),
-            )
-        case "power_on":
-            return PowerOnRequested(
-                id=eid,
-                source=SOURCE,
-                data=PowerCommandData(
-                    saga_id=rec.saga_id,
-                    node=cmd.target,
-                    idempotency_key=cmd.key,
-                    reason="power restored",
-                    dry_run=rec.drill,
-                ),
-            )
+    if cmd.kind == "ckpt_request":
+        return CheckpointRequested(
+            id=eid,
+            source=SOURCE,
+            data=CheckpointRequestData(
+                request_id=a["request_id"],
+                saga_id=rec.saga_id,
+                job=cmd.target,
+                reason="power",
+                deadline=_dt(a["deadline"]),
+            ),
+        )
+    # a drill's saga sends every power and job command as dry-run
+    if cmd.kind in _JOB_COMMANDS:
+        data = JobData(
+            job=cmd.target, saga_id=rec.saga_id, idempotency_key=cmd.key, nodes=a.get("nodes", []), dry_run=rec.drill
+        )
+        return _JOB_COMMANDS[cmd.kind](id=eid, source=SOURCE, data=data)
+    if cmd.kind in _POWER_COMMANDS:
+        data = PowerCommandData(
+            saga_id=rec.saga_id,
+            node=cmd.target,
+            idempotency_key=cmd.key,
+            reason=a.get("reason") if cmd.kind == "shutdown" else "power restored",
+            jobs=a.get("jobs", []),
+            dry_run=rec.drill,
+        )
+        return _POWER_COMMANDS[cmd.kind](id=eid, source=SOURCE, data=data)
     raise ValueError(f"unknown command kind {cmd.kind}")
 
 

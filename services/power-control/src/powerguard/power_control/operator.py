@@ -42,12 +42,17 @@ def _select(site: SiteConfig, nodes: list[str] | None) -> list[str]:
     return nodes
 
 
-async def status(site: SiteConfig, nodes: list[str] | None = None) -> list[NodeRow]:
-    devices = _devices(site)
+async def _each(site: SiteConfig, nodes: list[str] | None, row, *, dry_run: bool = False) -> list[NodeRow]:
+    """``row(devices, node)`` for every selected node, concurrently, then close the devices."""
+    devices = _devices(site, dry_run)
     try:
-        return list(await asyncio.gather(*(_status_row(devices, n) for n in _select(site, nodes))))
+        return list(await asyncio.gather(*(row(devices, n) for n in _select(site, nodes))))
     finally:
         await devices.close()
+
+
+async def status(site: SiteConfig, nodes: list[str] | None = None) -> list[NodeRow]:
+    return await _each(site, nodes, _status_row)
 
 
 async def _status_row(devices: Devices, node: str) -> NodeRow:
@@ -68,10 +73,10 @@ async def _status_row(devices: Devices, node: str) -> NodeRow:
 async def act(site: SiteConfig, nodes: list[str], action: str, *, dry_run: bool = False) -> list[NodeRow]:
     if action not in ACTIONS:
         raise PowerControlError(f"unknown action {action!r} (one of {', '.join(ACTIONS)})")
-    devices = _devices(site, dry_run)
 
-    async def one(node: str) -> NodeRow:
-        row = NodeRow(node=node, driver="dry-run" if devices.dry_run else (devices.node(node).bmc or _NoBmc).driver)
+    async def one(devices: Devices, node: str) -> NodeRow:
+        cfg = devices.node(node)
+        row = NodeRow(node=node, driver="dry-run" if devices.dry_run else cfg.bmc.driver if cfg.bmc else "-")
         try:
             bmc = devices.bmc(node)
             if bmc is None:
@@ -83,22 +88,14 @@ async def act(site: SiteConfig, nodes: list[str], action: str, *, dry_run: bool 
             row.error = str(exc)
         return row
 
-    try:
-        return list(await asyncio.gather(*(one(n) for n in _select(site, nodes))))
-    finally:
-        await devices.close()
-
-
-class _NoBmc:
-    driver = "-"
+    return await _each(site, nodes, one, dry_run=dry_run)
 
 
 async def audit(site: SiteConfig, nodes: list[str] | None = None, *, fix: bool = False) -> list[NodeRow]:
     """Every BMC's power-restore policy against the site's; ``fix`` sets it where it differs."""
-    devices = _devices(site)
-    want: RestorePolicy = devices.settings.restore_policy
 
-    async def one(node: str) -> NodeRow:
+    async def one(devices: Devices, node: str) -> NodeRow:
+        want: RestorePolicy = devices.settings.restore_policy
         row = await _status_row(devices, node)
         bmc = devices.bmc(node)
         if bmc is None:
@@ -120,7 +117,4 @@ async def audit(site: SiteConfig, nodes: list[str] | None = None, *, fix: bool =
             row.error = str(exc)
         return row
 
-    try:
-        return list(await asyncio.gather(*(one(n) for n in _select(site, nodes))))
-    finally:
-        await devices.close()
+    return await _each(site, nodes, one)
