@@ -55,11 +55,18 @@ def names(spans: list[dict]) -> Counter:
 def test_outage_checkpoints_shuts_down_restores_and_resumes_bit_exact(tmp_path):
     report, spans, r = drill(tmp_path)
     assert r.returncode == 0, r.stdout[-3000:]
+    assert report["hold_policy"] == "checkpoint-at-stop"  # the default
     assert report["rpo_steps"] == 0 and report["bit_exact"] is True
     assert report["nodes_powered_off"] == 2 and report["nodes_on_at_end"] == 2
-    assert report["saga_states"][-3:] == ["restoring", "resumed", "done"]
+    assert report["saga_states"][-4:] == ["down", "restoring", "resumed", "done"]
+    assert "final_checkpoint" in report["saga_states"]
     assert 0 < report["detected_s"] < 2 and report["all_acked_s"] < 30
-    assert report["training_resumed_s"] is not None and report["restored_step"] == report["checkpoint_step"]
+    # the job trained through the hold and kept it: it restarted from the final checkpoint, where it stopped
+    work = report["work"]
+    assert report["restored_step"] == report["final_checkpoint_step"] == work["stop_step"]
+    assert work["lost_steps"] == 0 and work["steps_kept"] == work["steps_trained_since_detection"] > 20
+    assert report["saga"]["lost_steps"] == 0 and report["saga"]["jobs"]["demo-train"]["stop_step_exact"] is True
+    assert "steps trained after detection / kept" in r.stdout
     # one trace across ups-monitor, coordinator, power-control and every rank's ckpt-agent
     assert {s["traceId"] for s in spans} == {report["trace_id"]}
     assert {s["service"] for s in spans} == {
@@ -71,7 +78,8 @@ def test_outage_checkpoints_shuts_down_restores_and_resumes_bit_exact(tmp_path):
     n = names(spans)
     assert n["detect ups-a"] == 1
     ckpt = [s for s in spans if s["name"] == "checkpoint demo-train" and s["service"] == "powerguard-ckpt-agent"]
-    assert n["checkpoint demo-train"] == 5  # the coordinator's phase and one per rank
+    assert n["checkpoint demo-train"] == 9  # the coordinator's phase and one per rank, two checkpoints
+    assert n["final checkpoint demo-train"] == 1
     ranks = {a["value"]["intValue"] for s in ckpt for a in s["attributes"] if a["key"] == "powerguard.rank"}
     assert ranks == {"0", "1", "2", "3"}
     assert n["shutdown node1"] == 2 and n["shutdown node2"] == 2  # coordinator phase + power-control sequence
@@ -81,13 +89,28 @@ def test_outage_checkpoints_shuts_down_restores_and_resumes_bit_exact(tmp_path):
     assert "<svg" in (tmp_path / "report.timeline.html").read_text()
 
 
-def test_flap_cancels_the_saga_and_no_node_goes_down(tmp_path):
-    report, spans, r = drill(tmp_path, "--flap")
+def test_flap_with_pause_waits_in_place_then_trains_on_no_restart_nothing_lost(tmp_path):
+    report, spans, r = drill(tmp_path, "--flap", "--hold-policy", "pause")
     assert r.returncode == 0, r.stdout[-3000:]
     assert report["saga_states"][-1] == "cancelled"
     assert report["nodes_powered_off"] == 0 and report["nodes_on_at_end"] == 2
     assert report["bit_exact"] is True and report["rpo_steps"] == 0
+    assert report["restarted"] is False and report["work"]["lost_steps"] == 0
+    assert report["work"]["longest_stall_s"] >= 1.5  # paused through the hold, released when power returned
     assert not [s for s in spans if s["name"].startswith(("shutdown", "power_on"))]
+
+
+def test_pause_leaves_more_battery_at_the_stop_than_continue_and_continue_reports_its_loss(tmp_path):
+    pause, _, r1 = drill(tmp_path / "pause", "--hold-policy", "pause")
+    cont, _, r2 = drill(tmp_path / "continue", "--hold-policy", "continue")
+    assert r1.returncode == 0, r1.stdout[-3000:]
+    assert r2.returncode == 0, r2.stdout[-3000:]  # a loss by policy is reported, not a failed drill
+    assert pause["rpo_steps"] == 0 and pause["bit_exact"] and pause["restored_step"] == pause["checkpoint_step"]
+    assert cont["rpo_steps"] > 20 and cont["bit_exact"]  # the hold's training, trained twice
+    assert cont["saga"]["lost_steps"] > 0  # the saga says so too (a lower bound from heartbeats)
+    bp, bc = pause["battery_at_stop"], cont["battery_at_stop"]
+    assert bp["charge_pct"] > bc["charge_pct"] and bp["runtime_s"] > bc["runtime_s"]
+    assert bp["runtime_at_training_load_s"] > bc["runtime_at_training_load_s"]
 
 
 def test_race_finishes_the_shutdown_then_restores(tmp_path):

@@ -45,7 +45,8 @@ async def run_demo(
     *,
     scenario: str = "outage",
     seed: int = 1234,
-    steps: int = 240,
+    steps: int = 300,
+    hold_policy: str = "checkpoint-at-stop",
     json_out: Path | None = None,
     workdir: Path | None = None,
     keep: bool = False,
@@ -60,9 +61,10 @@ async def run_demo(
     work = workdir or Path(tempfile.mkdtemp(prefix="pg-demo-"))
     out_dir = (json_out.parent if json_out else Path.cwd() / "demo-output").resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
-    site = SimSite(work, SiteOptions(seed=seed, steps=steps))
+    site = SimSite(work, SiteOptions(seed=seed, steps=steps, hold_policy=hold_policy))
     console.print(
-        f"[bold]PowerGuard outage drill[/bold]: scenario [bold]{scenario}[/bold], seed {seed}, work dir {work}"
+        f"[bold]PowerGuard outage drill[/bold]: scenario [bold]{scenario}[/bold], hold policy "
+        f"[bold]{hold_policy}[/bold], seed {seed}, work dir {work}"
     )
     console.print("[dim]reference run (same seed, no outage) ...[/dim]")
     t = time.monotonic()
@@ -132,7 +134,15 @@ def _summary(console: Console, r: dict) -> None:
     def s(v: float | None) -> str:
         return "-" if v is None else f"{v:.2f} s"
 
-    table = Table(title=f"outage drill: {r['scenario']}")
+    w, b, sg = r.get("work") or {}, r.get("battery_at_stop") or {}, r.get("saga") or {}
+
+    def n(v) -> str:
+        return "-" if v is None else str(v)
+
+    lost = w.get("lost_steps")
+    lost_txt = f"{lost} steps" + (f" ({w['lost_s']:.2f} s of training)" if lost and w.get("lost_s") else "")
+    lost_txt = f"[green]{lost_txt}[/green]" if lost == 0 else f"[red]{lost_txt}[/red]"
+    table = Table(title=f"outage drill: {r['scenario']}, hold policy {r.get('hold_policy')}")
     table.add_column("figure")
     table.add_column("value", justify="right")
     rows = [
@@ -144,11 +154,24 @@ def _summary(console: Console, r: dict) -> None:
         ("saga", " -> ".join(r["saga_states"])),
         ("nodes powered off", str(r["nodes_powered_off"])),
         (
-            "step at detection / checkpoint / restored",
-            f"{r['step_at_detection']} / {r['checkpoint_step']} / "
-            f"{r['restored_step'] if r['restored_step'] is not None else '-'}",
+            "step at detection / power checkpoint / final checkpoint / stop / restored",
+            f"{r['step_at_detection']} / {n(r['checkpoint_step'])} / {n(r.get('final_checkpoint_step'))} / "
+            f"{n(w.get('stop_step'))} / {n(r['restored_step'])}",
         ),
-        ("steps lost (RPO)", str(r["rpo_steps"])),
+        ("hold (saga: holding -> stop decided)", s(sg.get("hold_s"))),
+        (
+            "steps trained after detection / kept",
+            f"{n(w.get('steps_trained_since_detection'))} / {n(w.get('steps_kept'))}",
+        ),
+        ("work lost at the stop (steps trained twice)", lost_txt),
+        ("work lost as the saga recorded it", n(sg.get("lost_steps"))),
+        ("longest pause of training after detection", s(w.get("longest_stall_s"))),
+        (
+            f"UPS at {b.get('at', 'stop')}: charge / runtime (at its load) / runtime at training load",
+            f"{b.get('charge_pct', '-')} % / {b.get('runtime_s', '-')} s / {b.get('runtime_at_training_load_s', '-')} s"
+            if b
+            else "-",
+        ),
         ("final parameters bit-exact vs. reference run", "[green]yes[/green]" if r["bit_exact"] else "[red]NO[/red]"),
         ("trace", f"{r['trace_id']} ({r['span_count']} spans from {len(r['trace_services'])} services)"),
         ("wall time", f"{r['wall_s']:.0f} s"),

@@ -1,8 +1,13 @@
 """The scripted outage on the simulated site, observed from the bus like an operator would:
 
-utility fails → on battery → checkpoint on every rank → hold → shutdown as the runtime runs low
-→ utility returns → stable → staggered power-on → the job restarts from its checkpoint →
-training resumes and finishes → final parameters compared with the reference run.
+utility fails → on battery → checkpoint on every rank → hold (what the job does during it is
+its hold policy) → shutdown at the site's hold limit (after a final checkpoint with
+``checkpoint-at-stop``) → utility returns → stable → staggered power-on → the job restarts from
+its checkpoint → training resumes and finishes → final parameters compared with the reference run.
+
+The report's work-lost figures come from the ranks' own progress file (every step each rank
+finished, with its time), not from the saga: a step trained twice is a step lost. The saga's
+own figures (from its record in KV) are reported next to them.
 
 Scenarios: ``outage`` (the above), ``flap`` (power returns once every rank has acked, before
 any shutdown: the saga is cancelled and no node goes down), ``race`` (power returns while the
@@ -13,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -99,16 +105,52 @@ async def _until(obs: Observed, pred: Callable[[], Any], timeout_s: float, what:
     return value
 
 
-def _progress(site: SimSite) -> dict[int, int]:
-    """Last completed step per rank."""
-    last: dict[int, int] = {}
+def _lines(site: SimSite) -> list[tuple[int, int, float]]:
+    """(rank, step, time) of every finished step, in the order the ranks wrote them."""
+    out = []
     try:
         for line in site.progress.read_text().splitlines():
-            rank, step = line.split()
-            last[int(rank)] = int(step)
+            rank, step, at = line.split()
+            out.append((int(rank), int(step), float(at)))
     except (OSError, ValueError):
         pass
-    return last
+    return out
+
+
+def _progress(site: SimSite) -> dict[int, int]:
+    """Last completed step per rank."""
+    return {rank: step for rank, step, _ in _lines(site)}
+
+
+def work_figures(lines: list[tuple[int, int, float]], *, step_at_detection: int, stop_at: int | None) -> dict:
+    """What the ranks really did, from their progress lines (``stop_at``: how many lines were
+    written before the nodes went off, None when they never did)."""
+    first = lines[:stop_at] if stop_at is not None else lines
+    rank0 = [(s, t) for r, s, t in first if r == 0]
+    stop_step = max((s for _, s, _ in first), default=None) if stop_at is not None else None
+    # a step a rank finished twice was lost once (the restart trained it again)
+    seen: dict[int, set[int]] = {}
+    retrained: dict[int, int] = {}
+    for r, s, _ in lines:
+        if s in seen.setdefault(r, set()):
+            retrained[r] = retrained.get(r, 0) + 1
+        seen[r].add(s)
+    lost = max(retrained.values(), default=0)
+    times = dict(rank0)
+    lost_s = None
+    if stop_step is not None and lost and (stop_step - lost) in times and stop_step in times:
+        lost_s = round(times[stop_step] - times[stop_step - lost], 3)
+    gaps = [b[1] - a[1] for a, b in itertools.pairwise(rank0) if a[0] >= step_at_detection]
+    hold_end = stop_step if stop_step is not None else max((s for s, _ in rank0), default=step_at_detection)
+    return {
+        "stop_step": stop_step,
+        "lost_steps": lost,
+        "lost_s": 0.0 if not lost else lost_s,
+        "steps_trained_since_detection": None if stop_step is None else stop_step - step_at_detection,
+        "steps_kept": None if stop_step is None else max(0, stop_step - step_at_detection - lost),
+        "longest_stall_s": round(max(gaps), 3) if gaps else None,
+        "trained_after_detection_to": hold_end,
+    }
 
 
 async def run_drill(site: SimSite, scenario: str, *, notify: Notify, bus: Bus, warmup_steps: int = 30) -> dict:
@@ -118,12 +160,29 @@ async def run_drill(site: SimSite, scenario: str, *, notify: Notify, bus: Bus, w
     obs = Observed(t0=time.time())
     world = site.opts.nodes * site.opts.ranks_per_node
     job = site.opts.job
+    battery: dict[str, float] = {}
+
+    def snapshot_battery(why: str) -> None:
+        if not battery:
+            from .ups import full_runtime_s
+
+            b = site.battery
+            battery.update(
+                at=why,
+                runtime_s=round(b.runtime_s, 1),
+                charge_pct=round(b.charge_pct, 2),
+                runtime_at_training_load_s=round(
+                    b.charge_pct / 100 * full_runtime_s(site.opts.load_per_node_pct * site.opts.nodes), 1
+                ),
+            )
 
     def say(phase: str, text: str, at: float | None = None) -> None:
         notify((at or time.time()) - obs.t0, phase, text)
 
     async def watch() -> None:
         async for event in bus.subscribe(subject=bus.subjects.all, deliver="new"):
+            if isinstance(event, SagaStateChanged) and event.data.state.value in ("final_checkpoint", "shutting_down"):
+                snapshot_battery(event.data.state.value)
             obs.add(event)
             line = _describe(event)
             if line:
@@ -169,6 +228,8 @@ async def run_drill(site: SimSite, scenario: str, *, notify: Notify, bus: Bus, w
         t_ret: float
         if scenario == "flap":
             await _until(obs, lambda: saga_state("holding", "checkpointed"), 30, "the saga to hold", site)
+            await asyncio.sleep(2.0)  # a short hold: the job trains on (continue, checkpoint-at-stop) or waits (pause)
+            snapshot_battery("power back")
             t_ret = time.time()
             site.utility(on=True)
             say("outage", "utility power RETURNS before any shutdown (a flap)", t_ret)
@@ -191,6 +252,7 @@ async def run_drill(site: SimSite, scenario: str, *, notify: Notify, bus: Bus, w
                 return len(nodes) >= len(site.node_names)
 
             await _until(obs, off, 90, "every node off", site)
+            stop_at = len(_lines(site))
             if site.final.exists():
                 raise DrillError("training finished before the shutdown: run more --steps")
             if scenario == "outage":
@@ -200,7 +262,7 @@ async def run_drill(site: SimSite, scenario: str, *, notify: Notify, bus: Bus, w
                 say("outage", "utility power RETURNS", t_ret)
             await _until(obs, lambda: saga_state("done", "failed"), 180, "the restore to finish", site)
         await _until(obs, lambda: site.final.exists() and not site.job_running(), 240, "training to finish", site)
-        return _report(
+        report = _report(
             scenario,
             obs,
             site,
@@ -210,10 +272,27 @@ async def run_drill(site: SimSite, scenario: str, *, notify: Notify, bus: Bus, w
             t_ret=t_ret,
             step_at_detection=step_at_detection,
         )
+        report["work"] = work_figures(
+            _lines(site), step_at_detection=step_at_detection, stop_at=None if scenario == "flap" else stop_at
+        )
+        report["rpo_steps"] = report["work"]["lost_steps"]  # work lost at the stop: steps trained twice
+        report["battery_at_stop"] = battery
+        report["saga"] = await _saga_figures(bus, report["saga_id"])
+        return report
     finally:
         watcher.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await watcher
+
+
+async def _saga_figures(bus: Bus, saga_id: str | None) -> dict | None:
+    """The coordinator's own account of the outage (its record in KV)."""
+    from powerguard.coordinator.status import sagas
+
+    for s in await sagas(bus, include_closed=True):
+        if s["saga"] == saga_id:
+            return {k: s[k] for k in ("state", "lost_steps", "hold_s", "stop_reason", "runtime_at_stop_s", "jobs")}
+    return None
 
 
 def _report(
@@ -233,13 +312,10 @@ def _report(
     resumed = obs.of(JobResumed, lambda e: e.data.job == job and e.data.step is not None)
     saga = obs.of(SagaStateChanged)
     restored_step = resumed[-1][1].data.step if resumed else None
-    acked_steps = {e.data.step for _, e in obs.of(CheckpointDurable, lambda e: e.data.job == job)}
-    if restored_step is not None:
-        rpo = max(0, step_at_detection - restored_step)
-    else:  # no restart (flap): nothing was lost; the checkpoint taken is a bonus
-        rpo = 0 if acked_steps and min(acked_steps) >= step_at_detection else None
+    acked_steps = sorted({e.data.step for _, e in obs.of(CheckpointDurable, lambda e: e.data.job == job)})
     return {
         "scenario": scenario,
+        "hold_policy": site.opts.hold_policy,
         "saga_id": saga[0][1].data.saga_id if saga else None,
         "saga_states": [e.data.state.value for _, e in saga],
         "detected_s": round(t_det - t_fail, 3),
@@ -249,9 +325,10 @@ def _report(
         "power_restored_s": round(max(ready) - t_ret, 3) if ready and off else None,
         "training_resumed_s": round(resumed[-1][0] - t_ret, 3) if resumed and off else None,
         "step_at_detection": step_at_detection,
-        "checkpoint_step": min(acked_steps) if acked_steps else None,
+        "checkpoint_step": acked_steps[0] if acked_steps else None,
+        "final_checkpoint_step": acked_steps[-1] if len(acked_steps) > 1 else None,
         "restored_step": restored_step,
-        "rpo_steps": rpo,
+        "restarted": restored_step is not None,
         "nodes_on_at_end": sum(site.node_on(n) for n in site.node_names),
         "events": len(obs.events),
     }

@@ -47,12 +47,15 @@ def _free_udp_port() -> int:
 class SiteOptions:
     nodes: int = 2
     ranks_per_node: int = 2
-    steps: int = 240
+    steps: int = 300
     seed: int = 1234
     step_sleep_s: float = 0.04
     speed: float = 8.0  # UPS seconds per real second on battery
-    load_per_node_pct: float = 30.0
-    shutdown_reserve_s: float = 400.0
+    load_per_node_pct: float = 30.0  # a node whose GPUs train
+    idle_load_per_node_pct: float = 8.0  # a node that is on but not training (paused, stopped, booting)
+    shutdown_reserve_s: float = 300.0
+    max_on_battery_s: float = 6.0  # the hold: the site shuts down after this long on battery (wall seconds)
+    hold_policy: str = "checkpoint-at-stop"
     job: str = "demo-train"
 
 
@@ -83,8 +86,17 @@ class SimSite:
         except (OSError, ValueError):
             return False
 
+    def training(self) -> bool:
+        """The job's ranks are computing: a step finished within the last half second."""
+        try:
+            return time.time() - self.progress.stat().st_mtime < 0.5
+        except OSError:
+            return False
+
     def _load(self) -> float:
-        return self.opts.load_per_node_pct * sum(self.node_on(n) for n in self.node_names)
+        """Each powered node draws its training load while the ranks train, else its idle load."""
+        per_node = self.opts.load_per_node_pct if self.training() else self.opts.idle_load_per_node_pct
+        return per_node * sum(self.node_on(n) for n in self.node_names)
 
     def utility(self, on: bool) -> None:
         """Mains power fails (False) or returns (True)."""
@@ -274,7 +286,8 @@ class SimSite:
                 "tick_s": 0.1,
                 "shutdown_timeout_s": 60,
                 "restore_timeout_s": 150,
-                "max_on_battery_s": 600,
+                "max_on_battery_s": o.max_on_battery_s,
+                "hold_policy": o.hold_policy,
             },
             "power_control": {
                 "soft_off_timeout_s": 5,

@@ -57,7 +57,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--hang-step", type=int, default=-1)
     p.add_argument("--save-at", type=int, default=-1, help="a synchronous checkpoint at this step")
     p.add_argument("--out", help="rank 0 writes the final parameters here (torch.save)")
-    p.add_argument("--progress", help="each rank appends '<rank> <step>' lines here")
+    p.add_argument("--progress", help="each rank appends '<rank> <step> <unix time>' lines here")
+    p.add_argument("--hold-policy", choices=["checkpoint-at-stop", "pause", "continue"], help="override the site's")
+    p.add_argument("--pg-timeout-s", type=float, help="timeout of the training's own process group (default torch's)")
     p.add_argument("--http-port", type=int, help="serve POST /api/v1/trigger_checkpoint on rank 0")
     return p.parse_args(argv)
 
@@ -80,7 +82,12 @@ def ordered_allreduce(_state, bucket):
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s rank{os.environ.get('RANK', 0)} %(message)s")
-    dist.init_process_group("gloo")
+    if args.pg_timeout_s:
+        from datetime import timedelta
+
+        dist.init_process_group("gloo", timeout=timedelta(seconds=args.pg_timeout_s))
+    else:
+        dist.init_process_group("gloo")
     rank = dist.get_rank()
     data, model = build(args.seed, args.width, args.samples)
     ddp = DDP(model)
@@ -111,6 +118,7 @@ def main(argv: list[str] | None = None) -> int:
         local_every_s=args.local_every_s,
         remote_every_s=args.remote_every_s,
         http_port=args.http_port,
+        hold_policy=args.hold_policy,
     )
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # scheduler stop: exit cleanly (close() runs)
     try:
@@ -132,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
                 sched.step()
                 if args.progress:
                     with open(args.progress, "a") as f:
-                        f.write(f"{rank} {step}\n")
+                        f.write(f"{rank} {step} {time.time():.3f}\n")
                 guard.step(step)
                 if step == args.save_at:
                     guard.save(step)

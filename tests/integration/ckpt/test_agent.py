@@ -179,7 +179,7 @@ async def test_hung_rank_cannot_hang_the_checkpoint_past_its_deadline(bus, nats_
     try:
         await registered(bus, "jhang")
         progress = tmp_path / "progress"
-        while "1 14\n" not in (progress.read_text() if progress.exists() else ""):  # rank 1 reached its hang
+        while "\n1 14 " not in "\n" + (progress.read_text() if progress.exists() else ""):  # rank 1 reached its hang
             await asyncio.sleep(0.05)
         await request(bus, "jhang", deadline_s=2.0)
         got = await answers(acks, 2, timeout=20)

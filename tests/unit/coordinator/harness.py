@@ -21,6 +21,7 @@ POLICY = Policy(
     min_restart_charge_pct=30,
     shutdown_timeout_s=300,
     restore_timeout_s=600,
+    hold_policy="continue",  # the shutdown mechanics; test_hold_policy.py covers the other policies
 )
 
 
@@ -64,7 +65,14 @@ class Drive:
         if self.rec is None:
             if not self.topo.nodes_at_risk([u for u, v in self.ups.items() if v.on_battery]):
                 return []
-            self.rec = saga.start(saga_id="s1", topo=self.topo, ups=self.ups, jobs=self.reg.jobs(), now=self.now)
+            self.rec = saga.start(
+                saga_id="s1",
+                topo=self.topo,
+                ups=self.ups,
+                jobs=self.reg.jobs(),
+                now=self.now,
+                hold_policy=self.policy.hold_policy,
+            )
             return self._feed(Tick())
         return self._feed(p)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from powerguard.coordinator import saga
+from powerguard.coordinator import figures, saga
 from powerguard.coordinator.topology import Topology
 
 from .harness import POLICY, Drive
@@ -248,8 +248,8 @@ def test_restore_waits_for_stable_power_and_charge_then_restarts_and_resumes():
     d.resumed("j1", step=101)
     assert d.state == "done"
     assert [t.state.value for t in d.rec.history][-3:] == ["restoring", "resumed", "done"]
-    assert saga.rpo_steps(d.rec) == 0  # resumed at 101 >= step 100 at detection
-    assert saga.rto_s(d.rec) == pytest.approx(35.0)
+    assert figures.rpo_steps(d.rec) == 0  # stopped at 101 (the checkpoint), resumed from 101
+    assert figures.rto_s(d.rec) == pytest.approx(35.0)
 
 
 def test_restore_timeout_fails_with_a_reason():
@@ -279,17 +279,17 @@ def test_bad_acks_change_nothing():
 def test_pending_rederives_what_to_send_again():
     d = Drive()
     d.power("A", True)
-    assert [c.key for c in saga.pending(d.rec)] == ["s1/j1/ckpt"]
+    assert [c.key for c in saga.pending(d.rec, POLICY)] == ["s1/j1/ckpt"]
     d.ack_all("j1")
-    assert saga.pending(d.rec) == []
+    assert saga.pending(d.rec, POLICY) == []
     d.power("A", True, runtime_s=50)
     d.node("n1", "off")
-    assert [c.key for c in saga.pending(d.rec)] == ["s1/j1/stop", "s1/n2/shutdown"]
+    assert [c.key for c in saga.pending(d.rec, POLICY)] == ["s1/j1/stop", "s1/n2/shutdown"]
     d.node("n2", "off")
     d.power("A", False)
     d.advance(30)
     d.node("n2", "ready")
-    assert [c.key for c in saga.pending(d.rec)] == ["s1/n1/power_on"]
+    assert [c.key for c in saga.pending(d.rec, POLICY)] == ["s1/n1/power_on"]
 
 
 def test_record_round_trips_through_json():

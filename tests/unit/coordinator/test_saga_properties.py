@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from powerguard.coordinator import saga
 
-from .harness import TOPO, Drive
+from .harness import POLICY, TOPO, Drive
 
 power = st.tuples(
     st.just("power"),
@@ -16,7 +16,13 @@ power = st.tuples(
     st.one_of(st.none(), st.floats(min_value=0, max_value=1000)),
     st.booleans(),
 )
-ack = st.tuples(st.just("ack"), st.sampled_from(["j1", "j2", "j3"]), st.integers(0, 4), st.booleans())
+ack = st.tuples(
+    st.just("ack"),
+    st.sampled_from(["j1", "j2", "j3"]),
+    st.integers(0, 4),
+    st.booleans(),
+    st.sampled_from(["ckpt", "final"]),
+)
 report = st.tuples(
     st.just("node"), st.sampled_from(sorted(TOPO.feeds)), st.sampled_from(["off", "ready", "failed_off"])
 )
@@ -29,8 +35,8 @@ def apply(d: Drive, step) -> list[saga.Command]:
     match step:
         case ("power", ups, on_battery, runtime, lb):
             return d.power(ups, on_battery, runtime_s=runtime, low_battery=lb)
-        case ("ack", job, rank, ok):
-            return d.ack(job, rank, ok=ok) if d.rec else []
+        case ("ack", job, rank, ok, rnd):
+            return d.ack(job, rank, ok=ok, request_id=f"s1/{job}/{rnd}") if d.rec else []
         case ("node", node, state):
             return d.node(node, state) if d.rec else []
         case ("resumed", job):
@@ -47,6 +53,15 @@ def check_commands(d: Drive, cmds: list[saga.Command]) -> None:
             assert all(d.ups[u].on_battery for u in feeds), f"shutdown of {c.target} with an on-line feed"
             unsettled = [j for j, p in d.rec.jobs.items() if p.settled_at is None]
             assert not unsettled, f"shutdown before {unsettled} acked or hit the deadline"
+            finals = [j for j, p in d.rec.jobs.items() if p.final is not None and p.final.settled_at is None]
+            assert not finals, f"shutdown before the final checkpoint of {finals} settled"
+        if c.kind == "ckpt_request" and c.args["reason"] == "final":
+            plan = d.rec.jobs[c.target]
+            assert plan.hold_policy == "checkpoint-at-stop" and c.args["then"] == "pause"
+            budget = saga._budget_deadline(d.rec, d.now, d.topo, d.policy)
+            assert c.args["deadline"] <= budget, "a final checkpoint may not eat into the shutdown reserve"
+        if c.kind == "release":
+            assert d.state == "cancelled" and d.rec.jobs[c.target].paused
 
 
 def drain(d: Drive) -> None:
@@ -67,9 +82,9 @@ def drain(d: Drive) -> None:
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(steps)
-def test_saga_invariants(steps_):
-    d = Drive()
+@given(steps, st.sampled_from(["checkpoint-at-stop", "pause", "continue"]))
+def test_saga_invariants(steps_, hold_policy):
+    d = Drive(policy=POLICY.model_copy(update={"hold_policy": hold_policy}))
     for step in steps_:
         cmds = apply(d, step)
         check_commands(d, cmds)
@@ -86,6 +101,11 @@ def test_saga_invariants(steps_):
     assert shut <= powered, f"nodes left off: {shut - powered}"
     if d.state == "cancelled":
         assert not shut
+        released = {c.target for c in d.commands if c.kind == "release"}
+        assert released == {j for j, p in d.rec.jobs.items() if p.paused}, "a paused job was never released"
+    stopped = [p for p in d.rec.jobs.values() if p.stopped_at is not None]
+    for p in stopped:  # the figures never hide a loss: the stop step is at least what was made durable
+        assert p.stop_step is None or p.durable_step is None or p.stop_step >= p.durable_step
     # after a restart from the stored record, nothing that was done is sent again
     back = saga.SagaRecord.model_validate_json(d.rec.model_dump_json())
-    assert saga.pending(back) == []
+    assert saga.pending(back, d.policy) == []

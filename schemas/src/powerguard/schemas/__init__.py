@@ -5,7 +5,16 @@ Flat public API::
     from powerguard.schemas import OnBattery, PowerData, Subjects, decode, encode
 """
 
-from .agents import AgentData, AgentDeregistered, AgentEvent, AgentHeartbeat, AgentRegistered, Tier
+from .agents import (
+    HOLD_POLICIES,
+    AgentData,
+    AgentDeregistered,
+    AgentEvent,
+    AgentHeartbeat,
+    AgentRegistered,
+    HoldPolicy,
+    Tier,
+)
 from .checkpoints import (
     CheckpointAck,
     CheckpointDurable,
@@ -15,6 +24,8 @@ from .checkpoints import (
     CheckpointRequestData,
     CheckpointRequested,
     Durations,
+    HoldReleased,
+    ReleaseData,
 )
 from .commands import (
     NodeState,
@@ -148,6 +159,10 @@ __all__ = [
     "Subjects",
     "TYPE_PREFIX",
     "Tier",
+    "HOLD_POLICIES",
+    "HoldPolicy",
+    "HoldReleased",
+    "ReleaseData",
     "UnknownEventType",
     "UnsupportedVersion",
     "decode",

@@ -10,6 +10,8 @@ from .envelope import Data, Envelope
 from .subjects import Subjects
 
 Tier = Literal["local", "remote"]
+HoldPolicy = Literal["checkpoint-at-stop", "pause", "continue"]  # see checkpoints.py
+HOLD_POLICIES: tuple[str, ...] = ("checkpoint-at-stop", "pause", "continue")
 
 
 class AgentData(Data):
@@ -22,6 +24,12 @@ class AgentData(Data):
     step: int | None = Field(default=None, ge=0, description="Current training step")
     last_committed_step: int | None = Field(default=None, ge=0)
     heartbeat_s: float = Field(default=5.0, gt=0, description="Heartbeat interval")
+    hold_policy: HoldPolicy | None = Field(
+        default=None, description="This job's hold policy (None: the site's default)"
+    )
+    paused_step: int | None = Field(
+        default=None, ge=0, description="Waiting at this step boundary (a pause after a checkpoint)"
+    )
 
 
 class AgentEvent(Envelope):

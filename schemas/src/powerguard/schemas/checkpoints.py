@@ -1,4 +1,15 @@
-"""Checkpoint requests (``pg.ckpt.<job>.request``) and acks (``pg.ckpt.<job>.<rank>.ack``)."""
+"""Checkpoint requests (``pg.ckpt.<job>.request``), acks (``pg.ckpt.<job>.<rank>.ack``) and
+hold releases (``pg.ckpt.<job>.release``).
+
+The hold policy says what a job does between its power checkpoint and the end of the outage:
+
+- ``checkpoint-at-stop`` (default): training goes on; when the coordinator decides to shut
+  down, every rank takes a final checkpoint at one step and waits there until it is stopped,
+  so nothing trained is lost at the stop.
+- ``pause``: after the power checkpoint every rank waits at the next step boundary until power
+  returns (a release: training continues in place) or the shutdown comes (nothing new to save).
+- ``continue``: training goes on and whatever it trains after the checkpoint is lost at the stop.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +17,7 @@ from typing import Literal
 
 from pydantic import AwareDatetime, Field
 
-from .agents import Tier
+from .agents import HOLD_POLICIES, HoldPolicy, Tier  # noqa: F401 (re-exported)
 from .envelope import Data, Envelope
 from .subjects import Subjects
 
@@ -15,9 +26,34 @@ class CheckpointRequestData(Data):
     request_id: str = Field(description="Unique per request; acks echo it")
     saga_id: str | None = None
     job: str
-    reason: Literal["power", "periodic", "manual", "drill"] = "power"
+    reason: Literal["power", "final", "periodic", "manual", "drill"] = "power"
     deadline: AwareDatetime = Field(description="Every rank must be durable by then")
     tiers: list[Tier] = Field(default_factory=lambda: ["local"])
+    then: Literal["continue", "pause"] = Field(
+        default="continue",
+        description="After the checkpoint is durable: train on, or wait at the step boundary until a release "
+        "(or the job is stopped)",
+    )
+    pause_max_s: float | None = Field(
+        default=None, gt=0, description="A paused rank trains on by itself after this long without a release"
+    )
+
+
+class ReleaseData(Data):
+    job: str
+    saga_id: str | None = None
+    reason: str = Field(default="power back", description="Why the paused ranks may train on")
+
+
+class HoldReleased(Envelope):
+    """Paused ranks of this job train on (power came back before the shutdown)."""
+
+    type: Literal["io.powerguard.ckpt.v1.released"] = "io.powerguard.ckpt.v1.released"
+    data: ReleaseData
+    SUBJECT_TEMPLATE = "{prefix}.ckpt.{job}.release"
+
+    def nats_subject(self, subjects: Subjects) -> str:
+        return subjects.ckpt_release(self.data.job)
 
 
 class CheckpointRequested(Envelope):

@@ -17,6 +17,7 @@ class SagaState(StrEnum):
     CHECKPOINTED = "checkpointed"
     PARTIAL = "partial"
     HOLDING = "holding"
+    FINAL_CHECKPOINT = "final_checkpoint"
     SHUTTING_DOWN = "shutting_down"
     DOWN = "down"
     RESTORING = "restoring"
@@ -43,6 +44,10 @@ class SagaData(Data):
         default_factory=dict, description="job -> ranks that did not ack (state partial)"
     )
     deadline: AwareDatetime | None = None
+    lost_steps: dict[str, int] = Field(
+        default_factory=dict,
+        description="job -> training steps lost at the stop (trained after its last durable checkpoint)",
+    )
 
 
 class SagaStateChanged(Envelope):

@@ -10,6 +10,7 @@ Layout (prefix ``pg`` by default)::
     pg.agent.<job>.<rank>        agent registration and heartbeats
     pg.ckpt.<job>.request        checkpoint requests
     pg.ckpt.<job>.<rank>.ack     checkpoint acks (durable / failed)
+    pg.ckpt.<job>.release        paused ranks may train on
     pg.saga.<saga_id>            saga state changes
     pg.job.<job>                 job stop/restart/resumed
     pg.dlq.<service>             rejected input
@@ -71,6 +72,9 @@ class Subjects:
 
     def ckpt_request(self, job: str) -> str:
         return f"{self.prefix}.ckpt.{_job_or_star(job)}.request"
+
+    def ckpt_release(self, job: str) -> str:
+        return f"{self.prefix}.ckpt.{_job_or_star(job)}.release"
 
     def ckpt_ack(self, job: str, rank: int | str) -> str:
         return f"{self.prefix}.ckpt.{_job_or_star(job)}.{_rank(rank)}.ack"

@@ -31,6 +31,7 @@ from powerguard.schemas import (
     CheckpointRequestData,
     CheckpointRequested,
     Envelope,
+    HoldReleased,
     new_id,
 )
 
@@ -61,6 +62,8 @@ class BusThread:
         self.acked: set[str] = set()  # request ids this rank answered
         self.step = 0
         self.last_committed_step: int | None = None
+        self.paused_step: int | None = None
+        self._released: set[str | None] = set()  # saga ids whose paused ranks may train on
         self.bus: Bus | None = None
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._run, name=f"pg-ckpt-bus-{agent.rank}", daemon=True)
@@ -102,6 +105,8 @@ class BusThread:
             # listen first, then register: a request sent as soon as the registration is seen must not be missed
             sub = self.bus.subscribe(CheckpointRequested, subject=self.bus.subjects.ckpt_request(self.agent.job))
             await sub.start()
+            rel = self.bus.subscribe(HoldReleased, subject=self.bus.subjects.ckpt_release(self.agent.job))
+            await rel.start()
             await announce(self.bus, AgentRegistered(source=self._source, data=self._data()))
         except BaseException as exc:
             self._ready.set_exception(exc)
@@ -109,6 +114,7 @@ class BusThread:
         self._ready.set_result(None)
         tasks = [
             asyncio.create_task(self._receive(sub)),
+            asyncio.create_task(self._receive_releases(rel)),
             asyncio.create_task(self._heartbeat()),
             asyncio.create_task(self._watchdog()),
         ]
@@ -120,6 +126,7 @@ class BusThread:
         except Exception as exc:
             log.debug("deregistration failed: %s", exc)
         await sub.aclose()
+        await rel.aclose()
         await self.bus.drain()
 
     @property
@@ -133,6 +140,7 @@ class BusThread:
                 "last_committed_step": self.last_committed_step,
                 "pid": os.getpid(),
                 "heartbeat_s": self.heartbeat_s,
+                "paused_step": self.paused_step,
             }
         )
 
@@ -156,13 +164,26 @@ class BusThread:
                 )
             log.info("checkpoint requested: %s (deadline %s)", event.data.request_id, event.data.deadline)
 
+    async def _receive_releases(self, sub) -> None:
+        while True:
+            try:
+                received = await sub.next_received()
+            except StopAsyncIteration:
+                return
+            with self._lock:
+                self._released.add(received.event.data.saga_id)
+            log.info("hold released (saga %s): %s", received.event.data.saga_id, received.event.data.reason)
+
     async def _heartbeat(self) -> None:
         while True:
             await asyncio.sleep(self.heartbeat_s)
-            try:
-                await announce(self.bus, AgentHeartbeat(source=self._source, data=self._data()))
-            except Exception as exc:
-                log.warning("heartbeat failed: %s", exc)
+            await self._beat()
+
+    async def _beat(self) -> None:
+        try:
+            await announce(self.bus, AgentHeartbeat(source=self._source, data=self._data()))
+        except Exception as exc:
+            log.warning("heartbeat failed: %s", exc)
 
     async def _watchdog(self) -> None:
         """A request this rank has not answered by its deadline gets ckpt.failed."""
@@ -200,6 +221,16 @@ class BusThread:
                 otel_context.detach(token)
 
     # ------------------------------------------------------------------ training-thread API
+    def released(self, sagas: set[str | None]) -> bool:
+        """A release for any of these sagas arrived."""
+        with self._lock:
+            return bool(self._released & sagas)
+
+    def set_paused(self, step: int | None) -> None:
+        """Training waits at ``step`` (None: trains again); the registry hears it at once."""
+        self.paused_step = step
+        asyncio.run_coroutine_threadsafe(self._beat(), self.loop)
+
     def pending(self) -> Request | None:
         """The newest request not answered yet (older ones are covered by the same checkpoint)."""
         with self._lock:

@@ -34,6 +34,7 @@ from torch.distributed.checkpoint.stateful import Stateful
 
 from powerguard.bus import BusNames
 from powerguard.schemas import (
+    HOLD_POLICIES,
     AgentData,
     CheckpointDurable,
     CheckpointDurableData,
@@ -41,6 +42,7 @@ from powerguard.schemas import (
     CheckpointFailedData,
     CheckpointRequestData,
     Durations,
+    HoldPolicy,
     JobData,
     JobResumed,
 )
@@ -78,6 +80,11 @@ class CheckpointAgent:
         the next forward/backward runs; the next ``optimizer.step()`` waits for the copy. Needs
         parameters and optimizer state to change only in ``optimizer.step()`` (turn it off if
         your loop writes to them elsewhere).
+      hold_policy: this job's hold policy, overriding the site's (``checkpoint-at-stop``, ``pause``,
+        ``continue``; None: the site's). When a request says so (``then="pause"``), every rank
+        waits inside ``step()`` after the checkpoint until a release (power back) or until the
+        job is stopped; see :meth:`step`.
+      pause_poll_s: how often paused ranks check, together, whether they may train on.
     """
 
     def __init__(
@@ -103,6 +110,8 @@ class CheckpointAgent:
         http_port: int | None = None,
         heartbeat_s: float = 5.0,
         agree_timeout_s: float = 1800.0,
+        hold_policy: HoldPolicy | None = None,
+        pause_poll_s: float = 0.2,
     ) -> None:
         if keep < 1 or keep_remote < 1:
             raise ValueError("keep and keep_remote must be at least 1")
@@ -118,6 +127,10 @@ class CheckpointAgent:
         self.keep, self.keep_remote = keep, keep_remote
         self.sync_every_n_steps = sync_every_n_steps
         self.agree_timeout_s = agree_timeout_s
+        if hold_policy is not None and hold_policy not in HOLD_POLICIES:
+            raise ValueError(f"hold_policy must be one of {', '.join(HOLD_POLICIES)}, not {hold_policy!r}")
+        self.hold_policy = hold_policy
+        self.pause_poll_s = pause_poll_s
         self.distributed = dist.is_available() and dist.is_initialized()
         self.rank = dist.get_rank() if self.distributed else 0
         self.world_size = dist.get_world_size() if self.distributed else 1
@@ -155,6 +168,7 @@ class CheckpointAgent:
                 world_size=self.world_size,
                 node=self.node,
                 tiers=["local", "remote"] if remote_url else ["local"],
+                hold_policy=hold_policy,
             )
             self._bus = BusThread(url=nats_url, names=names or BusNames(), agent=agent, heartbeat_s=heartbeat_s)
             self._bus.start()
@@ -241,7 +255,16 @@ class CheckpointAgent:
 
     # ------------------------------------------------------------------ training loop hook
     def step(self, step: int) -> None:
-        """Call after each optimizer step with that step's number. Cheap when nothing is due."""
+        """Call after each optimizer step with that step's number. Cheap when nothing is due.
+
+        When the coordinator asks for a checkpoint followed by a pause (the ``pause`` hold policy,
+        or the final checkpoint before a shutdown), this call does not return until the ranks are
+        released (power came back: training continues in place, nothing is lost) or the job is
+        stopped (SIGTERM, as on any stop). While paused, the training's own process groups see no
+        collective at all (DDP's all-reduce finished in the backward pass; an idle NCCL/gloo
+        communicator has no timeout), only this agent's own gloo group, every ``pause_poll_s``, so
+        all ranks leave the pause at the same boundary; heartbeats go on and report the pause.
+        Wall-clock timers of the training (time limits, throughput meters) count the pause."""
         self._step = step
         if self._bus is not None:
             self._bus.step = step
@@ -273,13 +296,51 @@ class CheckpointAgent:
         if any_async and not any_busy:
             self._finish_async()
         if want_request:
-            self._checkpoint_for_requests(step, pending)
+            requests, ok = self._checkpoint_for_requests(step, pending)
+            if ok and any(r.then == "pause" for r in requests):
+                self._pause(step, requests)
         elif want_periodic and not any_async:
             self._start_async(step)
         if self._remote is not None:
             self._remote.maybe_copy(self.last_committed_step)
 
-    def _checkpoint_for_requests(self, step: int, pending: Request | None) -> None:
+    def _pause(self, step: int, requests: list[CheckpointRequestData]) -> None:
+        """Wait at this step boundary, all ranks together, until released (or ``pause_max_s``)."""
+        sagas = {r.saga_id for r in requests}
+        limits = [r.pause_max_s for r in requests if r.pause_max_s]
+        limit = min(limits) if limits else None
+        log.info("rank %d: paused at step %d after the checkpoint (until power returns or the stop)", self.rank, step)
+        t0 = time.monotonic()
+        if self._bus is not None:
+            self._bus.set_paused(step)
+        try:
+            while True:
+                released = self._bus is None or self._bus.released(sagas)
+                if limit is not None and time.monotonic() - t0 >= limit and not released:
+                    log.warning("rank %d: no release after %.0fs paused; training on", self.rank, limit)
+                    released = True
+                pending = self._bus.pending() if self._bus is not None else None
+                flags = torch.tensor([1 if released else 0, 1 if pending else 0], dtype=torch.int64)
+                if self.distributed:
+                    self._wait(
+                        dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self._agree_group, async_op=True),
+                        max(60.0, 10 * self.pause_poll_s),
+                    )
+                go, another = (bool(x) for x in flags.tolist())
+                if another:  # a request while paused: the state has not changed since the checkpoint
+                    self._checkpoint_for_requests(step, pending)
+                if go:
+                    break
+                time.sleep(self.pause_poll_s)
+        finally:
+            self.stats["paused_s"] = self.stats.get("paused_s", 0.0) + time.monotonic() - t0
+            if self._bus is not None:
+                self._bus.set_paused(None)
+        log.info("rank %d: released at step %d after %.1fs paused", self.rank, step, time.monotonic() - t0)
+
+    def _checkpoint_for_requests(self, step: int, pending: Request | None) -> tuple[list[CheckpointRequestData], bool]:
+        """One checkpoint of ``step`` for every rank's pending requests; returns them and whether
+        the checkpoint is durable."""
         t_agree = time.time()
         gathered = self._gather([(pending.data, pending.traceparent)] if pending else [])
         requests = {data.request_id: data for rs in gathered for data, _ in rs}
@@ -296,6 +357,7 @@ class CheckpointAgent:
                 "powerguard.saga_id": next(iter(requests.values())).saga_id if requests else None,
             },
         )
+        _failpoint_final(self.rank, requests.values())
         try:
             if self._async is not None:  # finish the periodic save first: one save at a time on the group
                 self._async[1].result()
@@ -305,7 +367,7 @@ class CheckpointAgent:
             except CheckpointError as exc:
                 _spans.failed(span, exc)
                 self._answer_failed(list(requests.values()), exc, ctx=_spans.inside(span))
-                return
+                return list(requests.values()), False
             info["durations"]["agree_s"] = max(0.0, t_agree - first_seen)
             span.set_attribute("powerguard.bytes", info["bytes"])
             self._answer_durable(list(requests.values()), step, info, ctx=_spans.inside(span))
@@ -314,6 +376,7 @@ class CheckpointAgent:
         if self._remote is not None:
             deadlines = [r.deadline.timestamp() for r in requests.values()]
             self._remote.copy_if_time_allows(step, min(deadlines) if deadlines else None)
+        return list(requests.values()), True
 
     # ------------------------------------------------------------------ saving
     def save(self, step: int) -> dict[str, Any]:
@@ -649,6 +712,16 @@ class CheckpointAgent:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _failpoint_final(rank: int, requests) -> None:
+    """Crash tests only: POWERGUARD_CKPT_FAILPOINT=final_checkpoint kills the rank named by
+    POWERGUARD_CKPT_FAILPOINT_RANK when a final checkpoint starts."""
+    if os.environ.get("POWERGUARD_CKPT_FAILPOINT") != "final_checkpoint":
+        return
+    if str(rank) == os.environ.get("POWERGUARD_CKPT_FAILPOINT_RANK") and any(r.reason == "final" for r in requests):
+        log.warning("failpoint final_checkpoint: killing rank %d", rank)
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 _RNG_BYTES = 16384  # fixed size: the load template must match the saved tensor's shape

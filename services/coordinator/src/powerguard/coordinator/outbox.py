@@ -8,17 +8,20 @@ from powerguard.schemas import (
     CheckpointRequestData,
     CheckpointRequested,
     Envelope,
+    HoldReleased,
     JobData,
     JobRestartRequested,
     JobStopRequested,
     PowerCommandData,
     PowerOnRequested,
+    ReleaseData,
     SagaData,
     SagaStateChanged,
     ShutdownRequested,
     deterministic_id,
 )
 
+from .figures import lost_steps
 from .saga import Command, SagaRecord
 
 SOURCE = "/powerguard/coordinator"
@@ -43,10 +46,14 @@ def command_event(rec: SagaRecord, cmd: Command) -> Envelope:
                 request_id=a["request_id"],
                 saga_id=rec.saga_id,
                 job=cmd.target,
-                reason="power",
+                reason=a.get("reason", "power"),
                 deadline=_dt(a["deadline"]),
+                then=a.get("then", "continue"),
+                pause_max_s=a.get("pause_max_s"),
             ),
         )
+    if cmd.kind == "release":
+        return HoldReleased(id=eid, source=SOURCE, data=ReleaseData(job=cmd.target, saga_id=rec.saga_id))
     # a drill's saga sends every power and job command as dry-run
     if cmd.kind in _JOB_COMMANDS:
         data = JobData(
@@ -88,6 +95,7 @@ def state_events(rec: SagaRecord, since: int) -> list[SagaStateChanged]:
                     nodes=sorted(rec.nodes),
                     missing_ranks=acked,
                     deadline=_dt(rec.deadline),
+                    lost_steps={j: n for j, p in sorted(rec.jobs.items()) if (n := lost_steps(p, rec)) is not None},
                 ),
             )
         )

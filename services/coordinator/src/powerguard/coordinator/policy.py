@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from powerguard.schemas import HoldPolicy
+
 
 class Policy(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -18,3 +20,18 @@ class Policy(BaseModel):
     restore_timeout_s: float = Field(default=900.0, gt=0, description="Nodes ready and jobs resumed by then")
     tick_s: float = Field(default=0.25, gt=0, description="How often deadlines are checked")
     lease_ttl_s: float = Field(default=10.0, gt=0, description="Leader lease; a standby takes over after it")
+    hold_policy: HoldPolicy = Field(
+        default="checkpoint-at-stop",
+        description="What jobs do during the hold (a job's registration overrides it): checkpoint-at-stop "
+        "(train on, final checkpoint before the shutdown), pause (wait after the power checkpoint until power "
+        "returns or the stop), continue (train on; what is trained after the checkpoint is lost at the stop)",
+    )
+    final_ckpt_factor: float = Field(
+        default=2.0,
+        ge=1.0,
+        description="Decide to stop when the budget left before the shutdown reserve falls to this many times "
+        "the measured power checkpoint (so the final checkpoint fits)",
+    )
+    pause_max_s: float = Field(
+        default=3600.0, gt=0, description="Paused ranks train on by themselves after this long without a release"
+    )

@@ -1,8 +1,16 @@
 """The outage saga as a pure state machine: inputs and a clock in, commands out. No I/O.
 
-    detected -> checkpointing -> checkpointed | partial -> holding -> shutting_down -> down
-             -> restoring -> resumed -> done
+    detected -> checkpointing -> checkpointed | partial -> holding [-> final_checkpoint]
+             -> shutting_down -> down -> restoring -> resumed -> done
     exits: cancelled (power back before shutdown), failed (with a reason)
+
+The hold policy of each job (site default, overridden by the job's registration) decides what
+its ranks do during the hold: ``checkpoint-at-stop`` jobs train on and take a final checkpoint
+at one step when the shutdown is decided (state ``final_checkpoint``, within what the battery
+leaves before the shutdown reserve), then wait there until they are stopped; ``pause`` jobs wait
+at the step boundary after their power checkpoint until a release (power back) or the stop;
+``continue`` jobs train on and lose what they train after the checkpoint. The record keeps the
+honest figures (:mod:`.figures`): the step each job stopped at, what was durable then, the hold.
 
 :func:`handle` applies one input to a :class:`SagaRecord` (which is what the coordinator
 stores in KV) and returns the commands it implies. Every command carries an idempotency key
@@ -20,13 +28,13 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from powerguard.schemas import SagaState
+from powerguard.schemas import HoldPolicy, SagaState
 
 from .policy import Policy
 from .topology import JobInfo, Topology
 
 S = SagaState
-BEFORE_SHUTDOWN = (S.DETECTED, S.CHECKPOINTING, S.CHECKPOINTED, S.PARTIAL, S.HOLDING)
+BEFORE_SHUTDOWN = (S.DETECTED, S.CHECKPOINTING, S.CHECKPOINTED, S.PARTIAL, S.HOLDING, S.FINAL_CHECKPOINT)
 
 
 # --------------------------------------------------------------------------- inputs
@@ -75,7 +83,7 @@ Input = Power | Ack | NodeReport | Resumed | Tick
 
 
 # --------------------------------------------------------------------------- commands
-CommandKind = Literal["ckpt_request", "job_stop", "shutdown", "power_on", "job_restart"]
+CommandKind = Literal["ckpt_request", "release", "job_stop", "shutdown", "power_on", "job_restart"]
 
 
 @dataclass(frozen=True)
@@ -97,20 +105,16 @@ class UpsView(BaseModel):
     drill: bool = False  # on battery only in a drill
 
 
-class JobPlan(BaseModel):
-    job: str
-    world_size: int
-    ranks: dict[int, str]  # rank -> node at detection
-    step_at_detection: int | None = None
+class CkptRound(BaseModel):
+    """One checkpoint request to every rank of a job and the answers to it."""
+
     request_id: str
+    world_size: int
     requested_at: float | None = None
     deadline: float | None = None
     acked: dict[int, int | None] = Field(default_factory=dict)  # rank -> step
     failed: dict[int, str] = Field(default_factory=dict)
     settled_at: float | None = None  # every rank answered, or the deadline passed
-    restart_at: float | None = None
-    resumed_at: float | None = None
-    resumed_step: int | None = None
 
     @property
     def missing(self) -> list[int]:
@@ -124,6 +128,48 @@ class JobPlan(BaseModel):
     def step(self) -> int | None:
         steps = {s for s in self.acked.values() if s is not None}
         return max(steps) if steps else None
+
+    @property
+    def complete(self) -> bool:
+        """Every rank acked durable: the job can restart from this step."""
+        return self.settled_at is not None and not self.missing
+
+    @property
+    def duration_s(self) -> float | None:
+        """How long the whole job took to make it durable (the estimate for the next one)."""
+        if not self.complete or self.requested_at is None:
+            return None
+        return self.settled_at - self.requested_at
+
+
+class JobPlan(CkptRound):
+    """A job in the outage: its power checkpoint (the round itself), its final checkpoint at the
+    stop, where it stopped and where it resumed."""
+
+    job: str
+    ranks: dict[int, str]  # rank -> node at detection
+    step_at_detection: int | None = None
+    hold_policy: HoldPolicy = "checkpoint-at-stop"
+    final: CkptRound | None = None  # the checkpoint at the stop (checkpoint-at-stop)
+    final_note: str | None = None  # why there was no final checkpoint, or how it ended
+    stopped_at: float | None = None  # the shutdown was decided (job stop issued)
+    stop_step: int | None = None  # newest step the job had trained when it was stopped
+    stop_step_exact: bool = False  # ranks were waiting at that step (else: the newest step reported)
+    restart_at: float | None = None
+    resumed_at: float | None = None
+    resumed_step: int | None = None
+
+    @property
+    def durable_step(self) -> int | None:
+        """Newest step every rank made durable in this outage."""
+        if self.final is not None and self.final.complete:
+            return self.final.step
+        return self.step if self.complete else None
+
+    @property
+    def paused(self) -> bool:
+        """Its ranks were asked to wait at a step boundary (they need a release if power returns)."""
+        return self.hold_policy == "pause" or self.final is not None
 
 
 class NodePlan(BaseModel):
@@ -153,6 +199,9 @@ class SagaRecord(BaseModel):
     jobs: dict[str, JobPlan] = Field(default_factory=dict)
     nodes: dict[str, NodePlan] = Field(default_factory=dict)  # nodes ever at risk in this saga
     deadline: float | None = None
+    stop_reason: str | None = None  # why the saga decided to stop (a final checkpoint may come first)
+    stop_decided_at: float | None = None
+    ups_at_stop: dict[str, UpsView] = Field(default_factory=dict)  # the UPSes when the nodes were told to stop
     shutdown_reason: str | None = None
     shutdown_started_at: float | None = None
     power_back_at: float | None = None
@@ -194,6 +243,7 @@ def start(
     jobs: dict[str, JobInfo],
     now: float,
     trace: tuple[str, str] | None = None,
+    hold_policy: HoldPolicy = "checkpoint-at-stop",
 ) -> SagaRecord:
     """A new saga for the nodes at risk now (call only when some node is at risk).
 
@@ -206,7 +256,7 @@ def start(
     rec.history.append(Transition(state=S.DETECTED, at=now, reason=f"on battery: {', '.join(rec.on_battery)}"))
     rec.at_risk = topo.nodes_at_risk(rec.on_battery)
     rec.drill = all(rec.ups[u].drill for u in rec.on_battery)
-    _join(rec, rec.at_risk, jobs)
+    _join(rec, rec.at_risk, jobs, hold_policy)
     return rec
 
 
@@ -250,17 +300,24 @@ def handle(
     return out
 
 
+JobsArg = dict[str, JobInfo] | Callable[[], dict[str, JobInfo]] | None
+
+
+def _jobs_now(jobs: JobsArg) -> dict[str, JobInfo]:
+    return (jobs() if callable(jobs) else jobs) or {}
+
+
 def _settle(rec: SagaRecord, now: float, topo: Topology, policy: Policy, jobs, out: list[Command]) -> None:
     if rec.state in BEFORE_SHUTDOWN:
         risk = topo.nodes_at_risk(rec.on_battery)
         new_nodes = [n for n in risk if n not in rec.nodes]
         rec.at_risk = risk
         if new_nodes and jobs is not None:
-            _join(rec, new_nodes, jobs() if callable(jobs) else jobs)
-    _advance(rec, now, topo, policy, out)
+            _join(rec, new_nodes, jobs() if callable(jobs) else jobs, policy.hold_policy)
+    _advance(rec, now, topo, policy, out, jobs)
 
 
-def _join(rec: SagaRecord, nodes: list[str], jobs: dict[str, JobInfo]) -> None:
+def _join(rec: SagaRecord, nodes: list[str], jobs: dict[str, JobInfo], default_policy: HoldPolicy) -> None:
     for n in nodes:
         rec.nodes.setdefault(n, NodePlan(node=n))
     for name, info in sorted(jobs.items()):
@@ -272,6 +329,7 @@ def _join(rec: SagaRecord, nodes: list[str], jobs: dict[str, JobInfo]) -> None:
             ranks=dict(info.ranks),
             step_at_detection=info.step,
             request_id=f"{rec.saga_id}/{name}/ckpt",
+            hold_policy=info.hold_policy or default_policy,
         )
 
 
@@ -293,19 +351,20 @@ def _observe(rec: SagaRecord, p: Power, now: float) -> None:
 
 def _ack(rec: SagaRecord, a: Ack, now: float) -> None:
     plan = rec.jobs.get(a.job)
-    if plan is None or not 0 <= a.rank < plan.world_size:
-        return
-    if a.request_id is not None and a.request_id != plan.request_id:
-        return
-    if plan.settled_at is not None:
-        return  # late: the deadline decided already
+    if plan is None or not 0 <= a.rank < plan.world_size or a.request_id is None:
+        return  # an ack must answer a request this saga issued
+    rnd: CkptRound | None = plan if a.request_id == plan.request_id else None
+    if rnd is None and plan.final is not None and a.request_id == plan.final.request_id:
+        rnd = plan.final
+    if rnd is None or rnd.requested_at is None or rnd.settled_at is not None:
+        return  # not ours, not sent yet, or late: the deadline decided already
     if a.ok:
-        plan.acked[a.rank] = a.step
-        plan.failed.pop(a.rank, None)
-    elif a.rank not in plan.acked:
-        plan.failed[a.rank] = a.error or "failed"
-    if plan.answered:
-        plan.settled_at = now
+        rnd.acked[a.rank] = a.step
+        rnd.failed.pop(a.rank, None)
+    elif a.rank not in rnd.acked:
+        rnd.failed[a.rank] = a.error or "failed"
+    if rnd.answered:
+        rnd.settled_at = now
 
 
 def _node_report(rec: SagaRecord, r: NodeReport, now: float) -> None:
@@ -333,27 +392,66 @@ def _runtime(rec: SagaRecord, topo: Topology) -> float | None:
     return min(known) if known else None
 
 
+FSD = "forced shutdown (FSD)"
+
+
 def _low_battery(rec: SagaRecord, topo: Topology) -> str | None:
     """Nodes at risk whose every feed reports low battery (or FSD)."""
     for feeds in topo.feed_sets_at_risk(rec.on_battery):
         views = [rec.ups[u] for u in feeds if u in rec.ups]
         if views and all(v.fsd for v in views):
-            return "forced shutdown (FSD)"
+            return FSD
         if views and all(v.low_battery or v.fsd for v in views):
             return "low battery"
     return None
 
 
-def _budget_deadline(rec: SagaRecord, now: float, topo: Topology, policy: Policy) -> float:
-    """deadline = min(ckpt_timeout_s, runtime - shutdown_reserve_s - margin_s); with low
-    battery and no runtime reading there is no budget left."""
+def _budget_s(rec: SagaRecord, topo: Topology, policy: Policy) -> float:
+    """Seconds a checkpoint may take now: min(ckpt_timeout_s, runtime - shutdown_reserve_s -
+    margin_s); with low battery and no runtime reading, or FSD, there is no budget left."""
     runtime = _runtime(rec, topo)
     budget = policy.ckpt_timeout_s
     if runtime is not None:
         budget = min(budget, runtime - policy.shutdown_reserve_s - policy.margin_s)
     elif _low_battery(rec, topo):
         budget = 0.0
-    return now + max(0.0, budget)
+    if _low_battery(rec, topo) == FSD:
+        budget = 0.0
+    return max(0.0, budget)
+
+
+def _budget_deadline(rec: SagaRecord, now: float, topo: Topology, policy: Policy) -> float:
+    return now + _budget_s(rec, topo, policy)
+
+
+def _final_estimate_s(rec: SagaRecord) -> float | None:
+    """How long a final checkpoint will take: the slowest job's measured power checkpoint."""
+    known = [d for p in _final_candidates(rec) if (d := p.duration_s) is not None]
+    return max(known) if known else None
+
+
+def _final_candidates(rec: SagaRecord) -> list[JobPlan]:
+    at_risk = set(rec.at_risk)
+    return [
+        p
+        for _, p in sorted(rec.jobs.items())
+        if p.hold_policy == "checkpoint-at-stop" and p.final is None and set(p.ranks.values()) & at_risk
+    ]
+
+
+def _final_trigger(rec: SagaRecord, topo: Topology, policy: Policy) -> str | None:
+    """Stop early enough that a final checkpoint fits before the shutdown reserve: when the
+    budget left falls to ``final_ckpt_factor`` times the measured checkpoint duration."""
+    runtime, estimate = _runtime(rec, topo), _final_estimate_s(rec)
+    if runtime is None or estimate is None:
+        return None
+    left = runtime - policy.shutdown_reserve_s - policy.margin_s
+    if left <= policy.final_ckpt_factor * estimate:
+        return (
+            f"runtime {runtime:.0f}s: {max(0.0, left):.1f}s left before the {policy.shutdown_reserve_s:.0f}s shutdown "
+            f"reserve, time for the final checkpoint (~{estimate:.1f}s)"
+        )
+    return None
 
 
 def _shutdown_trigger(rec: SagaRecord, now: float, topo: Topology, policy: Policy) -> str | None:
@@ -374,42 +472,32 @@ def _set(rec: SagaRecord, state: SagaState, now: float, reason: str | None = Non
 
 
 def _issue(rec: SagaRecord, out: list[Command], kind: CommandKind, target: str, action: str, **args: Any) -> None:
-    key = f"{rec.saga_id}/{target}/{action}"
-    if key in rec.issued:
-        return
-    rec.issued.add(key)
-    out.append(Command(kind=kind, key=key, target=target, args=args))
+    _emit(rec, out, Command(kind=kind, key=f"{rec.saga_id}/{target}/{action}", target=target, args=args))
 
 
-def _advance(rec: SagaRecord, now: float, topo: Topology, policy: Policy, out: list[Command]) -> None:
+def _advance(rec: SagaRecord, now: float, topo: Topology, policy: Policy, out: list[Command], jobs: JobsArg) -> None:
     for _ in range(16):  # a bounded number of steps per input; each step changes state or stops
         before = rec.state
-        _step(rec, now, topo, policy, out)
+        _step(rec, now, topo, policy, out, jobs)
         if rec.state == before:
             return
 
 
-def _step(rec: SagaRecord, now: float, topo: Topology, policy: Policy, out: list[Command]) -> None:
+def _step(rec: SagaRecord, now: float, topo: Topology, policy: Policy, out: list[Command], jobs: JobsArg) -> None:
     state = rec.state
     if state in BEFORE_SHUTDOWN and not rec.at_risk:
         _set(rec, S.CANCELLED, now, "power back before shutdown")
+        for name, plan in sorted(rec.jobs.items()):
+            if plan.paused:
+                _issue(rec, out, "release", name, "release")
         return
     if state == S.DETECTED or any(j.requested_at is None for j in rec.jobs.values()):
         _request_checkpoints(rec, now, topo, policy, out)
-        if state != S.CHECKPOINTING:
+        if state not in (S.CHECKPOINTING, S.FINAL_CHECKPOINT):
             _set(rec, S.CHECKPOINTING, now, f"{len(rec.jobs)} job(s) on {len(rec.at_risk)} node(s) at risk")
             return
     if state == S.CHECKPOINTING:
-        budget = _budget_deadline(rec, now, topo, policy)  # the battery only ever shrinks a deadline
-        for plan in rec.jobs.values():
-            if plan.settled_at is None and plan.deadline is not None:
-                plan.deadline = min(plan.deadline, budget)
-        open_deadlines = [p.deadline for p in rec.jobs.values() if p.settled_at is None and p.deadline]
-        rec.deadline = max(open_deadlines) if open_deadlines else rec.deadline
-        for plan in rec.jobs.values():
-            if plan.settled_at is None and (plan.answered or now >= (plan.deadline or now)):
-                plan.settled_at = now
-        if all(p.settled_at is not None for p in rec.jobs.values()):
+        if _settle_rounds(rec, now, topo, policy):
             missing = {j: p.missing for j, p in rec.jobs.items() if p.missing}
             if missing:
                 _set(
@@ -426,9 +514,14 @@ def _step(rec: SagaRecord, now: float, topo: Topology, policy: Policy, out: list
         _set(rec, S.HOLDING, now, "holding while power may return")
         return
     if state == S.HOLDING:
-        reason = _shutdown_trigger(rec, now, topo, policy)
+        reason = _shutdown_trigger(rec, now, topo, policy) or _final_trigger(rec, topo, policy)
         if reason:
-            _shutdown(rec, now, reason, out)
+            _stop(rec, now, reason, topo, policy, out, jobs)
+        return
+    if state == S.FINAL_CHECKPOINT:
+        if _settle_rounds(rec, now, topo, policy):
+            _note_finals(rec)
+            _shutdown(rec, now, rec.stop_reason or "stop", out, jobs)
         return
     if state == S.SHUTTING_DOWN:
         shut = [rec.nodes[n] for n in rec.nodes if rec.nodes[n].shutdown_at is not None]
@@ -466,16 +559,139 @@ def _step(rec: SagaRecord, now: float, topo: Topology, policy: Policy, out: list
         _set(rec, S.DONE, now, "outage handled")
 
 
+def _rounds(rec: SagaRecord) -> list[CkptRound]:
+    """Every checkpoint round of the saga that was requested."""
+    out: list[CkptRound] = []
+    for _, plan in sorted(rec.jobs.items()):
+        out += [r for r in (plan, plan.final) if r is not None and r.requested_at is not None]
+    return out
+
+
+def _settle_rounds(rec: SagaRecord, now: float, topo: Topology, policy: Policy) -> bool:
+    """Shrink open deadlines to the battery budget, settle rounds that are answered or past
+    their deadline; True when every round is settled."""
+    budget = _budget_deadline(rec, now, topo, policy)  # the battery only ever shrinks a deadline
+    open_rounds = [r for r in _rounds(rec) if r.settled_at is None]
+    for r in open_rounds:
+        if r.deadline is not None:
+            r.deadline = min(r.deadline, budget)
+    deadlines = [r.deadline for r in open_rounds if r.deadline]
+    rec.deadline = max(deadlines) if deadlines else rec.deadline
+    for r in open_rounds:
+        if r.answered or now >= (r.deadline or now):
+            r.settled_at = now
+    return all(r.settled_at is not None for r in _rounds(rec))
+
+
+def ckpt_command(rec: SagaRecord, plan: JobPlan, *, final: bool, policy: Policy) -> Command:
+    """The checkpoint request of a job's power (or final) round: one definition for sending and re-sending."""
+    rnd = plan.final if final else plan
+    assert rnd is not None
+    then = "pause" if final or plan.hold_policy == "pause" else "continue"
+    return Command(
+        kind="ckpt_request",
+        key=f"{rec.saga_id}/{plan.job}/{'final' if final else 'ckpt'}",
+        target=plan.job,
+        args={
+            "request_id": rnd.request_id,
+            "deadline": rnd.deadline,
+            "reason": "final" if final else "power",
+            "then": then,
+            "pause_max_s": policy.pause_max_s if then == "pause" else None,
+        },
+    )
+
+
+def _emit(rec: SagaRecord, out: list[Command], cmd: Command) -> None:
+    if cmd.key not in rec.issued:
+        rec.issued.add(cmd.key)
+        out.append(cmd)
+
+
 def _request_checkpoints(rec: SagaRecord, now: float, topo: Topology, policy: Policy, out: list[Command]) -> None:
     deadline = _budget_deadline(rec, now, topo, policy)
     rec.deadline = deadline
-    for name, plan in sorted(rec.jobs.items()):
+    for _, plan in sorted(rec.jobs.items()):
         if plan.requested_at is None:
             plan.requested_at, plan.deadline = now, deadline
-            _issue(rec, out, "ckpt_request", name, "ckpt", request_id=plan.request_id, deadline=deadline)
+            _emit(rec, out, ckpt_command(rec, plan, final=False, policy=policy))
 
 
-def _shutdown(rec: SagaRecord, now: float, reason: str, out: list[Command]) -> None:
+def _stop(
+    rec: SagaRecord, now: float, reason: str, topo: Topology, policy: Policy, out: list[Command], jobs: JobsArg
+) -> None:
+    """The saga decided to shut down: a final checkpoint first where the policy asks for one and
+    the battery allows it, else the shutdown at once."""
+    rec.stop_reason, rec.stop_decided_at = reason, now
+    budget = _budget_s(rec, topo, policy)
+    asked, skipped = 0, []
+    for plan in _final_candidates(rec):
+        took = plan.duration_s
+        if budget <= 0:
+            plan.final_note = f"skipped: no battery budget left ({reason}); stopped on the power checkpoint"
+        elif took is not None and took > budget:
+            plan.final_note = (
+                f"skipped: the power checkpoint took {took:.1f}s, {budget:.1f}s left before the shutdown reserve; "
+                "stopped on the power checkpoint"
+            )
+        if plan.final_note is not None:
+            skipped.append(plan.job)
+        else:
+            plan.final = CkptRound(
+                request_id=f"{rec.saga_id}/{plan.job}/final",
+                world_size=plan.world_size,
+                requested_at=now,
+                deadline=now + budget,
+            )
+            _emit(rec, out, ckpt_command(rec, plan, final=True, policy=policy))
+            asked += 1
+    if asked:
+        rec.deadline = now + budget
+        _set(rec, S.FINAL_CHECKPOINT, now, f"{reason}; final checkpoint of {asked} job(s) within {budget:.1f}s")
+    else:
+        _shutdown(
+            rec, now, reason + (f"; final checkpoint skipped: {', '.join(skipped)}" if skipped else ""), out, jobs
+        )
+
+
+def _note_finals(rec: SagaRecord) -> None:
+    for plan in rec.jobs.values():
+        f = plan.final
+        if f is None or plan.final_note is not None:
+            continue
+        if f.complete:
+            plan.final_note = f"committed at step {f.step}"
+        else:
+            why = "; ".join(f"rank {r}: {e}" for r, e in sorted(f.failed.items()))
+            late = [r for r in f.missing if r not in f.failed]
+            if late:
+                why = "; ".join(filter(None, [why, f"ranks {','.join(map(str, late))} did not ack by the deadline"]))
+            plan.final_note = f"failed ({why}); stopped on the power checkpoint"
+
+
+def _record_stop(rec: SagaRecord, now: float, jobs: JobsArg) -> None:
+    """Where each job is when it is told to stop: the honest start of the work-lost figures."""
+    rec.ups_at_stop = {u: rec.ups[u].model_copy() for u in rec.on_battery}
+    info = None
+    for name, plan in sorted(rec.jobs.items()):
+        plan.stopped_at = now
+        if plan.final is not None and plan.final.complete:
+            plan.stop_step, plan.stop_step_exact = plan.final.step, True  # ranks wait at the final step
+        elif plan.hold_policy == "pause" and plan.complete:
+            plan.stop_step, plan.stop_step_exact = plan.step, True  # ranks wait at the power checkpoint
+        else:
+            info = _jobs_now(jobs) if info is None else info
+            seen = [plan.step, plan.final.step if plan.final else None, plan.step_at_detection]
+            if name in info:
+                seen.append(info[name].step)
+            known = [x for x in seen if x is not None]
+            plan.stop_step, plan.stop_step_exact = (max(known) if known else None), False
+
+
+def _shutdown(rec: SagaRecord, now: float, reason: str, out: list[Command], jobs: JobsArg = None) -> None:
+    if rec.stop_decided_at is None:
+        rec.stop_reason, rec.stop_decided_at = reason, now
+    _record_stop(rec, now, jobs)
     rec.shutdown_reason, rec.shutdown_started_at = reason, now
     _set(rec, S.SHUTTING_DOWN, now, reason)
     targets = set(rec.at_risk)
@@ -499,7 +715,7 @@ def _restore(rec: SagaRecord, now: float, out: list[Command]) -> None:
             _issue(rec, out, "power_on", node, "power_on")
 
 
-def pending(rec: SagaRecord) -> list[Command]:
+def pending(rec: SagaRecord, policy: Policy) -> list[Command]:
     """Commands of the current phase whose result has not arrived: what a restarted
     coordinator sends again (receivers deduplicate by idempotency key)."""
     out: list[Command] = []
@@ -507,10 +723,12 @@ def pending(rec: SagaRecord) -> list[Command]:
     def again(kind: CommandKind, target: str, action: str, **args: Any) -> None:
         out.append(Command(kind=kind, key=f"{rec.saga_id}/{target}/{action}", target=target, args=args))
 
-    if rec.state == S.CHECKPOINTING:
-        for name, p in sorted(rec.jobs.items()):
+    if rec.state in (S.CHECKPOINTING, S.FINAL_CHECKPOINT):
+        for _, p in sorted(rec.jobs.items()):
             if p.requested_at is not None and p.settled_at is None:
-                again("ckpt_request", name, "ckpt", request_id=p.request_id, deadline=p.deadline)
+                out.append(ckpt_command(rec, p, final=False, policy=policy))
+            if p.final is not None and p.final.settled_at is None:
+                out.append(ckpt_command(rec, p, final=True, policy=policy))
     elif rec.state == S.SHUTTING_DOWN:
         for name, p in sorted(rec.jobs.items()):
             if f"{rec.saga_id}/{name}/stop" in rec.issued:
@@ -527,23 +745,3 @@ def pending(rec: SagaRecord) -> list[Command]:
             if p.restart_at is not None and p.resumed_at is None:
                 again("job_restart", name, "restart", nodes=sorted(set(p.ranks.values())))
     return out
-
-
-def rpo_steps(rec: SagaRecord) -> int | None:
-    """Steps lost: step at detection minus the step restored from, worst job (0 when none)."""
-    lost = [
-        max(0, p.step_at_detection - p.resumed_step)
-        for p in rec.jobs.values()
-        if p.step_at_detection is not None and p.resumed_step is not None
-    ]
-    return max(lost) if lost else None
-
-
-def rto_s(rec: SagaRecord) -> float | None:
-    """Power back to every job resumed."""
-    if rec.power_back_at is None:
-        return None
-    resumed = [p.resumed_at for p in rec.jobs.values() if p.resumed_at is not None]
-    if not resumed or len(resumed) != len(rec.jobs):
-        return None
-    return max(resumed) - rec.power_back_at

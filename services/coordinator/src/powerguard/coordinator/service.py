@@ -139,7 +139,7 @@ class Coordinator:
         for o in self.open.values():
             for r in o.rec.ups:
                 self.ups.setdefault(r, o.rec.ups[r].model_copy())
-            again = saga.pending(o.rec)
+            again = saga.pending(o.rec, self.policy)
             log.info("resuming saga %s in state %s; re-sending %d command(s)", o.rec.saga_id, o.rec.state, len(again))
             await self._publish(o.rec, again)
         metrics.OPEN_SAGAS.set(len(self.open))
@@ -284,7 +284,13 @@ class Coordinator:
             return
         saga_id = f"{self.site.site}-{datetime.fromtimestamp(now, UTC):%Y%m%dT%H%M%S}-{secrets.token_hex(2)}"
         rec = saga.start(
-            saga_id=saga_id, topo=self.topo, ups=self.ups, jobs=self.registry.jobs(now), now=now, trace=trace
+            saga_id=saga_id,
+            topo=self.topo,
+            ups=self.ups,
+            jobs=self.registry.jobs(now),
+            now=now,
+            trace=trace,
+            hold_policy=self.policy.hold_policy,
         )
         self.open[saga_id] = _Open(rec, 0)
         log.info("saga %s started: nodes at risk %s, jobs %s", saga_id, rec.at_risk, sorted(rec.jobs))
@@ -299,7 +305,7 @@ class Coordinator:
             for sid in list(self._resend):
                 if sid in self.open:
                     self._resend.discard(sid)
-                    await self._publish(self.open[sid].rec, saga.pending(self.open[sid].rec))
+                    await self._publish(self.open[sid].rec, saga.pending(self.open[sid].rec, self.policy))
             before = {sid: self._snapshot(o.rec) for sid, o in self.open.items()}
             out: dict[str, list[Command]] = {}
             for o in list(self.open.values()):

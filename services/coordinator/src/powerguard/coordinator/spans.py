@@ -12,7 +12,7 @@ from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer
 from powerguard.bus.tracing import preset_ids, remote_context
 from powerguard.schemas import SagaState
 
-from . import saga
+from .figures import job_figures, saga_figures
 from .saga import SagaRecord
 
 S = SagaState
@@ -50,22 +50,25 @@ def _emit(
 def emit_finished(tracer: Tracer, rec: SagaRecord, now: float) -> None:
     """Export every phase span that has ended and was not exported yet."""
     for name, p in sorted(rec.jobs.items()):
-        if p.requested_at is not None and p.settled_at is not None:
+        for key, label, rnd in ((f"ckpt/{name}", "checkpoint", p), (f"final/{name}", "final checkpoint", p.final)):
+            if rnd is None or rnd.requested_at is None or rnd.settled_at is None:
+                continue
             _emit(
                 tracer,
                 rec,
-                f"ckpt/{name}",
-                f"checkpoint {name}",
-                p.requested_at,
-                p.settled_at,
+                key,
+                f"{label} {name}",
+                rnd.requested_at,
+                rnd.settled_at,
                 {
                     "powerguard.job": name,
-                    "powerguard.ranks_expected": p.world_size,
-                    "powerguard.ranks_acked": len(p.acked),
-                    "powerguard.step": p.step if p.step is not None else -1,
-                    "powerguard.missing_ranks": ",".join(map(str, p.missing)),
+                    "powerguard.hold_policy": p.hold_policy,
+                    "powerguard.ranks_expected": rnd.world_size,
+                    "powerguard.ranks_acked": len(rnd.acked),
+                    "powerguard.step": rnd.step if rnd.step is not None else -1,
+                    "powerguard.missing_ranks": ",".join(map(str, rnd.missing)),
                 },
-                error=f"ranks {p.missing} did not ack" if p.missing else None,
+                error=f"ranks {rnd.missing} did not ack" if rnd.missing else None,
             )
         if p.restart_at is not None and p.resumed_at is not None:
             _emit(
@@ -120,11 +123,16 @@ def _emit_root(tracer: Tracer, rec: SagaRecord, now: float) -> None:
         "powerguard.jobs": len(rec.jobs),
         "powerguard.nodes": len(rec.nodes),
     }
-    rpo, rto = saga.rpo_steps(rec), saga.rto_s(rec)
-    if rpo is not None:
-        attrs["powerguard.rpo_steps"] = rpo
-    if rto is not None:
-        attrs["powerguard.rto_s"] = rto
+    figures = saga_figures(rec)
+    for key in ("lost_steps", "hold_s", "runtime_at_stop_s", "charge_at_stop_pct", "rto_s", "stop_reason"):
+        if figures[key] is not None:
+            attrs[f"powerguard.{key}"] = figures[key]
+    if figures["lost_steps"] is not None:
+        attrs["powerguard.rpo_steps"] = figures["lost_steps"]  # work lost at the stop, worst job
+    for name, plan in sorted(rec.jobs.items()):
+        for key, value in job_figures(plan, rec).items():
+            if value is not None:
+                attrs[f"powerguard.job.{name}.{key}"] = value
     with preset_ids(None if parent else rec.trace_id, rec.root_span_id):
         span = tracer.start_span(
             f"outage {rec.site}",

@@ -6,7 +6,8 @@ import time
 
 from powerguard.bus import Bus
 
-from .saga import SagaRecord, rpo_steps, rto_s
+from .figures import saga_figures
+from .saga import SagaRecord
 from .store import SagaStore
 
 
@@ -14,7 +15,7 @@ def summarize(rec: SagaRecord, now: float | None = None) -> dict:
     now = time.time() if now is None else now
     acked, expected = rec.acks()
     budget = None
-    if rec.state.value == "checkpointing" and rec.deadline is not None:
+    if rec.state.value in ("checkpointing", "final_checkpoint") and rec.deadline is not None:
         budget = max(0.0, rec.deadline - now)
     return {
         "saga": rec.saga_id,
@@ -29,8 +30,7 @@ def summarize(rec: SagaRecord, now: float | None = None) -> dict:
         "started": rec.created_at,
         "age_s": round(now - rec.created_at, 1),
         "trace_id": rec.trace_id,
-        "rpo_steps": rpo_steps(rec),
-        "rto_s": None if (rto := rto_s(rec)) is None else round(rto, 2),
+        **saga_figures(rec),
     }
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from powerguard.schemas import AgentData, SiteConfig
+from powerguard.schemas import AgentData, HoldPolicy, SiteConfig
 
 
 @dataclass(frozen=True)
@@ -44,6 +44,7 @@ class JobInfo:
     world_size: int
     ranks: dict[int, str] = field(default_factory=dict)  # rank -> node
     step: int | None = None  # newest step any rank reported
+    hold_policy: HoldPolicy | None = None  # from the job's registration (None: the site's default)
 
     @property
     def nodes(self) -> set[str]:
@@ -83,4 +84,6 @@ class AgentRegistry:
             info.ranks[rank] = a.node
             if a.step is not None:
                 info.step = max(info.step or 0, a.step)
+            if a.hold_policy is not None and (info.hold_policy is None or rank == 0):
+                info.hold_policy = a.hold_policy
         return out
