@@ -82,6 +82,7 @@ async def run_monitor(bus: Bus, cfg: SiteConfig, settings: MonitorSettings):
 
 
 async def main() -> None:
+    os.environ.setdefault("PG_BENCH_TRAP_COMMUNITY", "public")  # the test snmptrap's v2c community
     results: dict = {"flips": FLIPS, "poll_interval_s": 1.0}
     with tempfile.TemporaryDirectory() as tmp, EmbeddedNats(store_dir=Path(tmp) / "nats") as server:
         tmp = Path(tmp)
@@ -106,6 +107,7 @@ async def main() -> None:
             timeout_s=1.0,
             trap_host="127.0.0.1",
             trap_port=trap_port,
+            trap_community={"env": "PG_BENCH_TRAP_COMMUNITY"},
         )
         stop, task = await run_monitor(bus, cfg, settings)
         try:

@@ -20,9 +20,12 @@ from powerguard.schemas import (
     CheckpointRequested,
     DeadLetter,
     DeadLetterData,
+    HoldReleased,
     InvalidSubjectToken,
     JobData,
+    JobRestarted,
     JobResumed,
+    JobStopRequested,
     MalformedEvent,
     NodeState,
     NodeStateData,
@@ -32,13 +35,16 @@ from powerguard.schemas import (
     PowerCommandData,
     PowerData,
     PowerResultData,
+    ReleaseData,
     SagaData,
     SagaState,
     SagaStateChanged,
     ShutdownRequested,
+    SubjectMismatch,
     Subjects,
     UnknownEventType,
     UnsupportedVersion,
+    check_subject,
     decode,
     deterministic_id,
     encode,
@@ -87,6 +93,9 @@ def samples():
         PowerActionFailed(data=PowerResultData(node="n1", action="soft_off", error="BMC timeout")),
         NodeState(data=NodeStateData(node="n1", state="off")),
         JobResumed(data=JobData(job="llama", step=1200)),
+        JobStopRequested(data=JobData(job="llama", saga_id="s1", idempotency_key="s1/llama/stop")),
+        JobRestarted(data=JobData(job="llama", saga_id="s1")),
+        HoldReleased(data=ReleaseData(job="llama", saga_id="s1")),
         DeadLetter(
             data=DeadLetterData.capture(
                 service="coordinator", subject="pg.x", payload=b"\xff\x00", error=ValueError("bad")
@@ -118,9 +127,11 @@ def test_subjects_follow_the_design():
     assert events["ckpt.v1.requested"].nats_subject(S) == "pg.ckpt.llama.request"
     assert events["ckpt.v1.durable"].nats_subject(S) == "pg.ckpt.llama.3.ack"
     assert events["saga.v1.state_changed"].nats_subject(S) == "pg.saga.s1"
-    assert events["power.v1.shutdown_requested"].nats_subject(S) == "pg.power.cmd.n1"
-    assert events["power.v1.action_failed"].nats_subject(S) == "pg.power.result.n1"
-    assert events["job.v1.resumed"].nats_subject(S) == "pg.job.llama"
+    assert events["power.v1.shutdown_requested"].nats_subject(S) == "pg.cmd.power.n1"
+    assert events["power.v1.action_failed"].nats_subject(S) == "pg.result.power.n1"
+    assert events["job.v1.resumed"].nats_subject(S) == "pg.ckpt.llama.resumed"
+    assert events["job.v1.stop_requested"].nats_subject(S) == "pg.cmd.job.llama"
+    assert events["job.v1.restarted"].nats_subject(S) == "pg.result.job.llama"
     assert events["dlq.v1.dead_letter"].nats_subject(S) == "pg.dlq.coordinator"
     assert OnBattery.wildcard(Subjects("site7")) == "site7.power.*.*"
     assert CheckpointDurable.wildcard(S) == "pg.ckpt.*.*.ack"
@@ -132,10 +143,18 @@ def test_subject_tokens_are_validated(bad):
         S.power("dc1", bad)
 
 
-@pytest.mark.parametrize("site", ["cmd", "result"])
-def test_site_names_that_collide_with_power_commands_are_reserved(site):
-    with pytest.raises(InvalidSubjectToken, match="reserved"):
-        S.power(site, "u1")
+def test_every_event_belongs_on_its_own_subject_only():
+    events = samples()
+    for event in events:
+        assert check_subject(event, event.nats_subject(S), S) is event
+    shutdown = next(e for e in events if e.short_type == "power.v1.shutdown_requested")
+    ack = next(e for e in events if e.short_type == "ckpt.v1.durable")
+    with pytest.raises(SubjectMismatch, match=r"does not belong on pg\.ckpt\.llama\.request"):
+        check_subject(shutdown, "pg.ckpt.llama.request", S)  # a command type on an agent's subject
+    with pytest.raises(SubjectMismatch):
+        check_subject(ack, "pg.ckpt.other.3.ack", S)  # job llama's ack on another job's subject
+    with pytest.raises(SubjectMismatch):
+        check_subject(ack, "pg.ckpt.llama.0.ack", S)  # rank 3's ack on rank 0's subject
 
 
 def test_rank_must_be_a_number():

@@ -45,7 +45,6 @@ def test_valid_site_loads_with_service_sections(tmp_path):
         (("feeds: [ups-a, ups-b]", "feeds: [ups-a, ups-z]"), "feed 'ups-z' is not a configured UPS"),
         (("{pdu: pdu1, outlet: 3}", "{pdu: pdu9, outlet: 3}"), "unknown PDU 'pdu9'"),
         (("driver: nut", "driver: usb"), r"ups\.1\.driver"),
-        (("site: dc1", "site: cmd"), "reserved"),
         (("name: n1", "name: n1.example.com"), "cannot be used in a NATS subject"),
         (("{env: BMC_USER}", "{env: A, file: /x}"), "exactly one"),
         (("{env: BMC_USER}", "plaintext"), "username"),

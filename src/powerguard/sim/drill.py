@@ -191,17 +191,10 @@ async def run_drill(site: SimSite, scenario: str, *, notify: Notify, bus: Bus, w
     watcher = asyncio.create_task(watch())
     try:
         await asyncio.sleep(0.3)  # the subscription is bound
-        # the job starts through power-control's process adapter, as it restarts it later
-        from powerguard.schemas import JobData, JobRestartRequested
-
-        await bus.publish(
-            JobRestartRequested(
-                data=JobData(
-                    job=job, saga_id="demo-start", nodes=site.node_names, idempotency_key=f"demo-start/{job}/restart"
-                )
-            )
-        )
-        say("setup", f"job {job}: {world} ranks on {', '.join(site.node_names)} launched by power-control")
+        # the site's scheduler starts the job (the process adapter power-control restarts it with later);
+        # a job start is no power command: nobody but the coordinator may publish those
+        await site.start_job()
+        say("setup", f"job {job}: {world} ranks on {', '.join(site.node_names)} launched by the site's scheduler")
         await _until(
             obs,
             lambda: len({e.data.rank for _, e in obs.of(AgentRegistered, lambda e: e.data.job == job)}) >= world,
@@ -308,7 +301,7 @@ def _report(
 ) -> dict:
     job = site.opts.job
     off = [t for t, e in obs.of(NodeState, lambda e: e.data.state == "off")]
-    ready = [t for t, e in obs.of(NodeState, lambda e: e.data.state == "ready" and e.data.saga_id != "demo-start")]
+    ready = [t for t, e in obs.of(NodeState, lambda e: e.data.state == "ready")]
     resumed = obs.of(JobResumed, lambda e: e.data.job == job and e.data.step is not None)
     saga = obs.of(SagaStateChanged)
     restored_step = resumed[-1][1].data.step if resumed else None

@@ -42,7 +42,7 @@ class SimulatedPowerControl:
             JobRestartRequested,
             handler=self.on_command,
             durable=self.durable,
-            subject=[s.power_cmd("*"), s.job("*")],
+            subject=[s.power_cmd("*"), s.job_cmd("*")],
         )
 
     async def stop(self) -> None:

@@ -173,6 +173,17 @@ class SimSite:
         )
         log.close()
 
+    async def start_job(self) -> str:
+        """Start the training job with the site file's process adapter (what power-control uses
+        to stop and restart it: the same pid file)."""
+        from powerguard.power_control.config import PowerControlSettings
+        from powerguard.power_control.schedulers import make_scheduler
+        from powerguard.schemas import load_site
+
+        settings = PowerControlSettings.model_validate(load_site(self.site_file).section("power_control"))
+        self._launcher = make_scheduler(settings.scheduler)
+        return await self._launcher.start_job(self.opts.job, nodes=self.node_names, saga_id="demo-start")
+
     def job_running(self) -> bool:
         """The training job's launcher (started by power-control's process adapter) is alive."""
         try:

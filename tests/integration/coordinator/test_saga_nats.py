@@ -83,7 +83,7 @@ async def test_full_saga_with_two_jobs_of_four_ranks(make_bus, spans):
     assert any(
         s.name.startswith("process")
         and s.context.trace_id == trace_id
-        and "power.cmd" in s.attributes["messaging.destination.name"]
+        and "cmd.power" in s.attributes["messaging.destination.name"]
         for s in spans.get_finished_spans()
     )
     await watch.stop()

@@ -77,7 +77,7 @@ class Recorder:
             JobRestarted,
             handler=handler,
             durable="recorder",
-            subject=[s.power_result("*"), s.job("*")],
+            subject=[s.power_result("*"), s.job_result("*")],
             deliver="new",
         )
         return self
@@ -124,7 +124,16 @@ def power_on(node: str, saga: str = "saga-1", **kw: Any) -> PowerOnRequested:
     )
 
 
-async def service(bus: Bus, site_cfg: SiteConfig) -> PowerControl:
+async def open_saga(bus: Bus, saga_id: str = "saga-1") -> None:
+    """power-control executes commands only of sagas whose record exists: the coordinator's part."""
+    kv = await bus.sagas()
+    if await kv.get(bus.names.saga_key(saga_id)) is None:
+        await kv.create(bus.names.saga_key(saga_id), {"saga_id": saga_id, "state": "shutting_down"})
+
+
+async def service(bus: Bus, site_cfg: SiteConfig, sagas: tuple[str, ...] = ("saga-1",)) -> PowerControl:
+    for saga_id in sagas:
+        await open_saga(bus, saga_id)
     pc = PowerControl(bus, site_cfg, PowerControlSettings.model_validate(site_cfg.section("power_control")))
     await pc.start()
     return pc

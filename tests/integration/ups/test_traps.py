@@ -28,9 +28,10 @@ def agent(tmp_path):
 
 
 @contextlib.asynccontextmanager
-async def trap_monitor(bus, cfg: SiteConfig, trap_port: int):
+async def trap_monitor(bus, cfg: SiteConfig, trap_port: int, **extra):
     # polls are 60 s apart: anything seen sooner came through the trap
     settings = MonitorSettings(
+        **extra,
         poll_interval_s=60,
         comm_timeout_s=120,
         status_every_s=600,
@@ -53,6 +54,7 @@ def snmptrap(*args: str) -> None:
 
 
 async def test_v2c_on_battery_trap_is_detected_without_waiting_for_a_poll(bus, agent, monkeypatch):
+    monkeypatch.setenv("PG_T_COMMUNITY", "public")
     port = free_port()
     cfg = SiteConfig(
         site="dc1",
@@ -61,7 +63,7 @@ async def test_v2c_on_battery_trap_is_detected_without_waiting_for_a_poll(bus, a
     )
     async with bus.subscribe(*POWER_EVENTS, deliver="all") as sub:
         await sub.start()
-        async with trap_monitor(bus, cfg, port):
+        async with trap_monitor(bus, cfg, port, trap_community={"env": "PG_T_COMMUNITY"}):
             first = await asyncio.wait_for(sub.__anext__(), 15)
             assert isinstance(first, PowerStatus)
             agent.set(on_battery=True, runtime_s=600)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -258,8 +259,10 @@ class Bus:
             inject_headers(hdrs)
             deadline = time.monotonic() + timeout
             delay = 0.05
+            attempts = 0
             while True:
                 remaining = deadline - time.monotonic()
+                attempts += 1
                 try:
                     ack = await self._publish_once(subject, payload, hdrs, max(0.2, remaining))
                 except (nats.errors.Error, TimeoutError, OSError) as exc:
@@ -275,6 +278,8 @@ class Bus:
                     delay = min(delay * 2, 1.0)
                     continue
                 span.set_attribute("messaging.nats.stream.sequence", ack.seq)
+                if ack.duplicate and attempts > 1:
+                    ack = dataclasses.replace(ack, duplicate=False)  # our own earlier attempt was stored
                 if ack.duplicate:
                     span.set_attribute("messaging.nats.duplicate", True)
                 metrics.PUBLISHED.labels(event.type).inc()
@@ -343,13 +348,16 @@ class Bus:
         backoff: tuple[float, ...] = (0.2, 1.0, 5.0, 15.0),
         ack_wait: float = 30.0,
         deliver: str = "all",
+        since_s: float | None = None,
     ):
         """Run ``handler`` for every event of ``types`` on a durable consumer.
 
         Success acks; an exception naks with ``backoff``; after ``max_deliver`` failed
-        deliveries the message goes to the DLQ and is terminated. Malformed or unknown input
-        goes to the DLQ at once. Valid events of other types on the same subjects are acked
-        and skipped. Returns the running :class:`~powerguard.bus.consumer.Consumer`.
+        deliveries the message goes to the DLQ and is terminated. Malformed or unknown input,
+        and events on a subject their data does not name, go to the DLQ at once. Valid events
+        of other types on the same subjects are acked and skipped. With ``since_s``, a durable
+        that has to be created starts that many seconds back, not at the stream's start.
+        Returns the running :class:`~powerguard.bus.consumer.Consumer`.
         """
         from .consumer import Consumer
 
@@ -364,6 +372,7 @@ class Bus:
                 backoff=backoff,
                 ack_wait=ack_wait,
                 deliver=deliver,
+                since_s=since_s,
             )
         )
 
@@ -378,6 +387,7 @@ class Bus:
         backoff: tuple[float, ...] = (0.2, 1.0, 5.0, 15.0),
         ack_wait: float = 30.0,
         deliver: str = "all",
+        since_s: float | None = None,
     ):
         """Like :meth:`consume`, but ``batch_handler`` gets up to ``batch`` events at once
         as :class:`~powerguard.bus.consumer.Received` (event, subject, headers, sequence)."""
@@ -395,6 +405,7 @@ class Bus:
                 ack_wait=ack_wait,
                 deliver=deliver,
                 batch=batch,
+                since_s=since_s,
             )
         )
 

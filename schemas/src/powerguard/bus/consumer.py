@@ -9,6 +9,7 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
 
 import nats
@@ -17,7 +18,7 @@ from nats.js import api
 from nats.js import errors as js_errors
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
-from powerguard.schemas import Envelope, EventError, decode
+from powerguard.schemas import Envelope, EventError, check_subject, decode
 
 from . import metrics
 from .errors import SetupError
@@ -79,6 +80,12 @@ class Received:
         return parts[1] if len(parts) == 4 else None
 
 
+def decode_on(bus: Bus, msg: Msg) -> Envelope:
+    """Decode a message and check that its type and data belong on the subject it came on
+    (raises :class:`~powerguard.schemas.EventError`, e.g. ``SubjectMismatch``)."""
+    return check_subject(decode(msg.data, max_bytes=bus.max_payload), msg.subject, bus.subjects)
+
+
 class _PullLoop:
     durable: str | None = None
 
@@ -117,8 +124,22 @@ class _PullLoop:
         if resume:
             cfg.deliver_policy = api.DeliverPolicy.BY_START_SEQUENCE
             cfg.opt_start_seq = self._last_seq + 1
-        await self.bus.js.add_consumer(self.bus.names.stream, cfg)
+        if self.durable is None or not await self._durable_exists(cfg):
+            await self.bus.js.add_consumer(self.bus.names.stream, cfg)
         self._psub = await self.bus.js.pull_subscribe_bind(consumer=self.name, stream=self.bus.names.stream)
+
+    async def _durable_exists(self, want: api.ConsumerConfig) -> bool:
+        """A durable that exists is used as it is (created by ``powerguard bootstrap`` or an
+        earlier run): services never update consumers; a different filter is logged."""
+        try:
+            info = await self.bus.js.consumer_info(self.bus.names.stream, self.name)
+        except js_errors.NotFoundError:
+            return False
+        have = sorted(info.config.filter_subjects or [info.config.filter_subject or ""])
+        need = sorted(want.filter_subjects or [want.filter_subject or ""])
+        if have != need:
+            log.warning("consumer %s filters %s, this service expects %s: using it as it is", self.name, have, need)
+        return True
 
     async def _unbind(self) -> None:
         psub, self._psub = self._psub, None
@@ -180,8 +201,10 @@ class Consumer(_PullLoop):
         ack_wait: float,
         deliver: str,
         batch: int = 16,
+        since_s: float | None = None,
     ) -> None:
         super().__init__(bus, types, subject=subject, deliver=deliver)
+        self.since_s = since_s
         if max_deliver < 1:
             raise ValueError("max_deliver must be at least 1")
         self.handler = handler
@@ -194,7 +217,7 @@ class Consumer(_PullLoop):
         self._busy = False  # True while a batch is being handled (never cancel then)
 
     def _config(self) -> api.ConsumerConfig:
-        return api.ConsumerConfig(
+        cfg = api.ConsumerConfig(
             durable_name=self.durable,
             deliver_policy=_DELIVER[self.deliver],
             ack_policy=api.AckPolicy.EXPLICIT,
@@ -202,6 +225,12 @@ class Consumer(_PullLoop):
             max_deliver=self.max_deliver + 1,  # the last delivery goes to the DLQ, we term it
             max_ack_pending=max(1000, self.batch * 4),
         )
+        if self.since_s is not None:
+            # a durable that is (re-)created starts from a safe point: recent input only, never
+            # a replay of days-old history (state lives in KV, not in the stream)
+            cfg.deliver_policy = api.DeliverPolicy.BY_START_TIME
+            cfg.opt_start_time = datetime.now(UTC) - timedelta(seconds=self.since_s)
+        return cfg
 
     async def start(self) -> None:
         await self._bind()
@@ -241,7 +270,7 @@ class Consumer(_PullLoop):
         """Decode; dead-letter what cannot be handled; ack and skip other types."""
         deliveries = msg.metadata.num_delivered or 1
         try:
-            event = decode(msg.data, max_bytes=self.bus.max_payload)
+            event = decode_on(self.bus, msg)
         except EventError as exc:
             metrics.CONSUMED.labels(self.name, "rejected").inc()
             await self.bus.dead_letter(subject=msg.subject, payload=msg.data, error=exc, deliveries=deliveries)
@@ -397,7 +426,7 @@ class Subscription(_PullLoop):
                 continue
             msg = self._buffer.pop(0)
             try:
-                event = decode(msg.data, max_bytes=self.bus.max_payload)
+                event = decode_on(self.bus, msg)
             except EventError as exc:
                 if self.on_error:
                     self.on_error(msg.subject, msg.data, exc)

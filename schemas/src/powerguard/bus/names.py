@@ -23,6 +23,11 @@ class BusNames:
     def __post_init__(self) -> None:
         object.__setattr__(self, "subjects", Subjects(self.prefix))
 
+    @staticmethod
+    def saga_key(saga_id: str) -> str:
+        """Key of a saga's record in the sagas bucket."""
+        return f"saga.{saga_id}"
+
     @classmethod
     def from_settings(cls, nats: NatsSettings) -> BusNames:
         return cls(

@@ -45,6 +45,7 @@ from .envelope import (
     TYPE_PREFIX,
     Data,
     Envelope,
+    check_subject,
     decode,
     deterministic_id,
     encode,
@@ -60,14 +61,17 @@ from .errors import (
     PayloadTooLarge,
     PowerGuardError,
     SecretNotFound,
+    SubjectMismatch,
     UnknownEventType,
     UnsupportedVersion,
 )
 from .jobs import (
+    JobCommand,
     JobData,
     JobEvent,
     JobRestarted,
     JobRestartRequested,
+    JobResult,
     JobResumed,
     JobStopped,
     JobStopRequested,
@@ -88,7 +92,7 @@ from .power import (
 )
 from .saga import SagaData, SagaState, SagaStateChanged
 from .site import BmcConfig, NatsSettings, NodeConfig, OutletRef, PduConfig, SecretRef, SiteConfig, UpsConfig, load_site
-from .subjects import Subjects
+from .subjects import Subjects, token
 
 __all__ = [
     "UpsConfig",
@@ -157,6 +161,7 @@ __all__ = [
     "ShutdownRequested",
     "SiteConfig",
     "Subjects",
+    "token",
     "TYPE_PREFIX",
     "Tier",
     "HOLD_POLICIES",
@@ -166,6 +171,10 @@ __all__ = [
     "UnknownEventType",
     "UnsupportedVersion",
     "decode",
+    "check_subject",
+    "SubjectMismatch",
+    "JobCommand",
+    "JobResult",
     "deterministic_id",
     "encode",
     "load_site",

@@ -1,4 +1,4 @@
-"""Power commands (``pg.power.cmd.<node>``) and results (``pg.power.result.<node>``)."""
+"""Power commands (``pg.cmd.power.<node>``) and results (``pg.result.power.<node>``)."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ class PowerCommandData(Data):
 
 class PowerCommand(Envelope):
     data: PowerCommandData
-    SUBJECT_TEMPLATE = "{prefix}.power.cmd.{node}"
+    SUBJECT_TEMPLATE = "{prefix}.cmd.power.{node}"
 
     def nats_subject(self, subjects: Subjects) -> str:
         return subjects.power_cmd(self.data.node)
@@ -58,7 +58,7 @@ class PowerResultData(Data):
 
 class PowerResult(Envelope):
     data: PowerResultData
-    SUBJECT_TEMPLATE = "{prefix}.power.result.{node}"
+    SUBJECT_TEMPLATE = "{prefix}.result.power.{node}"
 
     def nats_subject(self, subjects: Subjects) -> str:
         return subjects.power_result(self.data.node)
@@ -84,7 +84,7 @@ class NodeState(Envelope):
 
     type: Literal["io.powerguard.node.v1.state"] = "io.powerguard.node.v1.state"
     data: NodeStateData
-    SUBJECT_TEMPLATE = "{prefix}.power.result.{node}"
+    SUBJECT_TEMPLATE = "{prefix}.result.power.{node}"
 
     def nats_subject(self, subjects: Subjects) -> str:
         return subjects.power_result(self.data.node)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import re
 import uuid
@@ -10,7 +12,14 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError
 
-from .errors import MalformedEvent, PayloadTooLarge, UnknownEventType, UnsupportedVersion
+from .errors import (
+    InvalidSubjectToken,
+    MalformedEvent,
+    PayloadTooLarge,
+    SubjectMismatch,
+    UnknownEventType,
+    UnsupportedVersion,
+)
 from .subjects import Subjects
 
 TYPE_PREFIX = "io.powerguard."
@@ -29,9 +38,21 @@ def new_id() -> str:
     return str(uuid.uuid4())
 
 
-def deterministic_id(*parts: object) -> str:
-    """An id that is the same for the same parts on every host (JetStream dedup)."""
-    return str(uuid.uuid5(_ID_NAMESPACE, "/".join(str(p) for p in parts)))
+def deterministic_id(*parts: object, secret: str | bytes | None = None) -> str:
+    """An id that is the same for the same parts on every host (JetStream dedup).
+
+    JetStream deduplicates by id across the whole stream, so whoever publishes an id first
+    wins: an id anyone can compute can be *squatted* (published early on another subject, so
+    the real event is dropped as a duplicate). Ids of commands and power events are therefore
+    keyed with a ``secret`` only their publishers hold (HMAC-SHA256)."""
+    text = "/".join(str(p) for p in parts)
+    if secret is None:
+        return str(uuid.uuid5(_ID_NAMESPACE, text))
+    key = secret.encode() if isinstance(secret, str) else secret
+    digest = bytearray(hmac.new(key, text.encode(), hashlib.sha256).digest()[:16])
+    digest[6] = (digest[6] & 0x0F) | 0x80  # RFC 9562 version 8 (custom)
+    digest[8] = (digest[8] & 0x3F) | 0x80
+    return str(uuid.UUID(bytes=bytes(digest)))
 
 
 class Data(BaseModel):
@@ -92,6 +113,20 @@ def registry() -> dict[str, type[Envelope]]:
 
 def encode(event: Envelope) -> bytes:
     return event.model_dump_json(exclude_none=True).encode()
+
+
+def check_subject(event: Envelope, subject: str, subjects: Subjects) -> Envelope:
+    """``event`` if ``subject`` is the one its type and data name, else :class:`SubjectMismatch`.
+
+    This binds types to subjects: with the server's per-subject publish permissions, who may
+    publish an event is decided by the server, not by what the payload claims."""
+    try:
+        expected = event.nats_subject(subjects)
+    except InvalidSubjectToken as exc:
+        raise SubjectMismatch(event.type, subject, f"none ({exc})") from None
+    if expected != subject:
+        raise SubjectMismatch(event.type, subject, expected)
+    return event
 
 
 def decode(payload: bytes | str, *, max_bytes: int = DEFAULT_MAX_PAYLOAD) -> Envelope:

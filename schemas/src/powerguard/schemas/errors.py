@@ -45,6 +45,15 @@ class PayloadTooLarge(EventError):
         self.limit = limit
 
 
+class SubjectMismatch(EventError):
+    """A valid event arrived on a subject its data does not name (a type or job that does not
+    belong there): never handed to a handler."""
+
+    def __init__(self, type_: str, subject: str, expected: str) -> None:
+        super().__init__(f"{type_} does not belong on {subject} (its subject is {expected})")
+        self.type, self.subject, self.expected = type_, subject, expected
+
+
 class InvalidSubjectToken(PowerGuardError, ValueError):
     """A name used in a NATS subject (site, ups, job, node, ...) is not a valid token."""
 

@@ -1,4 +1,5 @@
-"""Job lifecycle: ``pg.job.<job>``."""
+"""Job lifecycle: commands ``pg.cmd.job.<job>`` (coordinator), results ``pg.result.job.<job>``
+(power-control), ``pg.ckpt.<job>.resumed`` (the job's own ckpt-agent)."""
 
 from __future__ import annotations
 
@@ -23,25 +24,35 @@ class JobData(Data):
 
 class JobEvent(Envelope):
     data: JobData
-    SUBJECT_TEMPLATE = "{prefix}.job.{job}"
+
+
+class JobCommand(JobEvent):
+    SUBJECT_TEMPLATE = "{prefix}.cmd.job.{job}"
 
     def nats_subject(self, subjects: Subjects) -> str:
-        return subjects.job(self.data.job)
+        return subjects.job_cmd(self.data.job)
 
 
-class JobStopRequested(JobEvent):
+class JobResult(JobEvent):
+    SUBJECT_TEMPLATE = "{prefix}.result.job.{job}"
+
+    def nats_subject(self, subjects: Subjects) -> str:
+        return subjects.job_result(self.data.job)
+
+
+class JobStopRequested(JobCommand):
     type: Literal["io.powerguard.job.v1.stop_requested"] = "io.powerguard.job.v1.stop_requested"
 
 
-class JobStopped(JobEvent):
+class JobStopped(JobResult):
     type: Literal["io.powerguard.job.v1.stopped"] = "io.powerguard.job.v1.stopped"
 
 
-class JobRestartRequested(JobEvent):
+class JobRestartRequested(JobCommand):
     type: Literal["io.powerguard.job.v1.restart_requested"] = "io.powerguard.job.v1.restart_requested"
 
 
-class JobRestarted(JobEvent):
+class JobRestarted(JobResult):
     type: Literal["io.powerguard.job.v1.restarted"] = "io.powerguard.job.v1.restarted"
 
 
@@ -49,3 +60,7 @@ class JobResumed(JobEvent):
     """A rank (or the job) took its first training step after restoring ``step``."""
 
     type: Literal["io.powerguard.job.v1.resumed"] = "io.powerguard.job.v1.resumed"
+    SUBJECT_TEMPLATE = "{prefix}.ckpt.{job}.resumed"
+
+    def nats_subject(self, subjects: Subjects) -> str:
+        return subjects.job_resumed(self.data.job)

@@ -2,21 +2,26 @@
 
 Services never format subjects themselves; they call :class:`Subjects`.
 
-Layout (prefix ``pg`` by default)::
+Layout (prefix ``pg`` by default). Each tree has one publisher, so the server's subject
+permissions say who may say what; jobs are a token of every agent subject, so a job's
+credential can be scoped to its own job::
 
-    pg.power.<site>.<ups>        power events and telemetry
-    pg.power.cmd.<node>          power commands (coordinator -> power-control)
-    pg.power.result.<node>       power results (power-control -> everyone)
-    pg.agent.<job>.<rank>        agent registration and heartbeats
-    pg.ckpt.<job>.request        checkpoint requests
-    pg.ckpt.<job>.<rank>.ack     checkpoint acks (durable / failed)
-    pg.ckpt.<job>.release        paused ranks may train on
-    pg.saga.<saga_id>            saga state changes
-    pg.job.<job>                 job stop/restart/resumed
-    pg.dlq.<service>             rejected input
+    pg.power.<site>.<ups>        power events and telemetry         ups-monitor
+    pg.cmd.power.<node>          power commands                     coordinator
+    pg.cmd.job.<job>             job stop / restart commands        coordinator
+    pg.result.power.<node>       power results and node state       power-control
+    pg.result.job.<job>          job stopped / restarted            power-control
+    pg.ckpt.<job>.request        checkpoint requests                coordinator (and the job's own agents)
+    pg.ckpt.<job>.release        paused ranks may train on          coordinator
+    pg.ckpt.<job>.<rank>.ack     checkpoint acks (durable / failed) the job's agents
+    pg.ckpt.<job>.resumed        the job trains again               the job's agents
+    pg.agent.<job>.<rank>        registration and heartbeats        the job's agents
+    pg.saga.<saga_id>            saga state changes                 coordinator
+    pg.dlq.<service>             rejected input                     each service, its own
 
-Because power events and power commands share ``pg.power.``, the site names
-``cmd`` and ``result`` are reserved and refused.
+An event is valid only on the subject its own data names (:func:`check_subject`): a consumer
+dead-letters a ``ShutdownRequested`` that arrives on an agent subject, or an ack for job A
+published on job B's subject.
 """
 
 from __future__ import annotations
@@ -27,7 +32,6 @@ from dataclasses import dataclass
 from .errors import InvalidSubjectToken
 
 _TOKEN = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
-RESERVED_SITES = frozenset({"cmd", "result"})
 
 
 def token(value: object, *, what: str = "name") -> str:
@@ -41,10 +45,7 @@ def token(value: object, *, what: str = "name") -> str:
 
 
 def site_token(value: object) -> str:
-    text = token(value, what="site")
-    if text in RESERVED_SITES:
-        raise InvalidSubjectToken(f"site name {text!r} is reserved (it collides with power commands)")
-    return text
+    return token(value, what="site")
 
 
 @dataclass(frozen=True)
@@ -79,18 +80,36 @@ class Subjects:
     def ckpt_ack(self, job: str, rank: int | str) -> str:
         return f"{self.prefix}.ckpt.{_job_or_star(job)}.{_rank(rank)}.ack"
 
-    # saga, power commands, jobs ------------------------------------------
+    def job_resumed(self, job: str) -> str:
+        return f"{self.prefix}.ckpt.{_job_or_star(job)}.resumed"
+
+    def job_tree(self, job: str) -> str:
+        """Every subject of one job's agents (registrations, requests, acks, releases)."""
+        return f"{self.prefix}.ckpt.{token(job, what='job')}.>"
+
+    # saga, commands, results ----------------------------------------------
     def saga(self, saga_id: str) -> str:
         return f"{self.prefix}.saga.{_star_or(saga_id, 'saga id')}"
 
     def power_cmd(self, node: str) -> str:
-        return f"{self.prefix}.power.cmd.{_star_or(node, 'node')}"
+        return f"{self.prefix}.cmd.power.{_star_or(node, 'node')}"
+
+    def job_cmd(self, job: str) -> str:
+        return f"{self.prefix}.cmd.job.{_job_or_star(job)}"
 
     def power_result(self, node: str) -> str:
-        return f"{self.prefix}.power.result.{_star_or(node, 'node')}"
+        return f"{self.prefix}.result.power.{_star_or(node, 'node')}"
 
-    def job(self, job: str) -> str:
-        return f"{self.prefix}.job.{_job_or_star(job)}"
+    def job_result(self, job: str) -> str:
+        return f"{self.prefix}.result.job.{_job_or_star(job)}"
+
+    @property
+    def commands(self) -> str:
+        return f"{self.prefix}.cmd.>"
+
+    @property
+    def results(self) -> str:
+        return f"{self.prefix}.result.>"
 
     def dlq(self, service: str) -> str:
         return f"{self.prefix}.dlq.{_star_or(service, 'service')}"

@@ -4,6 +4,11 @@ LEADER = Gauge("powerguard_coordinator_leader", "1 while this replica holds the 
 OPEN_SAGAS = Gauge("powerguard_sagas_open", "Sagas not yet terminal")
 TRANSITIONS = Counter("powerguard_saga_transitions_total", "Saga state changes", ["state"])
 COMMANDS = Counter("powerguard_saga_commands_total", "Commands issued", ["kind"])
+SQUATTED = Counter(
+    "powerguard_coordinator_squatted_total",
+    "A first publish of a command or state event that JetStream reported as a duplicate: someone published "
+    "its id first (an attack, or a second coordinator)",
+)
 IGNORED = Counter("powerguard_coordinator_ignored_total", "Inputs that matched no saga", ["reason"])
 MISSING_RANKS = Gauge("powerguard_saga_missing_ranks", "Ranks that did not ack in the last partial checkpoint")
 RESERVE = Gauge("powerguard_shutdown_reserve_seconds", "Battery runtime kept for the shutdown (policy)")

@@ -1,4 +1,6 @@
-"""Saga commands and state changes as events (deterministic ids: a re-send is deduplicated)."""
+"""Saga commands and state changes as events. Ids are deterministic per saga (a re-send is
+deduplicated) but keyed with the saga's own secret (stored in its record, which agents cannot
+read): nobody else can publish an id first and have the real command dropped as a duplicate."""
 
 from __future__ import annotations
 
@@ -36,7 +38,7 @@ _POWER_COMMANDS = {"shutdown": ShutdownRequested, "power_on": PowerOnRequested}
 
 
 def command_event(rec: SagaRecord, cmd: Command) -> Envelope:
-    eid = deterministic_id("cmd", cmd.key)
+    eid = deterministic_id("cmd", cmd.key, secret=rec.id_secret)
     a = cmd.args
     if cmd.kind == "ckpt_request":
         return CheckpointRequested(
@@ -81,7 +83,7 @@ def state_events(rec: SagaRecord, since: int) -> list[SagaStateChanged]:
         t = rec.history[i]
         out.append(
             SagaStateChanged(
-                id=deterministic_id("saga", rec.saga_id, i),
+                id=deterministic_id("saga", rec.saga_id, i, secret=rec.id_secret),
                 source=SOURCE,
                 time=_dt(t.at),
                 data=SagaData(

@@ -32,6 +32,12 @@ class Policy(BaseModel):
         description="Decide to stop when the budget left before the shutdown reserve falls to this many times "
         "the measured power checkpoint (so the final checkpoint fits)",
     )
+    max_event_age_s: float = Field(
+        default=120.0,
+        gt=0,
+        description="Power events older than this (by their time) are ignored: a replayed or delayed history "
+        "never starts a saga; a consumer that has to be re-created starts this far back",
+    )
     pause_max_s: float = Field(
         default=3600.0, gt=0, description="Paused ranks train on by themselves after this long without a release"
     )

@@ -213,6 +213,7 @@ class SagaRecord(BaseModel):
     parent_span_id: str | None = None  # the span that published the first on_battery
     spans_done: set[str] = Field(default_factory=set)
     drill: bool = False  # started by `powerguard drill`: every power and job command is dry-run
+    id_secret: str = Field(default_factory=lambda: secrets.token_hex(16))  # keys the event ids (outbox)
 
     @property
     def terminal(self) -> bool:

@@ -34,6 +34,7 @@ from powerguard.schemas import (
     PowerActionFailed,
     PowerEvent,
     SiteConfig,
+    new_id,
 )
 
 from . import metrics, saga
@@ -141,13 +142,14 @@ class Coordinator:
                 self.ups.setdefault(r, o.rec.ups[r].model_copy())
             again = saga.pending(o.rec, self.policy)
             log.info("resuming saga %s in state %s; re-sending %d command(s)", o.rec.saga_id, o.rec.state, len(again))
-            await self._publish(o.rec, again)
+            await self._publish(o.rec, again, resend=True)
         metrics.OPEN_SAGAS.set(len(self.open))
         subjects = [
             self.bus.subjects.power_events(self.site.site),
             self.bus.subjects.ckpt_ack("*", "*"),
             self.bus.subjects.power_result("*"),
-            self.bus.subjects.job("*"),
+            self.bus.subjects.job_result("*"),
+            self.bus.subjects.job_resumed("*"),
         ]
         self._consumer = await self.bus.consume_batches(
             *INPUT_TYPES,
@@ -155,6 +157,7 @@ class Coordinator:
             durable=f"coordinator-{self.site.site}",
             subject=subjects,
             batch=512,
+            since_s=self.policy.max_event_age_s,
         )
         log.info(
             "consuming inputs for site %s (%d ranks known, %d open saga(s))",
@@ -206,6 +209,11 @@ class Coordinator:
             if d.ups not in self.topo.ups:
                 metrics.IGNORED.labels("unknown_ups").inc()
                 log.warning("power event for unknown UPS %s (site %s) ignored", d.ups, d.site)
+                return
+            age = now - ev.time.timestamp()
+            if age > self.policy.max_event_age_s:
+                metrics.IGNORED.labels("stale").inc()
+                log.warning("%s of %s from %.0fs ago ignored (max_event_age_s)", ev.short_type, d.ups, age)
                 return
             current = self.ups.get(d.ups)
             if current is not None and current.drill and current.on_battery and not d.drill and not d.on_battery:
@@ -305,7 +313,7 @@ class Coordinator:
             for sid in list(self._resend):
                 if sid in self.open:
                     self._resend.discard(sid)
-                    await self._publish(self.open[sid].rec, saga.pending(self.open[sid].rec, self.policy))
+                    await self._publish(self.open[sid].rec, saga.pending(self.open[sid].rec, self.policy), resend=True)
             before = {sid: self._snapshot(o.rec) for sid, o in self.open.items()}
             out: dict[str, list[Command]] = {}
             for o in list(self.open.values()):
@@ -345,7 +353,12 @@ class Coordinator:
             if pending:
                 await self._commit({}, pending, now)
 
-    async def _publish(self, rec: SagaRecord, cmds: list[Command], state_from: int | None = None) -> None:
+    async def _publish(
+        self, rec: SagaRecord, cmds: list[Command], state_from: int | None = None, *, resend: bool = False
+    ) -> None:
+        """Publish state events and commands (stored in the record first). A first publish that
+        JetStream reports as a duplicate was squatted: alarm, and publish it again under a fresh
+        id (receivers deduplicate by idempotency key)."""
         events: list[Envelope] = []
         if state_from is not None:
             events += state_events(rec, state_from)
@@ -360,7 +373,17 @@ class Coordinator:
 
             async def one(ev: Envelope) -> None:
                 async with sem:
-                    await self.bus.publish(ev)
+                    ack = await self.bus.publish(ev)
+                    if ack.duplicate and not resend:
+                        metrics.SQUATTED.inc()
+                        log.error(
+                            "saga %s: %s %s was already in the stream before the coordinator published it "
+                            "(its id was squatted); publishing it again under a fresh id",
+                            rec.saga_id,
+                            ev.short_type,
+                            ev.id,
+                        )
+                        await self.bus.publish(ev.model_copy(update={"id": new_id()}))
 
             results = await asyncio.gather(*(one(e) for e in events), return_exceptions=True)
         finally:

@@ -4,15 +4,12 @@ from __future__ import annotations
 
 import logging
 
-from powerguard.bus import Kv
+from powerguard.bus import BusNames, Kv
 
 from .saga import SagaRecord
 
 log = logging.getLogger(__name__)
-
-
-def saga_key(saga_id: str) -> str:
-    return f"saga.{saga_id}"
+saga_key = BusNames.saga_key
 
 
 class SagaStore:

@@ -43,6 +43,12 @@ class PowerControlSettings(_Model):
         default_factory=lambda: {"ipmi": 16, "redfish": 16, "pdu": 4, "dry-run": 64},
         description="Concurrent requests per driver kind",
     )
+    max_command_age_s: float = Field(
+        default=300.0, gt=0, description="Refuse a command older than this (a replay, or one stuck in a backlog)"
+    )
+    require_saga: bool = Field(
+        default=True, description="Execute a command only when its saga's record exists in the sagas bucket"
+    )
     scheduler: SchedulerSettings = Field(default_factory=SchedulerSettings)
     probes: dict[str, ProbeSettings] = Field(default_factory=dict, description="Readiness probe per node")
     restore_policy: Literal["always-on", "previous", "always-off"] = Field(

@@ -5,6 +5,11 @@ from __future__ import annotations
 from prometheus_client import Counter, Gauge
 
 ACTIONS = Counter("powerguard_power_actions_total", "Power and job actions reported", ["action", "outcome"])
+REFUSED = Counter(
+    "powerguard_power_commands_refused_total",
+    "Commands not executed: too old, or of a saga that does not exist",
+    ["type"],
+)
 NODE_READY = Gauge("powerguard_node_ready", "1 once a restored node is ready, 0 while it is off or failed", ["node"])
 RESTORE_FAILED = Counter(
     "powerguard_node_restore_failed_total", "Nodes that did not come back after a restore", ["node"]

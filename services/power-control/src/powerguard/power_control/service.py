@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -29,6 +30,7 @@ from powerguard.schemas import (
     PowerActionDone,
     PowerActionFailed,
     PowerOnRequested,
+    PowerResultData,
     ShutdownRequested,
     SiteConfig,
     decode,
@@ -106,7 +108,7 @@ class PowerControl:
             *COMMANDS,
             handler=self.on_command,
             durable=f"power-control-{self.site.site}",
-            subject=[s.power_cmd("*"), s.job("*")],
+            subject=[s.power_cmd("*"), s.job_cmd("*")],
         )
 
     async def stop(self, grace_s: float = 5.0) -> None:
@@ -131,6 +133,10 @@ class PowerControl:
         if isinstance(event, JobStopRequested | JobRestartRequested) and d.saga_id is None:
             log.info("ignoring %s for job %s without a saga id", event.short_type, d.job)
             return
+        why = await self._refusal(event)
+        if why is not None:
+            await self._refuse(event, why)
+            return
         key = d.idempotency_key or f"{event.type}/{event.id}"
         assert self._ledger is not None
         if await self._ledger.claim(key, event.model_dump(mode="json")) is None:
@@ -138,6 +144,42 @@ class PowerControl:
             log.info("duplicate command %s (%s): nothing new done", key, seen.get("status", "?"))
             return
         self._run(event, key)
+
+    async def _refusal(self, event: Envelope) -> str | None:
+        """Why this command must not run (None: run it). Only the coordinator may publish on
+        the command subjects (server permissions) and the consumer checked the subject; this
+        also refuses replays and commands of sagas that do not exist."""
+        age = time.time() - event.time.timestamp()
+        if age > self.settings.max_command_age_s:
+            return f"command is {age:.0f}s old (max_command_age_s {self.settings.max_command_age_s:.0f})"
+        if self.settings.require_saga:
+            saga_id = event.data.saga_id
+            kv = await self.bus.sagas()
+            if not saga_id or await kv.get(self.bus.names.saga_key(saga_id)) is None:
+                return f"saga {saga_id!r} does not exist in {kv.bucket}"
+        return None
+
+    async def _refuse(self, event: Envelope, why: str) -> None:
+        d = event.data
+        metrics.REFUSED.labels(event.short_type).inc()
+        log.error("refused %s %s: %s", event.short_type, event.id, why)
+        if isinstance(event, ShutdownRequested | PowerOnRequested):
+            node, action = d.node, "off" if isinstance(event, ShutdownRequested) else "on"
+        else:
+            node = d.nodes[0] if d.nodes else d.job
+            action = "job_start" if isinstance(event, JobRestartRequested) else "job_stop"
+        await self._emit(
+            PowerActionFailed(
+                data=PowerResultData(
+                    saga_id=d.saga_id,
+                    node=node,
+                    action=action,
+                    idempotency_key=d.idempotency_key,
+                    error=f"refused: {why}",
+                    dry_run=d.dry_run,
+                )
+            )
+        )
 
     def _run(self, event: Envelope, key: str) -> None:
         d = event.data

@@ -15,9 +15,16 @@ class MonitorSettings(BaseModel):
     status_every_s: float = Field(default=30.0, gt=0, description="Telemetry events")
     timeout_s: float = Field(default=2.0, gt=0, description="One poll of one UPS")
     max_concurrent_polls: int = Field(default=64, ge=1)
-    trap_host: str = Field(default="0.0.0.0", description="Where to listen for SNMP traps")
+    trap_host: str | None = Field(
+        default=None, description="Address to listen on for SNMP traps (required with trap_port; no 0.0.0.0 default)"
+    )
     trap_port: int | None = Field(default=None, ge=0, le=65535, description="UDP port for traps (None: off)")
-    trap_community: SecretRef | None = Field(default=None, description="v2c trap community (default 'public')")
+    trap_community: SecretRef | None = Field(
+        default=None, description="v2c trap community (required to accept v2c traps; SNMPv3 authPriv is recommended)"
+    )
+    trap_rate_per_s: float = Field(
+        default=2.0, gt=0, description="Trap-triggered polls per second per sender; more traps are dropped and counted"
+    )
 
 
 class NutOptions(BaseModel):

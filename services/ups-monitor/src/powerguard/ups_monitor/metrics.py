@@ -13,6 +13,9 @@ RUNTIME = Gauge("powerguard_ups_runtime_seconds", "Estimated battery runtime lef
 CHARGE = Gauge("powerguard_ups_charge_percent", "Battery charge", LABELS)
 LOAD = Gauge("powerguard_ups_load_percent", "Output load", LABELS)
 COMM_OK = Gauge("powerguard_ups_comm_ok", "1 while the UPS answers its polls", LABELS)
+TRAPS_DROPPED = Counter(
+    "powerguard_ups_traps_dropped_total", "Traps not acted on (unknown sender, over the rate limit)", ["reason"]
+)
 TRANSITIONS = Counter("powerguard_ups_transitions_total", "Power events published", [*LABELS, "kind"])
 
 

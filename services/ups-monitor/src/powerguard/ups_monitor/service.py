@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import secrets
 import socket
 import time
 from dataclasses import dataclass, field
@@ -61,6 +62,7 @@ class Target:
     state: UpsState
     comm_seq: int = 0
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # a trap's poll and the periodic one
+    trap_poll: asyncio.Task | None = None
 
 
 def make_driver(cfg: UpsConfig, settings: MonitorSettings):
@@ -111,6 +113,26 @@ def make_driver(cfg: UpsConfig, settings: MonitorSettings):
     raise ConfigError(f"ups {cfg.name}: unknown driver {cfg.driver!r}")
 
 
+class RateLimiter:
+    """A token bucket per key (burst ``2 x rate``), clock injected."""
+
+    def __init__(self, rate: float) -> None:
+        self.rate = rate
+        self._buckets: dict[str, tuple[float, float]] = {}
+
+    def allow(self, key: str, now: float) -> bool:
+        burst = max(1.0, 2 * self.rate)
+        tokens, last = self._buckets.get(key, (burst, now))
+        tokens = min(burst, tokens + (now - last) * self.rate)
+        if len(self._buckets) > 4096:
+            self._buckets.clear()  # bounded: a flood from spoofed senders cannot grow it
+        if tokens < 1.0:
+            self._buckets[key] = (tokens, now)
+            return False
+        self._buckets[key] = (tokens - 1.0, now)
+        return True
+
+
 class Monitor:
     def __init__(
         self, bus: Bus, site: SiteConfig, *, settings: MonitorSettings | None = None, instance: str | None = None
@@ -140,6 +162,8 @@ class Monitor:
         self._sem = asyncio.Semaphore(self.settings.max_concurrent_polls)
         self.traps = None
         self._trap_tasks: set[asyncio.Task] = set()
+        self._trap_limiter = RateLimiter(self.settings.trap_rate_per_s)
+        self._id_secret: str | None = None
 
     async def start_traps(self) -> None:
         """Listen for SNMP traps when ``trap_port`` is set; a trap polls its UPS at once."""
@@ -147,9 +171,9 @@ class Monitor:
             return
         from .traps import TrapReceiver, V3TrapUser
 
-        community = (
-            self.settings.trap_community.resolve().get_secret_value() if self.settings.trap_community else "public"
-        )
+        if not self.settings.trap_host:
+            raise ConfigError("ups_monitor.trap_host: set the address to receive traps on (e.g. the management NIC)")
+        community = self.settings.trap_community.resolve().get_secret_value() if self.settings.trap_community else None
         users = []
         for t in self.targets:
             o = t.cfg.options
@@ -173,14 +197,39 @@ class Monitor:
         await self.traps.start()
 
     def _on_trap(self, trap) -> None:
+        """A trap is a claim, not a fact: it makes the monitor poll its UPS at once (at most one
+        trap poll in flight per UPS, and ``trap_rate_per_s`` per sender); only what the poll
+        reads becomes an event."""
         hit = [t for t in self.targets if t.cfg.host == trap.source]
         if not hit:
+            metrics.TRAPS_DROPPED.labels("unknown_sender").inc()
             log.warning("trap %s from %s, which is no configured UPS: ignored", trap.trap_oid, trap.source)
             return
+        if not self._trap_limiter.allow(trap.source, time.monotonic()):
+            metrics.TRAPS_DROPPED.labels("rate").inc()
+            log.warning("trap %s from %s dropped: over %.1f/s", trap.trap_oid, trap.source, self._trap_limiter.rate)
+            return
         for t in hit:
-            task = asyncio.create_task(self.poll(t, trap=trap))
-            self._trap_tasks.add(task)
-            task.add_done_callback(self._trap_tasks.discard)
+            if t.trap_poll is not None and not t.trap_poll.done():
+                continue  # a trap poll of this UPS is already under way: it reads the same state
+            t.trap_poll = asyncio.create_task(self.poll(t, trap=trap))
+            self._trap_tasks.add(t.trap_poll)
+            t.trap_poll.add_done_callback(self._trap_tasks.discard)
+
+    async def _event_id_secret(self) -> str:
+        """The key of this site's power-event ids, shared by its monitors through ``pg_ups``
+        (which only ups-monitor may read): an id nobody else can compute cannot be squatted."""
+        kv = await self.bus.ups_states()
+        key = f"{self.site.site}._secret"
+        for _ in range(3):
+            entry = await kv.get(key)
+            if entry is not None:
+                return entry.json()["secret"]
+            try:
+                await kv.create(key, {"secret": secrets.token_hex(16)})
+            except CasConflict:
+                continue  # another monitor made it first
+        raise ConfigError(f"cannot read or create the event-id secret {key} in {kv.bucket}")
 
     async def run(self, stopping: asyncio.Event) -> None:
         await self.start_traps()
@@ -206,9 +255,16 @@ class Monitor:
                 error = str(exc) or f"no answer within {self.settings.timeout_s:g}s"
                 if t.state.last_error != error:
                     log.warning("ups %s: %s", t.cfg.name, error)
-                reading = _from_trap(trap) if trap is not None else None
-                transitions = t.state.failed(error, now) if reading is None else []
-                if reading is None and any(tr.kind == "comm_lost" for tr in transitions):
+                if trap is not None:
+                    log.warning(
+                        "ups %s: trap %s (%s) not confirmed: the poll after it failed; no event from a trap alone",
+                        t.cfg.name,
+                        trap.trap_oid,
+                        trap.meaning,
+                    )
+                reading = None
+                transitions = t.state.failed(error, now)
+                if any(tr.kind == "comm_lost" for tr in transitions):
                     metrics.comm_lost(self.site.site, t.cfg.name)
             if reading is not None:
                 metrics.observe(self.site.site, t.cfg.name, reading)
@@ -247,13 +303,16 @@ class Monitor:
 
     async def _emit(self, t: Target, tr: Transition, now: float, via: str = "poll") -> None:
         site, ups = self.site.site, t.cfg.name
+        if self._id_secret is None:
+            self._id_secret = await self._event_id_secret()
+        key = self._id_secret
         if tr.kind in POWER_KINDS:
-            eid = deterministic_id(site, ups, tr.kind, tr.reason or now)
+            eid = deterministic_id(site, ups, tr.kind, tr.reason or now, secret=key)
         elif tr.kind == "status":
-            eid = deterministic_id(site, ups, "status", int(now // self.settings.status_every_s))
+            eid = deterministic_id(site, ups, "status", int(now // self.settings.status_every_s), secret=key)
         else:
             t.comm_seq += 1
-            eid = deterministic_id(site, ups, tr.kind, self.instance, t.comm_seq, int(now))
+            eid = deterministic_id(site, ups, tr.kind, self.instance, t.comm_seq, int(now), secret=key)
         r = tr.reading
         data = PowerData(
             site=site,
@@ -297,17 +356,6 @@ class Monitor:
         if tr.kind != "status":
             metrics.TRANSITIONS.labels(site, ups, tr.kind).inc()
             log.info("ups %s: %s", ups, tr.kind)
-
-
-def _from_trap(trap) -> Reading | None:
-    """What a trap says when the UPS cannot be polled right after it (partial)."""
-    if trap.meaning == "on_battery":
-        return Reading(on_battery=True, status=("OB",), partial=True, errors=("from a trap; poll failed",))
-    if trap.meaning == "low_battery":
-        return Reading(
-            on_battery=True, low_battery=True, status=("OB", "LB"), partial=True, errors=("from a trap; poll failed",)
-        )
-    return None
 
 
 def _new(kind: str, old: dict[str, bool], new: dict[str, bool]) -> bool:

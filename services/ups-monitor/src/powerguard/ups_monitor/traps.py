@@ -50,7 +50,7 @@ class TrapReceiver:
         *,
         host: str,
         port: int,
-        community: str | None = "public",
+        community: str | None = None,
         v3_users: list[V3TrapUser] | None = None,
         on_trap: Callable[[Trap], None],
     ) -> None:

@@ -8,7 +8,31 @@ import os
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 
+from powerguard.schemas import InvalidSubjectToken, token
+
 from ..errors import SchedulerError
+
+# what a hook, a scheduler command or a launched job may see of power-control's environment:
+# never its credentials (BMC passwords, NATS credentials, PDU communities referenced by `env`)
+SAFE_ENV_NAMES = frozenset(
+    {"PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "SHELL", "PYTHONPATH", "VIRTUAL_ENV"}
+)
+SAFE_ENV_PREFIXES = ("LC_", "SLURM_", "DOCKER_", "XDG_")
+
+
+def safe_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """An allowlisted copy of the environment plus ``extra`` (what the site file configures)."""
+    base = {k: v for k, v in os.environ.items() if k in SAFE_ENV_NAMES or k.startswith(SAFE_ENV_PREFIXES)}
+    return {**base, **(extra or {})}
+
+
+def job_name(job: str) -> str:
+    """A job name as a subject token (A-Z a-z 0-9 _ -): it never becomes a path outside an
+    adapter's directory, an option of a command, or anything but a name."""
+    try:
+        return token(job, what="job")
+    except InvalidSubjectToken as exc:
+        raise SchedulerError(str(exc)) from None
 
 
 class Scheduler(ABC):
@@ -65,7 +89,7 @@ async def run(argv: Sequence[str], *, timeout_s: float, env: Mapping[str, str] |
             *argv,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
-            env={**os.environ, **(env or {})},
+            env=safe_env(env),
         )
     except OSError as exc:
         raise SchedulerError(f"{label}: cannot run {argv[0]}: {exc.strerror}") from None

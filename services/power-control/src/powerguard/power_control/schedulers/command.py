@@ -1,5 +1,6 @@
 """A user hook: an argv list per action (no shell), with the saga, job and node in env vars
-(POWERGUARD_ACTION, POWERGUARD_SAGA, POWERGUARD_JOB, POWERGUARD_NODE, POWERGUARD_NODES)."""
+(POWERGUARD_ACTION, POWERGUARD_SAGA, POWERGUARD_JOB, POWERGUARD_NODE, POWERGUARD_NODES).
+Hooks see an allowlisted environment (never power-control's credentials) plus ``env``."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from collections.abc import Sequence
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from .base import Scheduler, run, trace_env
+from .base import Scheduler, job_name, run, trace_env
 
 
 class CommandOptions(BaseModel):
@@ -18,6 +19,7 @@ class CommandOptions(BaseModel):
     drain: list[str] | None = Field(default=None, description="argv run before a node shuts down")
     resume: list[str] | None = Field(default=None, description="argv run after a node is back")
     timeout_s: float = Field(default=60.0, gt=0)
+    env: dict[str, str] = Field(default_factory=dict, description="Extra environment for the hooks")
 
 
 class CommandScheduler(Scheduler):
@@ -32,9 +34,10 @@ class CommandScheduler(Scheduler):
         if not argv:
             return f"no {action} hook"
         env = {
+            **self.opts.env,
             "POWERGUARD_ACTION": action,
             "POWERGUARD_SAGA": saga_id,
-            "POWERGUARD_JOB": job,
+            "POWERGUARD_JOB": job_name(job) if job else "",
             "POWERGUARD_NODE": nodes[0] if len(nodes) == 1 else "",
             "POWERGUARD_NODES": ",".join(nodes),
             **trace_env(),

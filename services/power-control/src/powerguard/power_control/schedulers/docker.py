@@ -10,7 +10,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..errors import SchedulerError
-from .base import Scheduler
+from .base import Scheduler, job_name
 
 
 class DockerOptions(BaseModel):
@@ -58,7 +58,7 @@ class DockerScheduler(Scheduler):
         return await asyncio.to_thread(blocking)
 
     def _select(self, client: Any, job: str, nodes: Sequence[str] | None) -> list[Any]:
-        found = client.containers.list(all=True, filters={"label": f"{self.opts.job_label}={job}"})
+        found = client.containers.list(all=True, filters={"label": f"{self.opts.job_label}={job_name(job)}"})
         if nodes:
             found = [c for c in found if c.labels.get(self.opts.node_label) in (None, *nodes)]
         return found

@@ -16,7 +16,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..errors import SchedulerError
-from .base import Scheduler, trace_env
+from .base import Scheduler, job_name, safe_env, trace_env
 
 
 class ProcessJob(BaseModel):
@@ -47,7 +47,7 @@ class ProcessScheduler(Scheduler):
 
     def _job(self, job: str) -> ProcessJob:
         try:
-            return self.opts.jobs[job]
+            return self.opts.jobs[job_name(job)]
         except KeyError:
             raise SchedulerError(f"process: no command configured for job {job!r}") from None
 
@@ -56,23 +56,26 @@ class ProcessScheduler(Scheduler):
         return p is not None and p.poll() is None
 
     async def start_job(self, job: str, *, nodes: Sequence[str], saga_id: str) -> str:
+        job = job_name(job)
         if self.running(job):
             return f"job {job} already running (pid {self.procs[job].pid})"
         spec = self._job(job)
-        env = {
-            **os.environ,
-            **spec.env,
-            "POWERGUARD_JOB": job,
-            "POWERGUARD_SAGA": saga_id,
-            "POWERGUARD_NODES": ",".join(nodes),
-            **trace_env(),
-        }
+        env = safe_env(
+            {
+                **spec.env,
+                "POWERGUARD_JOB": job,
+                "POWERGUARD_SAGA": saga_id,
+                "POWERGUARD_NODES": ",".join(nodes),
+                **trace_env(),
+            }
+        )
         self.procs[job] = _launch(job, spec, env)
         if self.opts.state_dir:
             _write_pid(Path(self.opts.state_dir), job, self.procs[job].pid)
         return f"started job {job} (pid {self.procs[job].pid})"
 
     async def stop_job(self, job: str, *, nodes: Sequence[str], saga_id: str) -> str:
+        job = job_name(job)  # the pid file is <state_dir>/<job>.pid: never a path outside it
         p = self.procs.get(job)
         if p is None and self.opts.state_dir:
             return await self._stop_adopted(job)

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..errors import SchedulerError
-from .base import Scheduler, run
+from .base import Scheduler, job_name, run
 
 
 class SlurmOptions(BaseModel):
@@ -19,6 +19,10 @@ class SlurmOptions(BaseModel):
     slurm_conf: str | None = Field(default=None, description="SLURM_CONF for the commands (default: Slurm's own)")
     bin_dir: str | None = Field(default=None, description="Where scontrol/squeue/sinfo live (default: PATH)")
     node_map: dict[str, str] = Field(default_factory=dict, description="PowerGuard node -> Slurm node name")
+    job_ids: dict[str, list[str]] = Field(
+        default_factory=dict, description="PowerGuard job -> Slurm job ids (default: squeue by job name)"
+    )
+    user: str | None = Field(default=None, description="Only Slurm jobs of this user (squeue -u)")
     command_timeout_s: float = Field(default=30.0, gt=0)
     resume_timeout_s: float = Field(default=120.0, gt=0, description="Wait for a resumed node to become idle")
 
@@ -40,10 +44,14 @@ class SlurmScheduler(Scheduler):
         return self.opts.node_map.get(node, node)
 
     async def job_ids(self, job: str, *, states: str = "PD,R,CG,S") -> list[str]:
-        """Slurm job ids for a PowerGuard job: the id itself when numeric, else by job name."""
-        if job.isdigit():
-            return [job]
-        out = await self._cmd("squeue", "-h", "-n", job, "-t", states, "-o", "%i")
+        """Slurm job ids of a PowerGuard job: from ``job_ids`` in the site file, else the jobs
+        with that name (of ``user`` when set). A name is never taken for an id: a job named
+        ``1234`` does not stop Slurm job 1234."""
+        job = job_name(job)
+        if job in self.opts.job_ids:
+            return [str(int(j)) for j in self.opts.job_ids[job]]
+        user = ["-u", self.opts.user] if self.opts.user else []
+        out = await self._cmd("squeue", "-h", "-n", job, *user, "-t", states, "-o", "%i")
         return [line.strip() for line in out.splitlines() if line.strip()]
 
     async def prepare_shutdown(self, node: str, *, saga_id: str, jobs: Sequence[str]) -> str:
