@@ -13,6 +13,7 @@ import typer
 from rich.console import Console
 
 from powerguard.bus import BusError, BusNames
+from powerguard.bus.env import auth_options
 from powerguard.schemas import PowerGuardError
 
 from .demo import run_demo
@@ -26,9 +27,12 @@ app = typer.Typer(
 schemas_app = typer.Typer(help="The event contract: JSON Schema and AsyncAPI.", no_args_is_help=True)
 app.add_typer(schemas_app, name="schemas")
 
+from .creds import bootstrap, creds_app  # noqa: E402
 from .power import power_app  # noqa: E402
 
 app.add_typer(power_app, name="power")
+app.add_typer(creds_app, name="creds")
+app.command("bootstrap")(bootstrap)
 
 err = Console(stderr=True)
 DEFAULT_URL = os.environ.get("NATS_URL", "nats://127.0.0.1:4222")
@@ -57,9 +61,10 @@ def tail(
 
 async def _tail(url: str, names: BusNames, subject: str, count: int, as_json: bool, from_start: bool) -> None:
     from powerguard.bus import Bus
+    from powerguard.bus.client import redact
 
     out = Console(highlight=False, soft_wrap=True)
-    bus = await Bus.connect(url, service="tail", names=names, setup=False)
+    bus = await Bus.connect(url, service="tail", names=names, setup=False, **auth_options())
 
     def bad(subj: str, payload: bytes, exc: Exception) -> None:
         err.print(f"[yellow]undecodable message on {subj}:[/yellow] {exc}")
@@ -71,7 +76,7 @@ async def _tail(url: str, names: BusNames, subject: str, count: int, as_json: bo
     sub = bus.subscribe(subject=subject, deliver="all" if from_start else "new", on_error=bad)
     try:
         await sub.start()
-        err.print(f"tail: listening on {subject} at {url}", style="dim")
+        err.print(f"tail: listening on {subject} at {redact(url)}", style="dim")
         seen = 0
         while not stop.is_set() and (count == 0 or seen < count):
             nxt = asyncio.create_task(sub.next_received())
@@ -160,7 +165,7 @@ def status(
 
     async def fetch() -> list[dict]:
         names = BusNames.from_settings(load_site(config).nats) if config else BusNames()
-        bus = await Bus.connect(url, service="status", names=names, setup=False)
+        bus = await Bus.connect(url, service="status", names=names, setup=False, **auth_options())
         try:
             return await sagas(bus, include_closed=show_all)
         finally:
@@ -291,7 +296,11 @@ def drill(
     async def go():
         cfg = load_site(site)
         bus = await Bus.connect(
-            url or cfg.nats.url, service="drill", names=BusNames.from_settings(cfg.nats), setup=False
+            url or cfg.nats.url,
+            service="drill",
+            names=BusNames.from_settings(cfg.nats),
+            setup=False,
+            **auth_options(cfg.nats),
         )
         try:
             return await run_site_drill(

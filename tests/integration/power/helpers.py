@@ -40,6 +40,7 @@ def creds(monkeypatch) -> dict[str, Any]:
     monkeypatch.setenv("PG_TEST_BMC_USER", USER)
     monkeypatch.setenv("PG_TEST_BMC_PASSWORD", PASSWORD)
     monkeypatch.setenv("PG_TEST_BMC_BAD", "not-the-password")
+    monkeypatch.setenv("PG_TEST_PDU_RW", "private")  # the test snmpd's write community
     return {"username": {"env": "PG_TEST_BMC_USER"}, "password": {"env": "PG_TEST_BMC_PASSWORD"}}
 
 

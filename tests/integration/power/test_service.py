@@ -23,7 +23,7 @@ async def test_shutdown_and_restore_with_bmcs_and_pdu_outlets(make_bus, make_bmc
     cred = creds(monkeypatch)
     bmcs = {n: make_bmc(n, boot_delay=0.8, soft_off_delay=0.2, ignore_acpi=(n == "n3")) for n in ("n1", "n2", "n3")}
     nodes = [bmc_node(n, b, cred, outlets=[{"pdu": "p1", "outlet": i + 1}]) for i, (n, b) in enumerate(bmcs.items())]
-    pdus = [{"name": "p1", "host": "127.0.0.1", "port": pdu.port}]
+    pdus = [{"name": "p1", "host": "127.0.0.1", "port": pdu.port, "options": {"community": {"env": "PG_TEST_PDU_RW"}}}]
     cfg = site(
         nodes,
         pdus=pdus,

@@ -16,7 +16,7 @@ from nats.js import api
 from nats.js import errors as js_errors
 from opentelemetry.trace import SpanKind, Status, StatusCode, TracerProvider
 
-from powerguard.schemas import DEFAULT_MAX_PAYLOAD, DeadLetter, DeadLetterData, Envelope, encode
+from powerguard.schemas import DEFAULT_MAX_PAYLOAD, DeadLetter, DeadLetterData, Envelope, EventError, encode
 
 from . import metrics
 from .errors import ConnectError, PublishError, SetupError
@@ -31,6 +31,16 @@ log = logging.getLogger(__name__)
 
 Handler = Callable[[Envelope], Awaitable[None]]
 BatchHandler = Callable[[list["Received"]], Awaitable[None]]
+
+
+def redact(url: str) -> str:
+    """A URL fit for a log: ``nats://user:secret@host`` becomes ``nats://user:***@host``."""
+    scheme, sep, rest = url.partition("://")
+    if not sep or "@" not in rest:
+        return url
+    cred, _, host = rest.rpartition("@")
+    user = cred.split(":", 1)[0]
+    return f"{scheme}://{user}:***@{host}" if ":" in cred else f"{scheme}://***@{host}"
 
 
 class Bus:
@@ -71,15 +81,23 @@ class Bus:
         user: str | None = None,
         password: str | None = None,
         creds_file: str | Path | None = None,
+        nkey_seed_file: str | Path | None = None,
         tls_ca: str | Path | None = None,
+        tls_cert: str | Path | None = None,
+        tls_key: str | Path | None = None,
         connect_timeout: float = 10.0,
         setup: bool = True,
         max_payload: int = DEFAULT_MAX_PAYLOAD,
         tracer_provider: TracerProvider | None = None,
     ) -> Bus:
         """Connect (reconnecting forever once connected) and, with ``setup``, create the
-        stream and KV buckets if they are missing. Raises :class:`ConnectError` when no
-        server answers within ``connect_timeout``."""
+        stream and KV buckets if they are missing (never changing existing ones). Raises
+        :class:`ConnectError` when no server answers within ``connect_timeout``.
+
+        Authentication: ``user``/``password``, a ``creds_file`` (user JWT + nkey seed; the
+        replies then come on ``_INBOX.<its name>``, the only inbox it may subscribe to), or an
+        ``nkey_seed_file``. TLS: ``tls_ca`` verifies the server, ``tls_cert``/``tls_key`` are
+        the client certificate (mutual TLS); a ``tls://`` URL without a CA uses the system's."""
         # a string may name several servers of a cluster, comma-separated
         servers = [u.strip() for u in url.split(",") if u.strip()] if isinstance(url, str) else list(url)
         closing = [False]  # set by drain()/close(): expected disconnects are not warnings
@@ -90,7 +108,7 @@ class Bus:
 
         async def on_disconnect() -> None:
             if not closing[0]:
-                log.warning("nats: disconnected from %s", ", ".join(servers))
+                log.warning("nats: disconnected from %s", ", ".join(redact(s) for s in servers))
 
         async def on_reconnect() -> None:
             log.info("nats: reconnected")
@@ -111,16 +129,25 @@ class Bus:
         if user:
             options.update(user=user, password=password)
         if creds_file:
+            from .creds import inbox_of
+
             options["user_credentials"] = str(creds_file)
-        if tls_ca:
+            if prefix := inbox_of(creds_file):
+                options["inbox_prefix"] = prefix
+        if nkey_seed_file:
+            options["nkeys_seed"] = str(nkey_seed_file)
+        if tls_ca or tls_cert or any(s.startswith("tls://") for s in servers):
             import ssl
 
-            options["tls"] = ssl.create_default_context(cafile=str(tls_ca))
+            ctx = ssl.create_default_context(cafile=str(tls_ca) if tls_ca else None)
+            if tls_cert:
+                ctx.load_cert_chain(str(tls_cert), str(tls_key) if tls_key else None)
+            options["tls"] = ctx
         try:
             nc = await asyncio.wait_for(nats.connect(**options), connect_timeout)
         except (TimeoutError, OSError, nats.errors.Error) as exc:
             raise ConnectError(
-                f"cannot connect to NATS at {', '.join(servers)} within {connect_timeout:g}s"
+                f"cannot connect to NATS at {', '.join(redact(s) for s in servers)} within {connect_timeout:g}s"
                 + (f": {exc}" if str(exc) else "")
             ) from None
         bus = cls(
@@ -140,6 +167,10 @@ class Bus:
     @property
     def connected(self) -> bool:
         return self.nc.is_connected
+
+    async def wait_reconnected(self) -> None:
+        """Return at the next reconnect (after a lost connection)."""
+        await self._reconnected[0].wait()
 
     async def drain(self) -> None:
         """Stop consumers, flush what is pending, close."""
@@ -161,8 +192,11 @@ class Bus:
             await self.nc.close()
 
     # setup --------------------------------------------------------------------
-    async def setup(self) -> None:
-        """Create or update the stream and KV buckets (idempotent, safe to race)."""
+    async def setup(self, *, update: bool = False) -> None:
+        """Create the stream and KV buckets that are missing (idempotent, safe to race). An
+        existing stream is never changed (a mismatch is logged) unless ``update`` (``powerguard
+        bootstrap --update``, with the admin credential): a client must not be able to undo a
+        deployment's replication or limits."""
         n, lim = self.names, self.limits
         config = api.StreamConfig(
             name=n.stream,
@@ -174,17 +208,30 @@ class Bus:
             duplicate_window=lim.duplicate_window_s,
             num_replicas=lim.replicas,
             discard=api.DiscardPolicy.OLD,
+            allow_direct=True,  # read-only lookups (an agent's last request) need no consumer
         )
         try:
             try:
-                await self.js.stream_info(n.stream)
+                info = await self.js.stream_info(n.stream)
             except js_errors.NotFoundError:
                 try:
                     await self.js.add_stream(config)
-                except js_errors.BadRequestError:  # lost a race with another service
-                    await self.js.update_stream(config)
+                except js_errors.BadRequestError:  # lost a race with another client
+                    pass
             else:
-                await self.js.update_stream(config)
+                have = info.config
+                if update:
+                    await self.js.update_stream(config)
+                elif (have.num_replicas, have.subjects) != (config.num_replicas, config.subjects):
+                    log.warning(
+                        "stream %s has replicas=%s subjects=%s; expected replicas=%s subjects=%s: left as it is "
+                        "(powerguard bootstrap --update changes it)",
+                        n.stream,
+                        have.num_replicas,
+                        have.subjects,
+                        config.num_replicas,
+                        config.subjects,
+                    )
             await self._bucket(n.sagas, history=lim.sagas_history, ttl=None)
             await self._bucket(n.agents, history=1, ttl=lim.agents_ttl_s)
             await self._bucket(n.leases, history=1, ttl=lim.leases_ttl_s)
@@ -192,6 +239,23 @@ class Bus:
             await self._bucket(n.power, history=1, ttl=lim.power_ttl_s)
         except (js_errors.APIError, nats.errors.Error, TimeoutError) as exc:
             raise SetupError(f"cannot set up stream {n.stream} and KV buckets: {exc}") from None
+
+    async def bootstrap(self, sites: list[str], *, update: bool = False) -> list[str]:
+        """The admin's one-time setup: stream, KV buckets and every site's durable consumers
+        with their final configuration (services only bind to them). Returns what exists."""
+        from .consumer import durable_config
+        from .roles import durable_filters
+
+        await self.setup(update=update)
+        made = []
+        for site in sites:
+            for name, filters in durable_filters(self.names, site).items():
+                try:
+                    await self.js.consumer_info(self.names.stream, name)
+                except js_errors.NotFoundError:
+                    await self.js.add_consumer(self.names.stream, durable_config(name, filters=filters, deliver="new"))
+                made.append(name)
+        return made
 
     async def _bucket(self, bucket: str, *, history: int, ttl: float | None) -> Kv:
         try:
@@ -215,7 +279,9 @@ class Bus:
             try:
                 self._kv[bucket] = Kv(await self.js.key_value(bucket), bucket)
             except js_errors.BucketNotFoundError:
-                raise SetupError(f"KV bucket {bucket} does not exist; run setup() first") from None
+                raise SetupError(
+                    f"KV bucket {bucket} does not exist: run `powerguard bootstrap` (the admin creates it)"
+                ) from None
         return self._kv[bucket]
 
     async def sagas(self) -> Kv:
@@ -337,6 +403,38 @@ class Bus:
         from .consumer import Subscription
 
         return Subscription(self, types, subject=subject, deliver=deliver, on_error=on_error)
+
+    def listen(self, *types: type[Envelope], subject: str):
+        """Live events on ``subject`` through a plain (core NATS) subscription: no JetStream
+        consumer, so a least-privileged party needs only the subscribe permission on
+        ``subject``. Events published while disconnected are missed (see :meth:`last`)."""
+        from .consumer import Listener
+
+        return Listener(self, types, subject=subject)
+
+    async def last(self, subject: str) -> Received | None:
+        """The newest stored event on ``subject`` (a direct get: a read permission on that
+        subject only), or None. Undecodable or misplaced messages count as none."""
+        from .consumer import Received, decode_on
+
+        try:
+            msg = await self.js.get_last_msg(self.names.stream, subject, direct=True)
+        except (js_errors.NotFoundError, js_errors.APIError):
+            return None
+        except (nats.errors.Error, TimeoutError) as exc:
+            log.warning("last event on %s not read: %s", subject, exc)
+            return None
+
+        class _M:  # the fields decode_on reads
+            def __init__(self, m) -> None:
+                self.data, self.subject = m.data or b"", m.subject
+
+        try:
+            event = decode_on(self, _M(msg))
+        except EventError as exc:
+            log.warning("last event on %s ignored: %s", subject, exc)
+            return None
+        return Received(event=event, subject=msg.subject, headers=dict(msg.headers or {}), sequence=msg.seq or 0)
 
     async def consume(
         self,

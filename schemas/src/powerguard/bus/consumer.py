@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 import uuid
@@ -84,6 +85,38 @@ def decode_on(bus: Bus, msg: Msg) -> Envelope:
     """Decode a message and check that its type and data belong on the subject it came on
     (raises :class:`~powerguard.schemas.EventError`, e.g. ``SubjectMismatch``)."""
     return check_subject(decode(msg.data, max_bytes=bus.max_payload), msg.subject, bus.subjects)
+
+
+def durable_config(
+    name: str,
+    *,
+    filters: list[str] | None = None,
+    deliver: str = "all",
+    ack_wait: float = 30.0,
+    max_deliver: int = 5,
+    batch: int = 512,
+    since_s: float | None = None,
+) -> api.ConsumerConfig:
+    """A durable's configuration (services and ``powerguard bootstrap`` build it here)."""
+    cfg = api.ConsumerConfig(
+        durable_name=name,
+        deliver_policy=_DELIVER[deliver],
+        ack_policy=api.AckPolicy.EXPLICIT,
+        ack_wait=ack_wait,
+        max_deliver=max_deliver + 1,  # the last delivery goes to the DLQ, where it is terminated
+        max_ack_pending=max(1000, batch * 4),
+    )
+    if since_s is not None:
+        # a durable that is (re-)created starts from a safe point: recent input only, never a
+        # replay of days-old history (state lives in KV, not in the stream)
+        cfg.deliver_policy = api.DeliverPolicy.BY_START_TIME
+        cfg.opt_start_time = datetime.now(UTC) - timedelta(seconds=since_s)
+    if filters:
+        if len(filters) == 1:
+            cfg.filter_subject = filters[0]
+        else:
+            cfg.filter_subjects = list(filters)
+    return cfg
 
 
 class _PullLoop:
@@ -217,20 +250,14 @@ class Consumer(_PullLoop):
         self._busy = False  # True while a batch is being handled (never cancel then)
 
     def _config(self) -> api.ConsumerConfig:
-        cfg = api.ConsumerConfig(
-            durable_name=self.durable,
-            deliver_policy=_DELIVER[self.deliver],
-            ack_policy=api.AckPolicy.EXPLICIT,
+        return durable_config(
+            self.durable,
+            deliver=self.deliver,
             ack_wait=self.ack_wait,
-            max_deliver=self.max_deliver + 1,  # the last delivery goes to the DLQ, we term it
-            max_ack_pending=max(1000, self.batch * 4),
+            max_deliver=self.max_deliver,
+            batch=self.batch,
+            since_s=self.since_s,
         )
-        if self.since_s is not None:
-            # a durable that is (re-)created starts from a safe point: recent input only, never
-            # a replay of days-old history (state lives in KV, not in the stream)
-            cfg.deliver_policy = api.DeliverPolicy.BY_START_TIME
-            cfg.opt_start_time = datetime.now(UTC) - timedelta(seconds=self.since_s)
-        return cfg
 
     async def start(self) -> None:
         await self._bind()
@@ -452,6 +479,58 @@ class Subscription(_PullLoop):
 
     async def __aenter__(self) -> Subscription:
         return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+
+class Listener:
+    """Live events from a core NATS subscription, decoded and checked against their subject;
+    ``async for`` over it (``async with`` closes it). Bad input is logged and skipped."""
+
+    def __init__(self, bus: Bus, types: Sequence[type[Envelope]], *, subject: str, buffer: int = 1024) -> None:
+        self.bus, self.types, self.subject = bus, tuple(types), subject
+        self._queue: asyncio.Queue[Received] = asyncio.Queue(maxsize=buffer)
+        self._sub = None
+
+    async def start(self) -> Listener:
+        if self._sub is None:
+            self._sub = await self.bus.nc.subscribe(self.subject, cb=self._on_msg)
+            await self.bus.nc.flush()  # the server has the subscription before we go on
+        return self
+
+    async def _on_msg(self, msg: Msg) -> None:
+        try:
+            event = decode_on(self.bus, msg)
+        except EventError as exc:
+            log.warning("ignoring message on %s: %s", msg.subject, exc)
+            return
+        if self.types and not isinstance(event, self.types):
+            return
+        rec = Received(event=event, subject=msg.subject, headers=dict(msg.headers or {}), sequence=0)
+        try:
+            self._queue.put_nowait(rec)
+        except asyncio.QueueFull:
+            log.error("listener on %s: %d events not taken; dropping %s", self.subject, self._queue.qsize(), event.id)
+
+    def __aiter__(self) -> Listener:
+        return self
+
+    async def __anext__(self) -> Envelope:
+        return (await self.next_received()).event
+
+    async def next_received(self) -> Received:
+        await self.start()
+        return await self._queue.get()
+
+    async def aclose(self) -> None:
+        sub, self._sub = self._sub, None
+        if sub is not None:
+            with contextlib.suppress(nats.errors.Error, TimeoutError):
+                await sub.unsubscribe()
+
+    async def __aenter__(self) -> Listener:
+        return await self.start()
 
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from powerguard.schemas import ConfigError, PowerGuardError, SiteConfig, load_site
 
 from .client import Bus
-from .env import env_secret
+from .env import auth_options, secured
 from .http import HealthServer
 from .logs import configure_logging
 from .names import BusNames, StreamLimits
@@ -61,20 +61,16 @@ async def run_service(
 ) -> int:
     """Run ``main`` until it returns or SIGTERM/SIGINT; then drain. Returns an exit code."""
     nats = site.nats if site else None
-    password = nats.password.resolve().get_secret_value() if nats and nats.password else None
-    # one site file for every service, one NATS user per service: the environment may name it
-    user = (nats.user if nats else None) or os.environ.get("NATS_USER")
-    password = password or env_secret("NATS_PASSWORD")
+    # one site file for every service, one NATS identity per service: the environment may name it
+    auth = auth_options(nats)
     replicas = int(os.environ.get("POWERGUARD_NATS_REPLICAS", "1"))
     bus = await Bus.connect(
         nats_url,
         limits=StreamLimits(replicas=replicas),
         service=name,
         names=names or (BusNames.from_settings(nats) if nats else BusNames()),
-        user=user,
-        password=password,
-        creds_file=nats.creds_file if nats else None,
-        tls_ca=nats.tls_ca if nats else None,
+        setup=not secured(auth),  # with a credential the stream comes from `powerguard bootstrap`
+        **auth,
     )
     ctx = ServiceContext(name=name, bus=bus, site=site, stopping=stop_event or asyncio.Event(), args=args)
     health = None

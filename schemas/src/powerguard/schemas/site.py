@@ -74,8 +74,11 @@ class NatsSettings(_Model):
     power_bucket: str = "pg_power"
     user: str | None = None
     password: SecretRef | None = None
-    creds_file: Path | None = None
-    tls_ca: Path | None = None
+    creds_file: Path | None = Field(default=None, description="NATS user credentials (JWT + nkey seed)")
+    nkey_seed_file: Path | None = Field(default=None, description="An nkey seed (a config-file nkey user)")
+    tls_ca: Path | None = Field(default=None, description="CA that signed the server's certificate")
+    tls_cert: Path | None = Field(default=None, description="Client certificate (mutual TLS)")
+    tls_key: Path | None = Field(default=None, description="Client certificate's key")
 
 
 class UpsConfig(_Model):

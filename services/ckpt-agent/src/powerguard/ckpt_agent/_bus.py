@@ -20,7 +20,7 @@ from opentelemetry import context as otel_context
 
 from powerguard.bus import Bus, BusNames
 from powerguard.bus.agents import announce
-from powerguard.bus.env import env_secret
+from powerguard.bus.env import auth_options
 from powerguard.schemas import (
     AgentData,
     AgentDeregistered,
@@ -52,9 +52,17 @@ class Request:
 
 class BusThread:
     def __init__(
-        self, *, url: str, names: BusNames, agent: AgentData, heartbeat_s: float = 5.0, connect_timeout: float = 10.0
+        self,
+        *,
+        url: str,
+        names: BusNames,
+        agent: AgentData,
+        heartbeat_s: float = 5.0,
+        connect_timeout: float = 10.0,
+        auth: dict | None = None,
     ) -> None:
         self.url, self.names, self.agent = url, names, agent
+        self.auth = auth if auth is not None else auth_options()
         self.heartbeat_s = heartbeat_s
         self.connect_timeout = connect_timeout
         self.requests: deque[Request] = deque()
@@ -94,19 +102,21 @@ class BusThread:
     async def _main(self) -> None:
         self._stop = asyncio.Event()
         try:
+            # the least trusted party: a credential for its own job (NATS_CREDS), never stream setup
             self.bus = await Bus.connect(
                 self.url,
-                user=os.environ.get("NATS_USER"),  # a NATS user of its own where the server has accounts
-                password=env_secret("NATS_PASSWORD"),
                 service=f"ckpt-agent-{self.agent.job}-{self.agent.rank}",
                 names=self.names,
                 connect_timeout=self.connect_timeout,
+                setup=False,
+                **self.auth,
             )
-            # listen first, then register: a request sent as soon as the registration is seen must not be missed
-            sub = self.bus.subscribe(CheckpointRequested, subject=self.bus.subjects.ckpt_request(self.agent.job))
-            await sub.start()
-            rel = self.bus.subscribe(HoldReleased, subject=self.bus.subjects.ckpt_release(self.agent.job))
-            await rel.start()
+            # listen first, then register: a request sent as soon as the registration is seen must
+            # not be missed; plain subscriptions on its own job's subjects (no JetStream consumer)
+            s = self.bus.subjects
+            sub = await self.bus.listen(CheckpointRequested, subject=s.ckpt_request(self.agent.job)).start()
+            rel = await self.bus.listen(HoldReleased, subject=s.ckpt_release(self.agent.job)).start()
+            await self._catch_up()
             await announce(self.bus, AgentRegistered(source=self._source, data=self._data()))
         except BaseException as exc:
             self._ready.set_exception(exc)
@@ -115,6 +125,7 @@ class BusThread:
         tasks = [
             asyncio.create_task(self._receive(sub)),
             asyncio.create_task(self._receive_releases(rel)),
+            asyncio.create_task(self._catch_up_after_reconnects()),
             asyncio.create_task(self._heartbeat()),
             asyncio.create_task(self._watchdog()),
         ]
@@ -151,18 +162,39 @@ class BusThread:
                 received = await sub.next_received()
             except StopAsyncIteration:
                 return
-            event = received.event
-            assert isinstance(event, CheckpointRequested)
+            self._take(received)
+
+    def _take(self, received) -> None:
+        event = received.event
+        assert isinstance(event, CheckpointRequested)
+        with self._lock:
+            if any(r.data.request_id == event.data.request_id for r in self.requests):
+                return  # a re-sent request
+            if event.data.request_id in self.acked:
+                return
+            self.request_seq += 1
+            self.requests.append(
+                Request(self.request_seq, event.data, time.time(), received.headers.get("traceparent"))
+            )
+        log.info("checkpoint requested: %s (deadline %s)", event.data.request_id, event.data.deadline)
+
+    async def _catch_up(self) -> None:
+        """What was published while this rank was not listening: the job's newest request (if
+        its deadline has not passed) and release."""
+        s = self.bus.subjects
+        last = await self.bus.last(s.ckpt_request(self.agent.job))
+        if last is not None and last.event.data.deadline.timestamp() > time.time():
+            self._take(last)
+        released = await self.bus.last(s.ckpt_release(self.agent.job))
+        if released is not None:
             with self._lock:
-                if any(r.data.request_id == event.data.request_id for r in self.requests):
-                    continue  # a re-sent request
-                if event.data.request_id in self.acked:
-                    continue
-                self.request_seq += 1
-                self.requests.append(
-                    Request(self.request_seq, event.data, time.time(), received.headers.get("traceparent"))
-                )
-            log.info("checkpoint requested: %s (deadline %s)", event.data.request_id, event.data.deadline)
+                self._released.add(released.event.data.saga_id)
+
+    async def _catch_up_after_reconnects(self) -> None:
+        while True:
+            await self.bus.wait_reconnected()
+            log.info("reconnected: looking for requests sent meanwhile")
+            await self._catch_up()
 
     async def _receive_releases(self, sub) -> None:
         while True:

@@ -70,6 +70,9 @@ class CheckpointAgent:
       local_dir: local tier root (must be the same path, visible to every rank of the job).
       remote_url: optional fsspec URL of the remote tier (``file:///nas/ckpt``, ``s3://...``).
       nats_url / names: the bus (None: no bus; checkpoints are periodic or explicit only).
+      nats_creds: this job's NATS credential (``powerguard creds issue --job JOB``; default: env
+        ``NATS_CREDS``). It lets the ranks talk about their own job only; TLS from ``NATS_CA``,
+        ``NATS_CERT``, ``NATS_KEY``.
       node: this rank's node name as in the site YAML (default: the host name).
       local_every_s / remote_every_s: periodic checkpoints (async) and remote copies; 0 disables.
       keep / keep_remote: committed checkpoints kept per tier.
@@ -99,6 +102,7 @@ class CheckpointAgent:
         local_dir: str | os.PathLike,
         remote_url: str | None = None,
         nats_url: str | None = None,
+        nats_creds: str | os.PathLike | None = None,
         names: BusNames | None = None,
         node: str | None = None,
         local_every_s: float = 300.0,
@@ -170,7 +174,14 @@ class CheckpointAgent:
                 tiers=["local", "remote"] if remote_url else ["local"],
                 hold_policy=hold_policy,
             )
-            self._bus = BusThread(url=nats_url, names=names or BusNames(), agent=agent, heartbeat_s=heartbeat_s)
+            from powerguard.bus.env import auth_options
+
+            auth = auth_options()
+            if nats_creds is not None:
+                auth["creds_file"] = os.fspath(nats_creds)
+            self._bus = BusThread(
+                url=nats_url, names=names or BusNames(), agent=agent, heartbeat_s=heartbeat_s, auth=auth
+            )
             self._bus.start()
             if http_port is not None and self.rank == 0:
                 from ._http import serve_trigger

@@ -19,6 +19,7 @@ from opentelemetry import context as otel_context
 
 from powerguard.bus import Bus, CasConflict, Received, ServiceContext
 from powerguard.bus.agents import AgentWatch
+from powerguard.bus.roles import durable_filters, durable_names
 from powerguard.bus.tracing import parse_traceparent
 from powerguard.schemas import (
     AgentData,
@@ -144,18 +145,12 @@ class Coordinator:
             log.info("resuming saga %s in state %s; re-sending %d command(s)", o.rec.saga_id, o.rec.state, len(again))
             await self._publish(o.rec, again, resend=True)
         metrics.OPEN_SAGAS.set(len(self.open))
-        subjects = [
-            self.bus.subjects.power_events(self.site.site),
-            self.bus.subjects.ckpt_ack("*", "*"),
-            self.bus.subjects.power_result("*"),
-            self.bus.subjects.job_result("*"),
-            self.bus.subjects.job_resumed("*"),
-        ]
+        durable = durable_names(self.site.site)["coordinator"]
         self._consumer = await self.bus.consume_batches(
             *INPUT_TYPES,
             batch_handler=self.on_batch,
-            durable=f"coordinator-{self.site.site}",
-            subject=subjects,
+            durable=durable,
+            subject=durable_filters(self.bus.names, self.site.site)[durable],
             batch=512,
             since_s=self.policy.max_event_age_s,
         )

@@ -72,7 +72,7 @@ class RedfishOptions(_Model):
 
 class PduOptions(_Model):
     version: str = Field(default="2c", pattern=r"^(2c|3)$")
-    community: SecretRef | None = Field(default=None, description="v2c write community (default 'private')")
+    community: SecretRef | None = Field(default=None, description="v2c write community (required for v2c)")
     user: str | None = None
     auth_key: SecretRef | None = None
     priv_key: SecretRef | None = None

@@ -18,6 +18,7 @@ from typing import Any
 from opentelemetry import trace
 
 from powerguard.bus import Bus, ServiceContext
+from powerguard.bus.roles import durable_filters, durable_names
 from powerguard.schemas import (
     ConfigError,
     Envelope,
@@ -103,12 +104,13 @@ class PowerControl:
                 continue
             log.info("resuming %s left running by a previous power-control", entry.key)
             self._run(event, entry.key)
-        s = self.bus.subjects
+        durable = durable_names(self.site.site)["power-control"]
         self._consumer = await self.bus.consume(
             *COMMANDS,
             handler=self.on_command,
-            durable=f"power-control-{self.site.site}",
-            subject=[s.power_cmd("*"), s.job_cmd("*")],
+            durable=durable,
+            subject=durable_filters(self.bus.names, self.site.site)[durable],
+            since_s=self.settings.max_command_age_s,
         )
 
     async def stop(self, grace_s: float = 5.0) -> None:

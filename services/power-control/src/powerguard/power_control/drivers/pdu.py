@@ -78,7 +78,11 @@ class ApcPduDriver(OutletDriver):
                 privProtocol=_PRIV[priv_protocol] if priv_key else None,
             )
         else:
-            self._auth = CommunityData(community or "private", mpModel=1)
+            if not community:
+                raise PowerControlError(
+                    f"{device}: SNMP v2c needs options.community (the PDU's write community; no 'private' default)"
+                )
+            self._auth = CommunityData(community, mpModel=1)
 
     def __repr__(self) -> str:
         return f"ApcPduDriver({self.device} {self.host}:{self.port})"

@@ -1,0 +1,163 @@
+"""Who may say what on the bus: the server-enforced permissions of every PowerGuard party.
+
+Each party gets a NATS user whose JWT lists exactly the subjects it may publish and subscribe
+(see ``docs/security.md``). Events are bound to subjects (:func:`powerguard.schemas.check_subject`),
+so a publish permission on a subject is the right to say that kind of thing about that node,
+job or site, and nothing else. No service is a JetStream admin: ``admin`` (``powerguard
+bootstrap``) creates the stream, the KV buckets and the durable consumers; services use only
+their own durable (info, next message, ack), their own KV buckets, and read-only lookups.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from powerguard.schemas import token
+
+from .jwt import Permissions
+from .names import BusNames
+
+ROLES = ("admin", "ups-monitor", "coordinator", "power-control", "observer", "operator", "agent")
+
+
+def durable_names(site: str) -> dict[str, str]:
+    """The durable consumers of one site's services on the events stream."""
+    s = token(site, what="site")
+    return {"coordinator": f"coordinator-{s}", "power-control": f"power-control-{s}"}
+
+
+def durable_filters(names: BusNames, site: str) -> dict[str, list[str]]:
+    """What each durable consumes (one definition for ``powerguard bootstrap`` and the services)."""
+    s = names.subjects
+    d = durable_names(site)
+    return {
+        d["coordinator"]: [
+            s.power_events(site),
+            s.ckpt_ack("*", "*"),
+            s.power_result("*"),
+            s.job_result("*"),
+            s.job_resumed("*"),
+        ],
+        d["power-control"]: [s.power_cmd("*"), s.job_cmd("*")],
+    }
+
+
+def inbox(role: str, job: str | None = None) -> str:
+    """The reply-subject prefix of a role: nobody else may subscribe to its replies."""
+    return f"_INBOX.{role}" + (f".{token(job, what='job')}" if job else "")
+
+
+def _api(*parts: str) -> str:
+    return "$JS.API." + ".".join(parts)
+
+
+def _kv_read(bucket: str) -> list[str]:
+    stream = f"KV_{bucket}"
+    return [
+        _api("STREAM.INFO", stream),
+        _api("STREAM.MSG.GET", stream),
+        _api("DIRECT.GET", stream),
+        _api("DIRECT.GET", stream, ">"),
+        # keys and watches: ordered consumers on the bucket's own stream
+        _api("CONSUMER.CREATE", stream),
+        _api("CONSUMER.CREATE", stream, ">"),
+        _api("CONSUMER.DELETE", stream, ">"),
+        _api("CONSUMER.INFO", stream, ">"),
+        f"$JS.FC.{stream}.>",
+    ]
+
+
+def _kv_write(bucket: str, keys: str = ">") -> list[str]:
+    return [f"$KV.{bucket}.{keys}", *_kv_read(bucket)]
+
+
+def _durable(stream: str, name: str) -> list[str]:
+    return [
+        _api("CONSUMER.INFO", stream, name),
+        _api("CONSUMER.MSG.NEXT", stream, name),
+        f"$JS.ACK.{stream}.{name}.>",
+    ]
+
+
+def permissions(role: str, names: BusNames, *, sites: Iterable[str] = (), job: str | None = None) -> Permissions:
+    """The permissions of ``role`` on a deployment (``sites``: the sites its services run;
+    ``job``: the job of an ``agent``)."""
+    if role not in ROLES:
+        raise ValueError(f"role must be one of {', '.join(ROLES)}")
+    s, n, stream = names.subjects, names, names.stream
+    sites = [token(x, what="site") for x in sites]
+    durables = {d for site in sites for d in durable_names(site).values()}
+    if role == "admin":
+        return Permissions(
+            pub_allow=("$JS.API.>", "$KV.>", "$JS.ACK.>", "$JS.FC.>"),
+            sub_allow=(f"{inbox(role)}.>",),
+            inbox=inbox(role),
+        )
+    if role == "agent":
+        if not job:
+            raise ValueError("an agent credential is for one job: give --job")
+        j = token(job, what="job")
+        return Permissions(
+            pub_allow=(
+                s.agent(j, "*"),
+                s.ckpt_ack(j, "*"),
+                s.job_resumed(j),
+                s.ckpt_request(j),  # the HTTP trigger: a request for its own job only
+                f"$KV.{n.agents}.{j}.*",
+                _api("STREAM.INFO", f"KV_{n.agents}"),
+                _api("DIRECT.GET", stream, s.ckpt_request(j)),  # catch up after a reconnect
+                _api("DIRECT.GET", stream, s.ckpt_release(j)),
+            ),
+            sub_allow=(s.ckpt_request(j), s.ckpt_release(j), f"{inbox(role, j)}.>"),
+            inbox=inbox(role, j),
+        )
+    common_sub = (f"{inbox(role)}.>",)
+    if role == "ups-monitor":
+        pub = [*(s.power_events(site) for site in sites), s.dlq(role), *_kv_write(n.ups)]
+        return Permissions(pub_allow=tuple(pub), sub_allow=common_sub, inbox=inbox(role))
+    if role == "coordinator":
+        pub = [
+            s.commands,
+            s.ckpt_request("*"),
+            s.ckpt_release("*"),
+            s.saga("*"),
+            s.dlq(role),
+            _api("STREAM.INFO", stream),
+            *_kv_write(n.sagas),
+            *_kv_write(n.leases),
+            *_kv_read(n.agents),
+        ]
+        for site in sites:
+            pub += _durable(stream, durable_names(site)["coordinator"])
+        return Permissions(pub_allow=tuple(pub), sub_allow=common_sub, inbox=inbox(role))
+    if role == "power-control":
+        pub = [s.results, s.dlq(role), _api("STREAM.INFO", stream), *_kv_write(n.power), *_kv_read(n.sagas)]
+        for site in sites:
+            pub += _durable(stream, durable_names(site)["power-control"])
+        return Permissions(pub_allow=tuple(pub), sub_allow=common_sub, inbox=inbox(role))
+    # observer: reads everything, publishes no event, cannot touch any service's consumer;
+    # operator (`powerguard drill`, `status`, `tail`): the same, and may publish a site's power events
+    deny = [_api("CONSUMER.DURABLE.CREATE", ">"), "$JS.ACK.>", _api("STREAM.CREATE", ">"), _api("STREAM.UPDATE", ">")]
+    for d in sorted(durables):
+        deny += [
+            _api("CONSUMER.CREATE", stream, d),
+            _api("CONSUMER.CREATE", stream, d, ">"),
+            _api("CONSUMER.MSG.NEXT", stream, d),
+            _api("CONSUMER.DELETE", stream, d),
+        ]
+    pub = [
+        _api("STREAM.INFO", stream),
+        _api("STREAM.MSG.GET", stream),
+        _api("DIRECT.GET", stream),
+        _api("DIRECT.GET", stream, ">"),
+        _api("CONSUMER.CREATE", stream, "*"),
+        _api("CONSUMER.CREATE", stream, "*", ">"),
+        _api("CONSUMER.MSG.NEXT", stream, "*"),
+        _api("CONSUMER.DELETE", stream, "*"),
+        _api("CONSUMER.INFO", stream, "*"),
+        *_kv_read(n.sagas),
+        *_kv_read(n.agents),
+    ]
+    if role == "operator":
+        pub += [s.power_events(site) for site in sites]
+    return Permissions(pub_allow=tuple(pub), pub_deny=tuple(deny), sub_allow=(s.all, *common_sub), inbox=inbox(role))

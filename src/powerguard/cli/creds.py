@@ -1,0 +1,128 @@
+"""`powerguard creds ...` and `powerguard bootstrap`: a deployment's NATS identities and its
+one-time JetStream setup (docs/security.md)."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from pathlib import Path
+
+import typer
+from rich.console import Console
+
+creds_app = typer.Typer(
+    help="NATS credentials: an operator, an account, one identity per service and one per training job.",
+    no_args_is_help=True,
+)
+err = Console(stderr=True)
+DIR = typer.Option(Path("creds"), "--dir", "-d", help="Credentials directory (keep it on the admin host)")
+
+
+def _duration(text: str | None) -> float | None:
+    if not text:
+        return None
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)([smhd])", text.strip())
+    if not m:
+        raise typer.BadParameter("use a number and a unit: 90s, 30m, 12h, 30d")
+    return float(m[1]) * {"s": 1, "m": 60, "h": 3600, "d": 86400}[m[2]]
+
+
+def _site_names(config: Path | None, sites: list[str] | None):
+    from powerguard.bus import BusNames
+    from powerguard.schemas import load_site
+
+    if config is not None:
+        cfg = load_site(config)
+        return BusNames.from_settings(cfg.nats), sorted({*(sites or []), cfg.site})
+    if not sites:
+        raise typer.BadParameter("give --config site.yaml or at least one --site")
+    return BusNames(), sorted(set(sites))
+
+
+@creds_app.command("init")
+def init(
+    directory: Path = DIR,
+    config: Path = typer.Option(None, "--config", "-c", help="Site YAML (its site name and NATS names)"),
+    site: list[str] = typer.Option(None, "--site", help="Site name; repeat for several (with or without --config)"),
+    force: bool = typer.Option(False, "--force", help="Replace existing credentials (every issued one stops working)"),
+) -> None:
+    """Make the operator, the accounts, the server's resolver.conf and one .creds per service
+    (admin, ups-monitor, coordinator, power-control, observer, operator)."""
+    from powerguard.bus import creds
+    from powerguard.schemas import PowerGuardError
+
+    names, sites = _site_names(config, site)
+    try:
+        paths = creds.init(directory, names=names, sites=sites, force=force)
+    except PowerGuardError as exc:
+        err.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(1) from None
+    for p in paths:
+        err.print(f"wrote {p}")
+    err.print(f"include {directory / 'resolver.conf'} in nats.conf; then run `powerguard bootstrap` with admin.creds")
+
+
+@creds_app.command("issue")
+def issue(
+    directory: Path = DIR,
+    job: str = typer.Option(None, "--job", "-j", help="A training job: its ranks may speak for this job only"),
+    role: str = typer.Option(
+        None, "--role", help="Another role: observer, operator, ups-monitor, ... (not with --job)"
+    ),
+    out: Path = typer.Option(None, "--out", "-o", help="Write here (default: <dir>/agent-<job>.creds)"),
+    expires_in: str = typer.Option(None, "--expires-in", help="Valid for this long: 90s, 30m, 12h, 30d"),
+) -> None:
+    """Sign a credential with the account's signing key (the server needs no change). Give the
+    job's ranks its file as NATS_CREDS (or CheckpointAgent(nats_creds=...))."""
+    from powerguard.bus import creds
+    from powerguard.schemas import PowerGuardError
+
+    if bool(job) == bool(role):
+        raise typer.BadParameter("give exactly one of --job and --role")
+    try:
+        path = creds.issue(directory, "agent" if job else role, job=job, out=out, expires_in_s=_duration(expires_in))
+    except (PowerGuardError, ValueError) as exc:
+        err.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(1) from None
+    err.print(f"wrote {path}")
+
+
+def bootstrap(
+    config: Path = typer.Option(None, "--config", "-c", help="Site YAML (site name, NATS URL and names)"),
+    url: str = typer.Option(None, "--url", "-s", help="NATS URL (default: env NATS_URL, the site file's)"),
+    site: list[str] = typer.Option(None, "--site", help="More sites whose services use this stream"),
+    creds_file: Path = typer.Option(None, "--creds", help="The admin credential (default: env NATS_CREDS)"),
+    replicas: int = typer.Option(None, "--replicas", min=1, help="Stream and bucket replicas (3 on a cluster)"),
+    update: bool = typer.Option(False, "--update", help="Also change an existing stream to this configuration"),
+) -> None:
+    """Create the stream, the KV buckets and every site's durable consumers (once, as admin).
+    Services never create or change them: they only use their own."""
+    import os
+
+    from powerguard.bus import Bus, BusError, StreamLimits
+    from powerguard.bus.env import auth_options
+    from powerguard.schemas import PowerGuardError, load_site
+
+    names, sites = _site_names(config, site)
+    cfg = load_site(config) if config else None
+    auth = auth_options(cfg.nats if cfg else None)
+    if creds_file:
+        auth["creds_file"] = str(creds_file)
+    server = url or os.environ.get("NATS_URL") or (cfg.nats.url if cfg else "nats://127.0.0.1:4222")
+    n = replicas or int(os.environ.get("POWERGUARD_NATS_REPLICAS", "1"))
+
+    async def go() -> list[str]:
+        bus = await Bus.connect(
+            server, service="admin", names=names, limits=StreamLimits(replicas=n), setup=False, **auth
+        )
+        try:
+            return await bus.bootstrap(sites, update=update)
+        finally:
+            await bus.close()
+
+    try:
+        made = asyncio.run(go())
+    except (BusError, PowerGuardError) as exc:
+        err.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(1) from None
+    err.print(f"stream {names.stream} and its KV buckets ready; durable consumers: {', '.join(made)}")
