@@ -1,0 +1,124 @@
+"""Threat 5: transport security. The shipped nats-tls.conf: clients must verify the server's
+certificate and authenticate; nats-cluster.conf: a server without a certificate of the
+deployment's CA cannot join the cluster (a rogue server would forward anonymous commands)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from powerguard.bus import Bus, BusNames, ConnectError
+from powerguard.bus.embedded import find_nats_server
+from powerguard.schemas import OnBattery
+from tests.integration.ups.nut_peer import free_port
+
+from .conftest import COMPOSE, make_certs, start
+from .services import reading
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+
+
+@pytest.fixture
+async def tls_deployment(tmp_path, monkeypatch):
+    certs = make_certs(tmp_path / "tls")
+    dep = start(tmp_path, conf="nats-tls.conf", tls=certs, monkeypatch=monkeypatch)
+    admin = await dep.connect("admin")
+    await admin.bootstrap(["dc1"])
+    yield dep
+    for bus in dep.buses:
+        await bus.close()
+    dep.server.stop()
+
+
+async def test_5_clients_need_the_ca_and_a_credential(tls_deployment, tmp_path):
+    dep = tls_deployment
+    ups = await dep.connect("ups-monitor")  # tls:// with the CA and its credential
+    await ups.publish(OnBattery(data=reading()), timeout=3)
+    # no credential: refused; a credential but no TLS, or another CA: no connection either
+    with pytest.raises(ConnectError):
+        await Bus.connect(
+            dep.url, service="anon", names=BusNames(), tls_ca=dep.tls / "ca.pem", setup=False, connect_timeout=3
+        )
+    with pytest.raises(ConnectError):
+        await Bus.connect(
+            dep.server.url, service="plain", creds_file=dep.creds_of("observer"), setup=False, connect_timeout=3
+        )
+    other = make_certs(tmp_path / "other-ca")
+    with pytest.raises(ConnectError):
+        await Bus.connect(
+            dep.url,
+            service="mitm",
+            creds_file=dep.creds_of("observer"),
+            tls_ca=other / "ca.pem",
+            setup=False,
+            connect_timeout=3,
+        )
+
+
+def _cluster_server(tmp: Path, name: str, certs: Path, port: int, cluster_port: int, routes: list[int], mport: int):
+    """A nats-server of nats-cluster.conf (the shipped file) with this node's ports and certificates."""
+    (tmp / name).mkdir(parents=True, exist_ok=True)
+    for f in ("nats.conf", "nats-tls.conf", "nats-cluster.conf"):
+        shutil.copy(COMPOSE / f, tmp / name / f)
+    shutil.copytree(tmp / "auth", tmp / name / "auth", dirs_exist_ok=True)
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "NATS_TLS_CERT": str(certs / "server-cert.pem"),
+        "NATS_TLS_KEY": str(certs / "server-key.pem"),
+        "NATS_TLS_CA": str(certs / "ca.pem"),
+        **{f"NATS_ROUTE_{i + 1}": f"nats://127.0.0.1:{p}" for i, p in enumerate((routes + routes * 3)[:3])},
+    }
+    argv = [
+        find_nats_server(), "-c", str(tmp / name / "nats-cluster.conf"), "-js", "-sd", str(tmp / name / "js"),
+        "-a", "127.0.0.1", "-p", str(port), "-m", str(mport), "--server_name", name,
+        "--cluster", f"nats://127.0.0.1:{cluster_port}", "-l", str(tmp / f"{name}.log"),
+    ]  # fmt: skip
+    return subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def _peers(mport: int) -> set[str]:
+    """Names of the servers this one has routes to (route pooling opens several per peer)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{mport}/routez", timeout=2) as r:
+        return {route.get("remote_name", "?") for route in json.loads(r.read()).get("routes") or []}
+
+
+async def test_5_cluster_routes_need_a_certificate_of_the_deployment_ca(tmp_path, monkeypatch):
+    from powerguard.bus import creds
+
+    creds.init(tmp_path / "auth", names=BusNames(), sites=["dc1"])
+    certs, rogue_certs = make_certs(tmp_path / "tls"), make_certs(tmp_path / "rogue-tls")
+    ports = {n: (free_port(), free_port(), free_port()) for n in ("n1", "n2", "rogue")}
+    cluster = [ports["n1"][1], ports["n2"][1]]
+    procs = [
+        _cluster_server(tmp_path, "n1", certs, ports["n1"][0], ports["n1"][1], cluster, ports["n1"][2]),
+        _cluster_server(tmp_path, "n2", certs, ports["n2"][0], ports["n2"][1], cluster, ports["n2"][2]),
+        _cluster_server(
+            tmp_path, "rogue", rogue_certs, ports["rogue"][0], ports["rogue"][1], cluster, ports["rogue"][2]
+        ),
+    ]
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if _peers(ports["n1"][2]) == {"n2"}:
+                    break
+            except OSError:
+                pass
+            assert time.monotonic() < deadline, "n1 and n2 never formed a cluster"
+            await asyncio.sleep(0.5)
+        await asyncio.sleep(3.0)  # the rogue server keeps trying
+        assert _peers(ports["n1"][2]) == {"n2"} and _peers(ports["n2"][2]) == {"n1"}  # not the rogue
+        assert _peers(ports["rogue"][2]) == set()
+        log = (tmp_path / "n1.log").read_text()
+        assert "certificate" in log.lower() or "tls" in log.lower()
+    finally:
+        for p in procs:
+            p.terminate()
+            p.wait(10)
