@@ -58,7 +58,9 @@ async def test_8_process_adapter_state_never_leaves_its_directory(tmp_path):
 
 
 async def test_8_slurm_never_takes_a_job_name_for_a_job_id(slurm, tmp_path):  # noqa: F811
-    jid = slurm.cmd("sbatch", "--parsable", "--requeue", "-J", "someone-else", "--wrap", "sleep 600").strip()
+    jid = slurm.cmd(
+        "sbatch", "--parsable", "--requeue", "-J", "someone-else", "-o", str(tmp_path / "out"), "--wrap", "sleep 600"
+    ).strip()
     deadline = time.monotonic() + 30
     while slurm.cmd("squeue", "-h", "-j", jid, "-o", "%T").strip() != "RUNNING":
         assert time.monotonic() < deadline, "the Slurm job never ran"
