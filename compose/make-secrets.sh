@@ -1,20 +1,34 @@
 #!/bin/sh
-# Create compose/secrets/ with random NATS passwords (one per service) and placeholders for the
-# site's BMC/PDU/SNMP credentials (edit those). Never commit compose/secrets/.
+# Create compose/secrets/ for the stack (never commit it):
+#   secrets/nats/       NATS identities from `powerguard creds init` (operator, account, resolver.conf,
+#                       one .creds per service, one per training job: JOBS="demo-train other-job")
+#   secrets/tls/        a CA and the NATS server certificate (make-certs.sh)
+#   bmc_*, pdu_community, snmp_community: placeholders for the site's device credentials (edit those)
+# Needs the `powerguard` command (POWERGUARD=/path/to/.venv/bin/powerguard) and ./site.yaml.
 set -eu
 cd "$(dirname "$0")"
+POWERGUARD=${POWERGUARD:-powerguard}
+JOBS=${JOBS:-demo-train}
+[ -f site.yaml ] || { echo "make-secrets.sh: create site.yaml first (cp site.example.yaml site.yaml)" >&2; exit 2; }
 mkdir -p secrets && chmod 700 secrets
 pw() { head -c 24 /dev/urandom | base64 | tr -d '/+=' ; }
-: > secrets/nats.env
-for s in ups_monitor coordinator power_control ckpt_agent observer; do
-  p=$(pw); printf '%s' "$p" > "secrets/nats_$s"
-  echo "NATS_PW_$(echo "$s" | tr a-z A-Z)=$p" >> secrets/nats.env
+if [ ! -f secrets/nats/account-signing.nk ]; then
+  $POWERGUARD creds init --dir secrets/nats --config site.yaml
+fi
+for job in $JOBS; do
+  [ -f "secrets/nats/agent-$job.creds" ] || $POWERGUARD creds issue --dir secrets/nats --job "$job"
 done
+[ -f secrets/tls/ca.pem ] || sh make-certs.sh secrets/tls nats nats-2 nats-3 localhost
 [ -f secrets/bmc_username ] || printf 'admin' > secrets/bmc_username
 [ -f secrets/bmc_password ] || printf '%s' "$(pw)" > secrets/bmc_password
 [ -f secrets/pdu_community ] || printf 'private' > secrets/pdu_community
 [ -f secrets/snmp_community ] || printf 'public' > secrets/snmp_community
-chmod 600 secrets/*
-# compose (v1) mounts file secrets with their host owner and mode: let the images' user (uid 10001) read them
-if [ "$(id -u)" = 0 ]; then chown 10001 secrets/nats_* secrets/bmc_* secrets/pdu_community secrets/snmp_community; fi
+chmod 600 secrets/bmc_* secrets/pdu_community secrets/snmp_community
+# compose (v1) mounts file secrets with their host owner and mode: the services' user (uid 10001)
+# reads its credential, the broker (uid 10002) its certificate and resolver.conf
+if [ "$(id -u)" = 0 ]; then
+  chown 10001 secrets/nats/*.creds secrets/bmc_* secrets/pdu_community secrets/snmp_community secrets/tls/ca.pem
+  chown 10002 secrets/nats/resolver.conf secrets/tls/server-*.pem
+  chmod 755 secrets secrets/nats secrets/tls
+fi
 echo "wrote $(pwd)/secrets (edit bmc_*, pdu_community, snmp_community for your site)"

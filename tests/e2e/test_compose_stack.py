@@ -3,7 +3,9 @@ from a locally made base (debootstrap + docker import, cached between runs) and 
 `docker-compose --profile sim up`, then the outage drill against it: mains fail on the simulated
 UPS, the saga checkpoints the training container's ranks, shuts the nodes down (the docker
 adapter stops the container), restores, the container resumes from its checkpoint; one trace
-across the services. With the stack up, the server refuses a power command from ups-monitor."""
+across the services. Everything talks TLS with its own credential (make-secrets.sh: `powerguard
+creds init`, make-certs.sh); with the stack up, the server refuses a power command from
+ups-monitor, and the observer (`powerguard tail`'s credential) reads but cannot ack or delete."""
 
 from __future__ import annotations
 
@@ -77,8 +79,8 @@ def stack(tmp_path_factory):
         str(ROOT / "constraints.txt"),
         env=env,
     )
-    sh("sh", "make-secrets.sh", env=env)
     (COMPOSE / "site.yaml").write_text((COMPOSE / "site.sim.yaml").read_text())
+    sh("sh", "make-secrets.sh", env={**env, "POWERGUARD": str(Path(sys.executable).parent / "powerguard")})
     project = f"pgtest{uuid.uuid4().hex[:6]}"
     base = [compose, "-p", project, "--profile", "sim"]
     sh(*base, "build", env=env, timeout=1200)
@@ -100,20 +102,16 @@ def stack(tmp_path_factory):
         engine.stop()
 
 
-def secret(name: str) -> str:
-    return (COMPOSE / "secrets" / name).read_text().strip()
-
-
-async def connect(user: str) -> Bus:
+async def connect(role: str) -> Bus:
     deadline = time.monotonic() + 60
     while True:
         try:
             return await Bus.connect(
-                "nats://127.0.0.1:4222",
-                service=user,
+                "tls://127.0.0.1:4222",
+                service=role,
                 names=BusNames(),
-                user=user,
-                password=secret(f"nats_{user.replace('-', '_')}"),
+                creds_file=COMPOSE / "secrets" / "nats" / f"{role}.creds",
+                tls_ca=COMPOSE / "secrets" / "tls" / "ca.pem",
                 setup=False,
             )
         except Exception:
@@ -191,13 +189,39 @@ async def test_compose_sim_stack_runs_the_outage_drill(stack):
     assert {"shutdown node1", "shutdown node2", "job_restart demo-train"} <= set(names)
 
 
-async def test_the_server_refuses_a_power_command_from_ups_monitor(stack):
+async def test_the_server_refuses_a_power_command_from_ups_monitor_and_the_observer_only_reads(stack):
     bus = await connect("ups-monitor")
+    observer = await connect("observer")
     try:
         with pytest.raises(PublishError):
             await bus.publish(
                 ShutdownRequested(data=PowerCommandData(saga_id="x", node="node1", idempotency_key="x/node1/shutdown")),
                 timeout=2,
             )
+        out = subprocess.run(  # `powerguard tail` with the observer's credential
+            [
+                str(Path(sys.executable).parent / "powerguard"),
+                "tail",
+                "--all",
+                "-n",
+                "3",
+                "--url",
+                "tls://127.0.0.1:4222",
+            ],
+            env={
+                **os.environ,
+                "NATS_CREDS": str(COMPOSE / "secrets" / "nats" / "observer.creds"),
+                "NATS_CA": str(COMPOSE / "secrets" / "tls" / "ca.pem"),
+            },
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert out.returncode == 0 and len(out.stdout.strip().splitlines()) == 3, out.stderr
+        with pytest.raises(Exception):  # noqa: B017 - refused: a timeout or a permissions error
+            await asyncio.wait_for(observer.js.delete_consumer("PG_EVENTS", "coordinator-demo"), 3)
+        info = await observer.js.consumer_info("PG_EVENTS", "coordinator-demo")
+        assert info.config.durable_name == "coordinator-demo"  # still there
     finally:
+        await observer.close()
         await bus.close()

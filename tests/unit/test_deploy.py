@@ -5,9 +5,11 @@ service exports."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -24,8 +26,15 @@ def compose_dir(tmp_path) -> Path:
     """A copy of compose/ with generated secrets and a site file, as an operator prepares it."""
     work = tmp_path / "compose"
     shutil.copytree(COMPOSE, work, ignore=shutil.ignore_patterns("secrets", "wheels", "site.yaml"))
-    subprocess.run(["sh", str(work / "make-secrets.sh")], check=True, capture_output=True)
     shutil.copy(work / "site.sim.yaml", work / "site.yaml")
+    powerguard = str(Path(sys.executable).parent / "powerguard")
+    out = subprocess.run(
+        ["sh", str(work / "make-secrets.sh")],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "POWERGUARD": powerguard},
+    )
+    assert out.returncode == 0, out.stderr
     return work
 
 
@@ -46,17 +55,26 @@ def test_compose_files_validate(compose_dir, files):
     assert {"nats", "ups-monitor", "coordinator", "power-control", "sim", "trainer", "jaeger"} <= set(services)
     for name in ("ups-monitor", "coordinator", "power-control"):
         assert services[name]["depends_on"]["nats"]["condition"] == "service_healthy"
-        assert services[name]["environment"]["NATS_USER"] == name  # its own NATS user
+        assert services[name]["depends_on"]["bootstrap"]["condition"] == "service_completed_successfully"
+        env = services[name]["environment"]
+        assert env["NATS_CREDS"] == f"/run/secrets/nats_{name.replace('-', '_')}"  # its own credential
+        assert env["NATS_URL"].startswith("tls://") and env["NATS_CA"] == "/run/secrets/nats_ca"
+    assert services["bootstrap"]["environment"]["NATS_CREDS"] == "/run/secrets/nats_admin"  # the only admin
+    assert services["trainer"]["environment"]["NATS_CREDS"] == "/run/secrets/nats_job_demo_train"
+    assert all(not str(p).endswith(":8222") for p in services["nats"].get("ports", []))  # monitoring stays inside
     if "nats-cluster.yml" in files:
         assert {"nats-2", "nats-3"} <= set(services)
         assert "nats-3" in services["coordinator"]["environment"]["NATS_URL"]
 
 
-def test_make_secrets_gives_every_service_a_nats_password(compose_dir):
-    env = dict(line.split("=", 1) for line in (compose_dir / "secrets" / "nats.env").read_text().splitlines())
-    conf = (COMPOSE / "nats.conf").read_text()
-    for var in re.findall(r"password: \$(\w+)", conf):
-        assert len(env[var]) >= 16, var
+def test_make_secrets_gives_every_party_its_credential_and_the_server_its_certificate(compose_dir):
+    secrets = compose_dir / "secrets"
+    for role in ("admin", "ups-monitor", "coordinator", "power-control", "observer", "operator"):
+        assert "BEGIN NATS USER JWT" in (secrets / "nats" / f"{role}.creds").read_text()
+    assert (secrets / "nats" / "agent-demo-train.creds").exists()
+    assert "resolver_preload" in (secrets / "nats" / "resolver.conf").read_text()
+    assert {"ca.pem", "server-cert.pem", "server-key.pem"} <= {p.name for p in (secrets / "tls").iterdir()}
+    assert oct((secrets / "nats" / "account-signing.nk").stat().st_mode & 0o777) == "0o600"
 
 
 def test_alert_rules_check_and_unit_tests():

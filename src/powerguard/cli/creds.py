@@ -99,7 +99,7 @@ def bootstrap(
     Services never create or change them: they only use their own."""
     import os
 
-    from powerguard.bus import Bus, BusError, StreamLimits
+    from powerguard.bus import BusError
     from powerguard.bus.env import auth_options
     from powerguard.schemas import PowerGuardError, load_site
 
@@ -111,17 +111,10 @@ def bootstrap(
     server = url or os.environ.get("NATS_URL") or (cfg.nats.url if cfg else "nats://127.0.0.1:4222")
     n = replicas or int(os.environ.get("POWERGUARD_NATS_REPLICAS", "1"))
 
-    async def go() -> list[str]:
-        bus = await Bus.connect(
-            server, service="admin", names=names, limits=StreamLimits(replicas=n), setup=False, **auth
-        )
-        try:
-            return await bus.bootstrap(sites, update=update)
-        finally:
-            await bus.close()
+    from powerguard.bus.bootstrap import bootstrap as run
 
     try:
-        made = asyncio.run(go())
+        made = asyncio.run(run(url=server, names=names, sites=sites, auth=auth, replicas=n, update=update))
     except (BusError, PowerGuardError) as exc:
         err.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(1) from None
