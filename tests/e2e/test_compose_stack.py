@@ -53,6 +53,13 @@ def stack(tmp_path_factory):
         engine.start()
     except RuntimeError as exc:
         pytest.fail(str(exc))
+    try:
+        yield from _stack(engine, compose, tmp_path_factory)
+    finally:
+        engine.stop()
+
+
+def _stack(engine, compose, tmp_path_factory):
     env = {
         **os.environ,
         "DOCKER_HOST": engine.host,
@@ -99,7 +106,6 @@ def stack(tmp_path_factory):
         subprocess.run(
             [*base, "down", "-v", "--remove-orphans"], env=env, cwd=COMPOSE, timeout=300, capture_output=True
         )
-        engine.stop()
 
 
 async def connect(role: str) -> Bus:

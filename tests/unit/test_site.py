@@ -83,3 +83,29 @@ def test_shipped_example_site_is_valid():
     example = Path(__file__).resolve().parents[2] / "compose" / "site.example.yaml"
     site = load_site(example)
     assert {n.name for n in site.nodes} == {"gpu01", "gpu02"}
+
+
+@pytest.mark.parametrize(
+    ("module", "section", "bad", "match"),
+    [
+        ("powerguard.coordinator", "coordinator", "{shutdown_reserve_s: -5}", "coordinator.shutdown_reserve_s"),
+        ("powerguard.coordinator", "coordinator", "{hold_policy: sometimes}", "coordinator.hold_policy"),
+        ("powerguard.ups_monitor", "ups_monitor", "{poll_interval_s: fast}", "ups_monitor.poll_interval_s"),
+        ("powerguard.power_control", "power_control", "{scheduler: {kind: pbs}}", "power_control.scheduler.kind"),
+    ],
+)
+def test_a_bad_service_section_exits_2_naming_the_field_before_connecting(tmp_path, module, section, bad, match):
+    import subprocess
+    import sys
+
+    site = tmp_path / "site.yaml"
+    site.write_text(
+        f"site: dc1\nups: [{{name: u1, driver: nut}}]\nnodes: [{{name: n1, feeds: [u1]}}]\n{section}: {bad}\n"
+    )
+    r = subprocess.run(
+        [sys.executable, "-m", module, "--config", str(site), "--nats-url", "nats://127.0.0.1:1"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 2 and match in r.stderr and "Traceback" not in r.stderr, r.stderr

@@ -36,6 +36,7 @@ from powerguard.schemas import (
     OnLine,
     PowerActionDone,
     PowerActionFailed,
+    PowerGuardError,
     SagaStateChanged,
 )
 
@@ -45,7 +46,7 @@ SCENARIOS = ("outage", "flap", "race")
 Notify = Callable[[float, str, str], None]  # (seconds since start, phase, text)
 
 
-class DrillError(Exception):
+class DrillError(PowerGuardError):
     """The drill could not finish: names the step that did not happen in time."""
 
 

@@ -180,7 +180,7 @@ class SimSite:
         from powerguard.power_control.schedulers import make_scheduler
         from powerguard.schemas import load_site
 
-        settings = PowerControlSettings.model_validate(load_site(self.site_file).section("power_control"))
+        settings = load_site(self.site_file).settings("power_control", PowerControlSettings)
         self._launcher = make_scheduler(settings.scheduler)
         return await self._launcher.start_job(self.opts.job, nodes=self.node_names, saga_id="demo-start")
 

@@ -157,8 +157,11 @@ def service_main(
     default_port: int,
     argv: list[str] | None = None,
     extend: Callable[[argparse.ArgumentParser], None] | None = None,
+    check: Callable[[SiteConfig], object] | None = None,
 ) -> int:
-    """Parse the standard flags, set up logs and tracing, run the service."""
+    """Parse the standard flags, set up logs and tracing, run the service. ``check`` validates
+    the service's own section of the site file before anything connects: a bad value exits
+    with status 2 and a ConfigError naming the field, never a traceback."""
     parser = service_parser(name, description, default_port)
     if extend:
         extend(parser)
@@ -166,15 +169,19 @@ def service_main(
     configure_logging(name, args.log_level)
     provider = configure_tracing(f"powerguard-{name}")
     try:
-        return _run(name, main, parser, args)
+        return _run(name, main, parser, args, check)
     finally:
         provider.shutdown()  # exports the spans still queued: the outage trace must be complete
 
 
-def _run(name: str, main, parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+def _run(name: str, main, parser: argparse.ArgumentParser, args: argparse.Namespace, check=None) -> int:
     try:
         site = load_site(args.config) if args.config else None
-    except ConfigError as exc:
+        if check is not None:
+            if site is None:
+                raise ConfigError(f"{name} needs --config site.yaml")
+            check(site)
+    except PowerGuardError as exc:
         parser.exit(2, f"error: {exc}\n")
     # the environment overrides the shared site file (one file, many deployments); a comma-separated
     # list names every server of a cluster

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import yaml
 from pydantic import (
@@ -27,6 +27,8 @@ from pydantic import (
 
 from .errors import ConfigError, SecretNotFound
 from .subjects import site_token, token
+
+M = TypeVar("M", bound=BaseModel)
 
 
 class SecretRef(BaseModel):
@@ -164,6 +166,14 @@ class SiteConfig(BaseModel):
         if not isinstance(value, dict):
             raise ConfigError(f"section {name!r} must be a mapping")
         return value
+
+    def settings(self, name: str, model: type[M]) -> M:
+        """A service's section validated by its model; :class:`ConfigError` names every bad field."""
+        try:
+            return model.model_validate(self.section(name))
+        except ValidationError as exc:
+            errors = "; ".join(f"{name}.{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()[:5])
+            raise ConfigError(f"site {self.site}: {errors}") from None
 
 
 def load_site(path: str | Path) -> SiteConfig:

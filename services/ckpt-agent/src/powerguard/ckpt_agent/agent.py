@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import pickle
 import random
 import signal
 import socket
@@ -205,8 +204,8 @@ class CheckpointAgent:
             sd[f"rank{self.rank}.{k}"] = v
         rng: dict[str, Any] = {
             "torch": torch.get_rng_state(),
-            "python": _pickled(random.getstate()),
-            "numpy": _pickled(np.random.get_state()),
+            "python": _packed(_python_rng_state()),
+            "numpy": _packed(_numpy_rng_state()),
         }
         if torch.cuda.is_available():
             rng["cuda"] = torch.cuda.get_rng_state_all()
@@ -230,8 +229,8 @@ class CheckpointAgent:
                 self.rank_state[k] = sd[f"rank{self.rank}.{k}"]
         rng = sd[f"rank{self.rank}.rng"]
         torch.set_rng_state(rng["torch"])
-        random.setstate(_unpickled(rng["python"]))
-        np.random.set_state(_unpickled(rng["numpy"]))
+        _set_python_rng_state(_unpacked(rng["python"]))
+        _set_numpy_rng_state(_unpacked(rng["numpy"]))
         if "cuda" in rng and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(rng["cuda"])
         return int(sd[STEP_KEY])
@@ -738,10 +737,35 @@ def _failpoint_final(rank: int, requests) -> None:
 _RNG_BYTES = 16384  # fixed size: the load template must match the saved tensor's shape
 
 
-def _pickled(obj: Any) -> torch.Tensor:
-    """Python and NumPy RNG states as fixed-size uint8 tensors (8-byte length, then the pickle),
-    so they are staged and saved like any tensor."""
-    body = pickle.dumps(obj)
+def _python_rng_state() -> dict[str, Any]:
+    version, internal, gauss = random.getstate()
+    return {"version": version, "internal": list(internal), "gauss": gauss}
+
+
+def _set_python_rng_state(state: dict[str, Any]) -> None:
+    random.setstate((int(state["version"]), tuple(int(x) for x in state["internal"]), state["gauss"]))
+
+
+def _numpy_rng_state() -> dict[str, Any]:
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    return {
+        "name": name,
+        "keys": [int(k) for k in keys],
+        "pos": int(pos),
+        "has_gauss": int(has_gauss),
+        "cached": float(cached),
+    }
+
+
+def _set_numpy_rng_state(state: dict[str, Any]) -> None:
+    keys = np.array(state["keys"], dtype=np.uint32)
+    np.random.set_state((str(state["name"]), keys, int(state["pos"]), int(state["has_gauss"]), float(state["cached"])))
+
+
+def _packed(state: dict[str, Any]) -> torch.Tensor:
+    """An RNG state as a fixed-size uint8 tensor (8-byte length, then JSON), so it is staged and
+    saved like any tensor. JSON, not pickle: loading a checkpoint never runs code."""
+    body = json.dumps(state, separators=(",", ":")).encode()
     if len(body) + 8 > _RNG_BYTES:
         raise CheckpointError(f"RNG state of {len(body)} bytes exceeds {_RNG_BYTES - 8}")
     buf = bytearray(_RNG_BYTES)
@@ -750,7 +774,15 @@ def _pickled(obj: Any) -> torch.Tensor:
     return torch.frombuffer(buf, dtype=torch.uint8)
 
 
-def _unpickled(t: torch.Tensor) -> Any:
+def _unpacked(t: torch.Tensor) -> dict[str, Any]:
     raw = t.numpy().tobytes()
     n = int.from_bytes(raw[:8], "little")
-    return pickle.loads(raw[8 : 8 + n])
+    if not 0 < n <= len(raw) - 8:
+        raise CorruptCheckpoint(f"RNG state length {n} is out of range")
+    try:
+        state = json.loads(raw[8 : 8 + n])
+    except ValueError as exc:
+        raise CorruptCheckpoint(f"RNG state is not valid JSON: {exc}") from None
+    if not isinstance(state, dict):
+        raise CorruptCheckpoint("RNG state is not a JSON object")
+    return state

@@ -10,6 +10,7 @@ import sys
 from powerguard.bus import service_main
 
 from . import __doc__ as DESCRIPTION
+from .policy import Policy
 from .service import main as service
 
 
@@ -30,6 +31,7 @@ def main(argv: list[str] | None = None) -> int:
         default_port=9102,
         argv=argv,
         extend=_flags,
+        check=lambda site: site.settings("coordinator", Policy),
     )
 
 

@@ -140,7 +140,7 @@ async def run_site_drill(
     timeout_s: float = 900.0,
 ) -> DrillResult:
     topo = Topology.from_site(site)
-    policy = Policy.model_validate(site.section("coordinator"))
+    policy = site.settings("coordinator", Policy)
     if ups not in topo.ups:
         raise ConfigError(f"UPS {ups!r} feeds no node in the site file (UPSes: {', '.join(sorted(topo.ups))})")
     if not topo.nodes_at_risk([ups]):

@@ -73,7 +73,7 @@ class Coordinator:
         self.bus = bus
         self.site = site
         self.topo = Topology.from_site(site)
-        self.policy = policy or Policy.model_validate(site.section("coordinator"))
+        self.policy = policy or site.settings("coordinator", Policy)
         metrics.RESERVE.set(self.policy.shutdown_reserve_s)
         self.instance = instance or socket.gethostname()
         self.registry = AgentRegistry(ttl_s=bus.limits.agents_ttl_s)

@@ -17,7 +17,19 @@ def main(argv: list[str] | None = None) -> int:
         description=DESCRIPTION,
         default_port=9103,
         argv=argv,
+        check=check,
     )
+
+
+def check(site) -> None:
+    """Every power_control option, driver and adapter option is valid before anything connects."""
+    from .drivers import Devices
+    from .schedulers import make_scheduler
+    from .service import load_settings
+
+    settings = load_settings(site)
+    Devices(site, settings)
+    make_scheduler(settings.scheduler)
 
 
 if __name__ == "__main__":

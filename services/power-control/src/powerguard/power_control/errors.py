@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from powerguard.schemas import PowerGuardError
 
-class PowerControlError(Exception):
+
+class PowerControlError(PowerGuardError):
     """Root of every power-control error."""
 
     retryable = True

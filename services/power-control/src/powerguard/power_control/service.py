@@ -50,10 +50,7 @@ COMMANDS = (ShutdownRequested, PowerOnRequested, JobStopRequested, JobRestartReq
 
 
 def load_settings(site: SiteConfig) -> PowerControlSettings:
-    try:
-        return PowerControlSettings.model_validate(site.section("power_control"))
-    except ValueError as exc:
-        raise ConfigError(f"power_control section: {exc}") from None
+    return site.settings("power_control", PowerControlSettings)
 
 
 class PowerControl:

@@ -138,7 +138,7 @@ class Monitor:
         self, bus: Bus, site: SiteConfig, *, settings: MonitorSettings | None = None, instance: str | None = None
     ) -> None:
         self.bus, self.site = bus, site
-        self.settings = settings or MonitorSettings.model_validate(site.section("ups_monitor"))
+        self.settings = settings or site.settings("ups_monitor", MonitorSettings)
         self.instance = instance or socket.gethostname()
         self.targets: list[Target] = []
         now = time.time()
