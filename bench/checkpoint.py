@@ -1,4 +1,4 @@
-"""Checkpoint benchmark (DESIGN §6), 2 ranks (torchrun, gloo, CPU), model + AdamW state ~1.6 GB.
+"""Checkpoint benchmark, 2 ranks (torchrun, gloo, CPU), model + AdamW state ~1.6 GB.
 
 Measured in one run, on one disk:
   * dd conv=fsync of the checkpoint's size                 -> disk MB/s

@@ -1,4 +1,4 @@
-"""UPS state change -> event on the bus (DESIGN §6), against a real NUT upsd + dummy-ups and a
+"""UPS state change -> event on the bus, against a real NUT upsd + dummy-ups and a
 real net-snmp snmpd (pass_persist UPS), poll path (1 s interval) and trap path; and the CPU cost
 of polling 200 UPSes every second. Writes bench/results/detection.json.
 

@@ -2,7 +2,7 @@
 its own process, 4 real torch.distributed ranks) and splits "utility power back -> first
 training step" into what the site is configured to wait (restore_stable_s, outlet stagger,
 simulated boot), what the job itself costs (process start-up, checkpoint load) and what is
-PowerGuard's own software time (DESIGN §6 target: ≤ 5 s). Writes bench/results/drill.json
+PowerGuard's own software time (target: ≤ 5 s). Writes bench/results/drill.json
 (+ drill.trace.json and the timeline pictures next to it)."""
 
 from __future__ import annotations

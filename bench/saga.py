@@ -1,4 +1,4 @@
-"""Saga latency with simulated ranks (DESIGN §6).
+"""Saga latency with simulated ranks.
 
   A. on_battery -> checkpoint request seen by every one of 1,024 ranks (target <= 100 ms at 1,000)
   B. last ack of 10,240 ranks -> shutdown commands for all their nodes issued (target <= 1 s at 10,000)

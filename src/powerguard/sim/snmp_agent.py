@@ -6,7 +6,7 @@ site: ``get`` callables give each object's current value, ``set`` callables acce
     agent.scalar("1.3.6.1.4.1.318.1.1.12.3.3.1.1.4.1", Integer32, get, set=on_write)
     port = await agent.start("127.0.0.1", 0)
 
-pysnmp quirks handled here (DESIGN §5): the transport's bind is awaited (a taken port must
+pysnmp quirks handled here: the transport's bind is awaited (a taken port must
 fail loudly); the read-only community gets a dummy write view, else it could SET
 (lextudio/pysnmp#48); instance hooks are synchronous, so setters must not block.
 """

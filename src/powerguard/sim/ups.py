@@ -1,6 +1,6 @@
 """A simulated UPS served over SNMP (RFC 1628 UPS-MIB and APC PowerNet) whose battery drains
 with the load, as the APC Smart-UPS SRT 6000 measured in the original write-up: full-battery
-runtime 9 min at 50 % load, 6 min at 75 %, 4 min at 100 % (DESIGN §9). ``speed`` makes time on
+runtime 9 min at 50 % load, 6 min at 75 %, 4 min at 100 %. ``speed`` makes time on
 battery pass faster (a demo cannot wait 6 minutes); the runtime the UPS reports is in UPS
 seconds, so the coordinator's budget arithmetic is the real one."""
 

@@ -122,7 +122,7 @@ def service_parser(name: str, description: str, default_port: int) -> argparse.A
         "-c",
         metavar="SITE_YAML",
         default=os.environ.get("POWERGUARD_CONFIG"),
-        help="site YAML (DESIGN §4); env POWERGUARD_CONFIG",
+        help="site YAML (topology, devices, service sections: docs/architecture.md); env POWERGUARD_CONFIG",
     )
     p.add_argument(
         "--nats-url",

@@ -1,4 +1,4 @@
-"""Site topology (DESIGN §4), shared by every service.
+"""Site topology (docs/architecture.md, "The site file"), shared by every service.
 
 UPSes, PDUs and nodes live here; jobs are not configured (agents register them).
 Credentials are *references* (``{env: NAME}`` or ``{file: PATH}``), never values, so the
