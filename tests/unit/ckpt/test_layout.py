@@ -71,3 +71,14 @@ def test_retention_keeps_the_newest_committed(tmp_path):
     removed = L.retain(FS, str(tmp_path), "job", keep=2)
     assert sorted(int(r.rsplit("-", 1)[1]) for r in removed) == [5, 10, 20]
     assert [s for s, _ in L.list_steps(FS, str(tmp_path), "job")] == [50, 40, 30]
+
+
+@pytest.mark.parametrize("name", ["../../../../dev/zero", "/dev/zero", "..", "a/../../b"])
+def test_a_manifest_naming_a_file_outside_the_checkpoint_is_refused(tmp_path, name):
+    d = L.step_dir(str(tmp_path), "job", 5)
+    FS.makedirs(d, exist_ok=True)
+    (tmp_path / "job" / "step-5" / ".metadata").write_bytes(b"meta")
+    mdigest, _ = L.write_manifest(FS, d, 0, 5, {name: {"size": 1, "xxh3": "0" * 32}})
+    L.write_commit(FS, d, step=5, world_size=1, digests={0: mdigest}, metadata_digest=L.digest_bytes(b"meta"))
+    with pytest.raises(CorruptCheckpoint, match="outside the checkpoint"):
+        verify_checkpoint(d)

@@ -4,20 +4,21 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from .envelope import Data, Envelope
 from .subjects import Subjects
 
 Tier = Literal["local", "remote"]
+MAX_WORLD_SIZE = 1 << 20  # a bound the coordinator can iterate: a registration cannot make it hang
 HoldPolicy = Literal["checkpoint-at-stop", "pause", "continue"]  # see checkpoints.py
 HOLD_POLICIES: tuple[str, ...] = ("checkpoint-at-stop", "pause", "continue")
 
 
 class AgentData(Data):
     job: str
-    rank: int = Field(ge=0)
-    world_size: int = Field(ge=1)
+    rank: int = Field(ge=0, lt=MAX_WORLD_SIZE)
+    world_size: int = Field(ge=1, le=MAX_WORLD_SIZE, description="Ranks of the job (at most 2**20)")
     node: str = Field(description="Node name as in the site YAML")
     pid: int | None = None
     tiers: list[Tier] = Field(default_factory=lambda: ["local"])
@@ -30,6 +31,12 @@ class AgentData(Data):
     paused_step: int | None = Field(
         default=None, ge=0, description="Waiting at this step boundary (a pause after a checkpoint)"
     )
+
+    @model_validator(mode="after")
+    def _rank_in_world(self) -> AgentData:
+        if self.rank >= self.world_size:
+            raise ValueError(f"rank {self.rank} is not below world_size {self.world_size}")
+        return self
 
 
 class AgentEvent(Envelope):

@@ -17,7 +17,7 @@ from typing import Literal
 
 from pydantic import AwareDatetime, Field
 
-from .agents import HOLD_POLICIES, HoldPolicy, Tier  # noqa: F401 (re-exported)
+from .agents import HOLD_POLICIES, MAX_WORLD_SIZE, HoldPolicy, Tier  # noqa: F401 (re-exported)
 from .envelope import Data, Envelope
 from .subjects import Subjects
 
@@ -77,8 +77,8 @@ class CheckpointAckData(Data):
     request_id: str | None = None
     saga_id: str | None = None
     job: str
-    rank: int = Field(ge=0)
-    world_size: int | None = Field(default=None, ge=1)
+    rank: int = Field(ge=0, lt=MAX_WORLD_SIZE)
+    world_size: int | None = Field(default=None, ge=1, le=MAX_WORLD_SIZE)
     step: int | None = Field(default=None, ge=0)
     tier: Tier = "local"
 

@@ -18,7 +18,7 @@ class PowerCommandData(Data):
     node: str
     idempotency_key: str = Field(description="<saga>/<node>/<action>; a repeat does nothing new")
     reason: str | None = None
-    jobs: list[str] = Field(default_factory=list, description="Jobs on the node to stop first")
+    jobs: list[str] = Field(default_factory=list, max_length=10_000, description="Jobs on the node to stop first")
     deadline: AwareDatetime | None = None
     dry_run: bool = False
 

@@ -24,6 +24,7 @@ from .subjects import Subjects
 
 TYPE_PREFIX = "io.powerguard."
 DEFAULT_MAX_PAYLOAD = 1024 * 1024
+MAX_DEPTH = 32  # no PowerGuard event nests deeper than ~6; deeper input is refused before parsing
 _ID_NAMESPACE = uuid.UUID("6c1f0b8e-8f6b-4c57-9a4e-0e4f3c2b7a10")
 _VERSIONED = re.compile(r"^io\.powerguard\.(?P<family>[a-z_]+)\.v(?P<version>\d+)\.(?P<name>[a-z_]+)$")
 
@@ -138,10 +139,13 @@ def decode(payload: bytes | str, *, max_bytes: int = DEFAULT_MAX_PAYLOAD) -> Env
     raw = payload.encode() if isinstance(payload, str) else payload
     if len(raw) > max_bytes:
         raise PayloadTooLarge(len(raw), max_bytes)
+    depth = _nesting(raw)
+    if depth > MAX_DEPTH:
+        raise MalformedEvent(f"payload nests {depth} levels deep (at most {MAX_DEPTH})")
     try:
         obj = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise MalformedEvent(f"payload is not JSON: {exc}") from None
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+        raise MalformedEvent(f"payload is not JSON: {type(exc).__name__}: {exc}"[:300]) from None
     if not isinstance(obj, dict):
         raise MalformedEvent(f"payload is a JSON {type(obj).__name__}, not an object")
     type_ = obj.get("type")
@@ -161,6 +165,33 @@ def decode(payload: bytes | str, *, max_bytes: int = DEFAULT_MAX_PAYLOAD) -> Env
         raise UnknownEventType(type_)
     try:
         return model.model_validate(obj)
+    except RecursionError:
+        raise MalformedEvent(f"invalid {type_}: nested too deeply") from None
     except ValidationError as exc:
         errors = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or '<root>'}: {e['msg']}" for e in exc.errors()[:5])
         raise MalformedEvent(f"invalid {type_}: {errors}") from None
+
+
+def _nesting(raw: bytes) -> int:
+    """The deepest ``[``/``{`` nesting outside strings (a linear scan; stops once past the limit)."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for b in raw:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif b == 0x5C:  # backslash
+                escaped = True
+            elif b == 0x22:  # quote
+                in_string = False
+        elif b == 0x22:
+            in_string = True
+        elif b in (0x5B, 0x7B):
+            depth += 1
+            if depth > deepest:
+                deepest = depth
+                if deepest > MAX_DEPTH:
+                    return deepest
+        elif b in (0x5D, 0x7D):
+            depth -= 1
+    return deepest

@@ -15,7 +15,7 @@ class JobData(Data):
     job: str
     saga_id: str | None = None
     idempotency_key: str | None = None
-    nodes: list[str] = Field(default_factory=list)
+    nodes: list[str] = Field(default_factory=list, max_length=100_000)
     rank: int | None = Field(default=None, ge=0)
     step: int | None = Field(default=None, ge=0, description="For resumed: step restored from")
     detail: str | None = None

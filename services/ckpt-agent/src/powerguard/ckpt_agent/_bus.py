@@ -18,7 +18,7 @@ from datetime import UTC, datetime, timedelta
 
 from opentelemetry import context as otel_context
 
-from powerguard.bus import Bus, BusNames
+from powerguard.bus import Bus, BusNames, ConnectError
 from powerguard.bus.agents import announce
 from powerguard.bus.env import auth_options
 from powerguard.schemas import (
@@ -82,8 +82,18 @@ class BusThread:
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
+        """Start the thread; wait up to ``connect_timeout`` for the first connection. Without
+        NATS, training starts anyway: the thread keeps connecting and says so (checkpoint
+        requests reach this rank once it is connected; periodic saves go on meanwhile)."""
         self._thread.start()
-        self._ready.result(timeout=self.connect_timeout + 5)  # raises the connect error, if any
+        try:
+            self._ready.result(timeout=self.connect_timeout + 5)
+        except Exception as exc:
+            log.warning(
+                "rank %d: NATS not reachable (%s); training starts and the agent keeps connecting",
+                self.agent.rank,
+                exc,
+            )
 
     def close(self, timeout: float = 5.0) -> None:
         if not self._thread.is_alive():
@@ -99,29 +109,51 @@ class BusThread:
         finally:
             self.loop.close()
 
-    async def _main(self) -> None:
-        self._stop = asyncio.Event()
+    async def _connect(self):
+        # the least trusted party: a credential for its own job (NATS_CREDS), never stream setup
+        bus = await Bus.connect(
+            self.url,
+            service=f"ckpt-agent-{self.agent.job}-{self.agent.rank}",
+            names=self.names,
+            connect_timeout=self.connect_timeout,
+            setup=False,
+            **self.auth,
+        )
         try:
-            # the least trusted party: a credential for its own job (NATS_CREDS), never stream setup
-            self.bus = await Bus.connect(
-                self.url,
-                service=f"ckpt-agent-{self.agent.job}-{self.agent.rank}",
-                names=self.names,
-                connect_timeout=self.connect_timeout,
-                setup=False,
-                **self.auth,
-            )
             # listen first, then register: a request sent as soon as the registration is seen must
             # not be missed; plain subscriptions on its own job's subjects (no JetStream consumer)
-            s = self.bus.subjects
-            sub = await self.bus.listen(CheckpointRequested, subject=s.ckpt_request(self.agent.job)).start()
-            rel = await self.bus.listen(HoldReleased, subject=s.ckpt_release(self.agent.job)).start()
+            s = bus.subjects
+            sub = await bus.listen(CheckpointRequested, subject=s.ckpt_request(self.agent.job)).start()
+            rel = await bus.listen(HoldReleased, subject=s.ckpt_release(self.agent.job)).start()
+            self.bus = bus
             await self._catch_up()
             await announce(self.bus, AgentRegistered(source=self._source, data=self._data()))
-        except BaseException as exc:
-            self._ready.set_exception(exc)
-            return
-        self._ready.set_result(None)
+        except BaseException:
+            self.bus = None
+            await bus.close()
+            raise
+        return sub, rel
+
+    async def _main(self) -> None:
+        self._stop = asyncio.Event()
+        delay = 1.0
+        while True:
+            try:
+                sub, rel = await self._connect()
+                break
+            except Exception as exc:
+                if not self._ready.done():
+                    self._ready.set_exception(exc)  # start() says so once; training goes on
+                log.debug("connect failed (%s); retrying in %.0fs", exc, delay)
+                try:
+                    await asyncio.wait_for(self._stop.wait(), delay)
+                    return  # closed before it ever connected
+                except TimeoutError:
+                    delay = min(delay * 2, 30.0)
+        if self._ready.done():
+            log.info("rank %d: connected to NATS", self.agent.rank)
+        else:
+            self._ready.set_result(None)
         tasks = [
             asyncio.create_task(self._receive(sub)),
             asyncio.create_task(self._receive_releases(rel)),
@@ -284,6 +316,8 @@ class BusThread:
 
     def publish(self, event: Envelope, timeout: float = 10.0) -> None:
         """Publish from the training thread and wait until it is stored."""
+        if self.bus is None:
+            raise ConnectError("the agent is not connected to NATS (yet)")
         asyncio.run_coroutine_threadsafe(self.bus.publish(event), self.loop).result(timeout)
 
     def publish_nowait(self, event: Envelope, ctx: otel_context.Context | None = None) -> None:

@@ -18,8 +18,8 @@ async def serve_trigger(bus_thread, *, port: int, host: str = "127.0.0.1") -> we
         except ValueError:
             return web.json_response({"error": "body must be JSON (or empty)"}, status=400)
         deadline_s = body.get("deadline_s", 300) if isinstance(body, dict) else 300
-        if not isinstance(deadline_s, int | float) or deadline_s <= 0:
-            return web.json_response({"error": "deadline_s must be a positive number"}, status=400)
+        if isinstance(deadline_s, bool) or not isinstance(deadline_s, int | float) or not 0 < deadline_s <= 86400:
+            return web.json_response({"error": "deadline_s must be a number of seconds in (0, 86400]"}, status=400)
         from datetime import timedelta
 
         from powerguard.schemas import CheckpointRequestData, CheckpointRequested, new_id, utcnow

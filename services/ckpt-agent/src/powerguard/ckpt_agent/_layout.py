@@ -161,8 +161,24 @@ def manifest_files(fs, directory: str, commit: dict[str, Any]) -> dict[str, dict
             raise CorruptCheckpoint(f"{directory}: manifest of rank {rank} missing") from None
         if digest_bytes(body) != want:
             raise CorruptCheckpoint(f"{directory}: manifest of rank {rank} does not match COMMIT")
-        files.update(json.loads(body)["files"])
+        listed = json.loads(body)["files"]
+        for name in listed:
+            if not _confined(name):  # never a path outside the checkpoint (../../dev/zero hangs a restore)
+                raise CorruptCheckpoint(f"{directory}: manifest of rank {rank} names {name!r}, outside the checkpoint")
+        files.update(listed)
     return files
+
+
+def _confined(name: object) -> bool:
+    """A plain file name inside the checkpoint directory: no separators, no '..', no hidden tricks."""
+    return (
+        isinstance(name, str)
+        and 0 < len(name) <= 255
+        and "/" not in name
+        and "\\" not in name
+        and name not in (".", "..")
+        and "\x00" not in name
+    )
 
 
 def verify_files(fs, directory: str, files: dict[str, dict[str, Any]], names: list[str]) -> None:

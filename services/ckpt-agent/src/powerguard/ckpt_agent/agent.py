@@ -57,6 +57,7 @@ from .errors import CheckpointError, CommitError, CorruptCheckpoint, StepAgreeme
 log = logging.getLogger("powerguard.ckpt_agent")
 
 STEP_KEY = "powerguard.step"
+AGREE_FLOOR_S = 10.0  # the others reach a step boundary within a step: wait at least this long
 
 
 class CheckpointAgent:
@@ -293,7 +294,10 @@ class CheckpointAgent:
             dtype=torch.int64,
         )
         if self.distributed:
-            timeout = max(0.0, pending.deadline_ts - time.time()) if pending else self.agree_timeout_s
+            # a request bounds how long this rank waits for the others at the boundary, but never
+            # below AGREE_FLOOR_S: a deadline that has passed (low battery) means "checkpoint now",
+            # not an exception in the training loop
+            timeout = max(AGREE_FLOOR_S, pending.deadline_ts - time.time()) if pending else self.agree_timeout_s
             try:
                 self._wait(
                     dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self._agree_group, async_op=True), timeout
@@ -394,13 +398,19 @@ class CheckpointAgent:
         self._step = step
         t0 = time.perf_counter()
         directory = L.step_dir(self.local_root, self.job, step)
+        committed, problem = False, None
         if self.rank == 0:
-            if os.path.isdir(directory) and not os.path.exists(os.path.join(directory, L.COMMIT)):
-                log.warning("removing uncommitted leftover %s", directory)
-                self._local_fs.rm(directory, recursive=True)
-            os.makedirs(directory, exist_ok=True)
-        committed = os.path.exists(os.path.join(directory, L.COMMIT)) if self.rank == 0 else False
-        committed = self._gather(committed)[0]
+            try:
+                if os.path.isdir(directory) and not os.path.exists(os.path.join(directory, L.COMMIT)):
+                    log.warning("removing uncommitted leftover %s", directory)
+                    self._local_fs.rm(directory, recursive=True)
+                os.makedirs(directory, exist_ok=True)
+                committed = os.path.exists(os.path.join(directory, L.COMMIT))
+            except OSError as exc:  # every rank must hear it: the others would wait in DCP's collectives
+                problem = f"rank 0: cannot prepare {directory}: {exc}"
+        committed, problem = self._gather((committed, problem))[0]
+        if problem:
+            raise CommitError(problem)
         if committed:  # this exact step is already durable (e.g. a periodic save of the same step)
             return self._existing_info(directory, step, time.perf_counter() - t0)
         writer = HashingWriter(directory, sync_files=True)

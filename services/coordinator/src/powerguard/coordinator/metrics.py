@@ -9,6 +9,7 @@ SQUATTED = Counter(
     "A first publish of a command or state event that JetStream reported as a duplicate: someone published "
     "its id first (an attack, or a second coordinator)",
 )
+TICK_ERRORS = Counter("powerguard_coordinator_tick_errors_total", "Clock ticks that failed (retried at the next)")
 IGNORED = Counter("powerguard_coordinator_ignored_total", "Inputs that matched no saga", ["reason"])
 MISSING_RANKS = Gauge("powerguard_saga_missing_ranks", "Ranks that did not ack in the last partial checkpoint")
 RESERVE = Gauge("powerguard_shutdown_reserve_seconds", "Battery runtime kept for the shutdown (policy)")

@@ -86,6 +86,7 @@ class Coordinator:
         self._store: SagaStore | None = None
         self._lease: Lease | None = None
         self._resend: set[str] = set()  # sagas whose last publish failed: re-send what is pending
+        self._newest: dict[str, float] = {}  # UPS -> time of the newest power event applied
 
     # ------------------------------------------------------------------ lifecycle
     async def run(self, stopping: asyncio.Event, on_ready=None) -> None:
@@ -117,7 +118,11 @@ class Coordinator:
                     elif not held and self.leader:
                         await self._follow("lease lost")
                 if self.leader:
-                    await self.tick()
+                    try:
+                        await self.tick()
+                    except Exception as exc:  # KV or broker trouble: the next tick retries, the process lives
+                        metrics.TICK_ERRORS.inc()
+                        log.error("tick failed (retried at the next tick): %s", exc)
                 try:
                     await asyncio.wait_for(stopping.wait(), self.policy.tick_s if self.leader else renew_every)
                 except TimeoutError:
@@ -176,7 +181,9 @@ class Coordinator:
         if agent is None:
             self.registry.remove_key(key)
         else:
-            self.registry.update(agent, seen_at)
+            # the coordinator's own clock: the KV timestamp is the server's, and a skew between
+            # the two would make every rank look expired (a saga without checkpoint requests)
+            self.registry.update(agent, time.time())
 
     # ------------------------------------------------------------------ inputs
     async def on_batch(self, items: list[Received]) -> None:
@@ -210,6 +217,12 @@ class Coordinator:
                 metrics.IGNORED.labels("stale").inc()
                 log.warning("%s of %s from %.0fs ago ignored (max_event_age_s)", ev.short_type, d.ups, age)
                 return
+            newest = self._newest.get(d.ups)
+            if newest is not None and ev.time.timestamp() < newest:
+                metrics.IGNORED.labels("late").inc()  # a redelivery or a late copy: the UPS said more since
+                log.info("%s of %s older than its newest reading ignored", ev.short_type, d.ups)
+                return
+            self._newest[d.ups] = ev.time.timestamp()
             current = self.ups.get(d.ups)
             if current is not None and current.drill and current.on_battery and not d.drill and not d.on_battery:
                 return  # the UPS's real telemetry (on line) must not end a drill of it

@@ -9,6 +9,7 @@ gathered for ``gather_s`` and sequenced together (groups, outlet stagger, batche
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
@@ -46,6 +47,7 @@ from .schedulers.base import NoScheduler
 from .sequences import Order, Sequencer
 
 log = logging.getLogger(__name__)
+_AFTER_SHUTDOWN = ("restoring", "resumed", "done", "cancelled", "failed")  # saga states after any shutdown
 COMMANDS = (ShutdownRequested, PowerOnRequested, JobStopRequested, JobRestartRequested)
 
 
@@ -71,6 +73,8 @@ class PowerControl:
         self.seq = Sequencer(self.devices, self.scheduler, self.settings, self._emit)
         self.dry = Sequencer(Devices(site, self.settings, dry_run=True), NoScheduler(), self.settings, self._emit)
         self.executed: list[str] = []  # idempotency keys this process executed, in order
+        self._nodes = {n.name for n in site.nodes}
+        self._node_locks: dict[str, asyncio.Lock] = {}  # one sequence per node at a time
         self._tasks: set[asyncio.Task] = set()
         self._pending_on: list[tuple[Order, Any]] = []
         self._restorer: asyncio.Task | None = None
@@ -98,6 +102,11 @@ class PowerControl:
             except Exception as exc:  # a ledger entry we cannot read must not stop the service
                 log.error("ledger entry %s unreadable (%s); marked failed", entry.key, exc)
                 await self._ledger.finish(entry.key, "failed", f"unreadable: {exc}")
+                continue
+            why = await self._refusal(event)  # too old, or its saga moved on (restoring the node)
+            if why is not None:
+                log.warning("not resuming %s left running by a previous power-control: %s", entry.key, why)
+                await self._ledger.finish(entry.key, "failed", f"not resumed: {why}")
                 continue
             log.info("resuming %s left running by a previous power-control", entry.key)
             self._run(event, entry.key)
@@ -151,11 +160,18 @@ class PowerControl:
         age = time.time() - event.time.timestamp()
         if age > self.settings.max_command_age_s:
             return f"command is {age:.0f}s old (max_command_age_s {self.settings.max_command_age_s:.0f})"
+        if isinstance(event, ShutdownRequested | PowerOnRequested) and event.data.node not in self._nodes:
+            return f"node {event.data.node!r} is not in the site file"
         if self.settings.require_saga:
             saga_id = event.data.saga_id
             kv = await self.bus.sagas()
-            if not saga_id or await kv.get(self.bus.names.saga_key(saga_id)) is None:
+            entry = await kv.get(self.bus.names.saga_key(saga_id)) if saga_id else None
+            if entry is None:
                 return f"saga {saga_id!r} does not exist in {kv.bucket}"
+            data = entry.json()
+            state = data.get("state") if isinstance(data, dict) else None
+            if isinstance(event, ShutdownRequested) and state in _AFTER_SHUTDOWN:
+                return f"saga {saga_id} is {state}: a shutdown of {event.data.node} is over"
         return None
 
     async def _refuse(self, event: Envelope, why: str) -> None:
@@ -204,14 +220,56 @@ class PowerControl:
     def _seq(self, order: Order) -> Sequencer:
         return self.dry if order.dry_run else self.seq
 
-    async def _finish(self, key: str, ok: bool) -> None:
+    async def _finish(self, key: str, ok: bool, detail: str | None = None) -> None:
+        """The ledger entry ends (done or failed), retried through a broker outage: an entry
+        left 'running' would be resumed at the next start."""
         self.executed.append(key)
         assert self._ledger is not None
-        await self._ledger.finish(key, "done" if ok else "failed")
+        for attempt in range(6):
+            try:
+                await self._ledger.finish(key, "done" if ok else "failed", detail or "")
+                return
+            except Exception as exc:
+                log.warning("ledger %s not updated (attempt %d): %s", key, attempt + 1, exc)
+                await asyncio.sleep(min(2**attempt, 10))
+        log.error("ledger %s left as it was after 6 attempts", key)
+
+    async def _failure(self, order: Order, action: str, exc: BaseException) -> None:
+        """A sequence died: say why on the bus (retried), so the saga reacts now, not at its timeout."""
+        why = f"{type(exc).__name__}: {exc}"[:500]
+        log.error("%s of %s failed: %s", action, order.node, why, exc_info=exc)
+        event = PowerActionFailed(
+            data=PowerResultData(
+                saga_id=order.saga_id,
+                node=order.node,
+                action=action,
+                idempotency_key=order.key,
+                error=why,
+                dry_run=order.dry_run,
+            )
+        )
+        for attempt in range(6):
+            try:
+                await self._emit(event)
+                return
+            except Exception as publish_exc:
+                log.warning("action_failed for %s not published (attempt %d): %s", order.key, attempt + 1, publish_exc)
+                await asyncio.sleep(min(2**attempt, 10))
+
+    def _lock(self, node: str) -> asyncio.Lock:
+        return self._node_locks.setdefault(node, asyncio.Lock())
 
     async def _shutdown(self, order: Order) -> None:
+        async with self._lock(order.node):  # a power-on of this node waits for the shutdown to end
+            await self._shutdown_locked(order)
+
+    async def _shutdown_locked(self, order: Order) -> None:
         with self._tracer.start_as_current_span(f"shutdown {order.node}", attributes=_attrs(order)) as span:
-            ok = await self._seq(order).shutdown(order)
+            try:
+                ok = await self._seq(order).shutdown(order)
+            except Exception as exc:  # a secret, the broker, a bug: the shutdown ends reported, never silent
+                ok = False
+                await self._failure(order, "off", exc)
             span.set_attribute("powerguard.ok", ok)
         await self._finish(order.key, ok)
 
@@ -225,18 +283,37 @@ class PowerControl:
                     await self._restore([o for o, _ in orders], orders[0][1])
 
     async def _restore(self, orders: Sequence[Order], parent: trace.SpanContext) -> None:
+        async with contextlib.AsyncExitStack() as stack:
+            for node in sorted({o.node for o in orders}):  # sorted: two batches never deadlock
+                await stack.enter_async_context(self._lock(node))
+            await self._restore_locked(orders, parent)
+
+    async def _restore_locked(self, orders: Sequence[Order], parent: trace.SpanContext) -> None:
         ctx = trace.set_span_in_context(trace.NonRecordingSpan(parent))
         with self._tracer.start_as_current_span(
             "power_on " + ",".join(o.node for o in orders), context=ctx, attributes=_attrs(orders[0])
         ):
-            result = await self._seq(orders[0]).restore(orders)
+            known = [o for o in orders if o.node in self._nodes]
+            for o in orders:
+                if o.node not in self._nodes:  # one bad order never holds back the others
+                    await self._failure(o, "on", KeyError(f"node {o.node} is not in the site file"))
+            try:
+                result = await self._seq(orders[0]).restore(known) if known else {}
+            except Exception as exc:
+                result = {}
+                for o in known:
+                    await self._failure(o, "on", exc)
         for o in orders:
             await self._finish(o.key, result.get(o.node, False))
 
     async def _job(self, order: Order, *, start: bool, nodes: Sequence[str]) -> None:
         name = f"job_{'restart' if start else 'stop'} {order.jobs[0]}"
         with self._tracer.start_as_current_span(name, attributes=_attrs(order)):
-            ok = await self._seq(order).job(order, start=start, nodes=nodes)
+            try:
+                ok = await self._seq(order).job(order, start=start, nodes=nodes)
+            except Exception as exc:
+                ok = False
+                await self._failure(order, "job_start" if start else "job_stop", exc)
             if ok:
                 kind = JobRestarted if start else JobStopped
                 data = JobData(

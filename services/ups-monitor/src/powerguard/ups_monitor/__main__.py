@@ -22,13 +22,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def check(site) -> None:
-    """The ups_monitor section and every UPS's driver options are valid before anything connects."""
+    """The ups_monitor section is valid before anything connects. A UPS whose own options or
+    secret are bad does not stop the others: it is reported (log, metric, /readyz) at start."""
     from .config import MonitorSettings
-    from .service import make_driver
 
-    settings = site.settings("ups_monitor", MonitorSettings)
-    for ups in site.ups:
-        make_driver(ups, settings)
+    site.settings("ups_monitor", MonitorSettings)
 
 
 if __name__ == "__main__":

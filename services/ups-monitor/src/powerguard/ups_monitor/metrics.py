@@ -13,6 +13,10 @@ RUNTIME = Gauge("powerguard_ups_runtime_seconds", "Estimated battery runtime lef
 CHARGE = Gauge("powerguard_ups_charge_percent", "Battery charge", LABELS)
 LOAD = Gauge("powerguard_ups_load_percent", "Output load", LABELS)
 COMM_OK = Gauge("powerguard_ups_comm_ok", "1 while the UPS answers its polls", LABELS)
+UNWATCHED = Gauge("powerguard_ups_unwatched", "1 when a configured UPS cannot be watched (bad options, secret)", LABELS)
+POLL_ERRORS = Counter(
+    "powerguard_ups_poll_errors_total", "Polls that failed outside the driver's own error handling (a bug)", LABELS
+)
 TRAPS_DROPPED = Counter(
     "powerguard_ups_traps_dropped_total", "Traps not acted on (unknown sender, over the rate limit)", ["reason"]
 )

@@ -2,7 +2,17 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import math
+from dataclasses import dataclass, field, replace
+
+# what a value can physically be; anything else is a broken agent, not a measurement
+RANGES = {
+    "charge_pct": (0.0, 100.0),
+    "runtime_s": (0.0, 7 * 24 * 3600.0),
+    "load_pct": (0.0, 400.0),
+    "input_v": (0.0, 1000.0),
+    "seconds_on_battery": (0.0, 365 * 24 * 3600.0),
+}
 
 
 @dataclass(frozen=True)
@@ -22,6 +32,26 @@ class Reading:
     seconds_on_battery: float | None = None
     partial: bool = False
     errors: tuple[str, ...] = field(default=())
+
+    def checked(self) -> Reading:
+        """This reading with every out-of-range or non-finite value dropped (and named in
+        ``errors``, ``partial``): one UPS reporting charge 255 or a NaN runtime is a partial
+        reading of that UPS, never an exception that stops the monitor."""
+        bad = {}
+        for name, (lo, hi) in RANGES.items():
+            v = getattr(self, name)
+            if v is None:
+                continue
+            try:
+                ok = math.isfinite(float(v)) and lo <= float(v) <= hi
+            except (TypeError, ValueError):
+                ok = False
+            if not ok:
+                bad[name] = v
+        if not bad:
+            return self
+        errors = tuple(f"{k} {v!r} out of range" for k, v in bad.items())
+        return replace(self, **dict.fromkeys(bad), partial=True, errors=self.errors + errors)
 
     @classmethod
     def from_status(cls, status: str, **values) -> Reading:

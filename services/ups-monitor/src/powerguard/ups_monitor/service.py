@@ -141,12 +141,15 @@ class Monitor:
         self.settings = settings or site.settings("ups_monitor", MonitorSettings)
         self.instance = instance or socket.gethostname()
         self.targets: list[Target] = []
+        self.unwatched: dict[str, str] = {}  # UPS -> why it cannot be watched (the others still are)
         now = time.time()
         for cfg in site.ups:
             try:
                 driver = make_driver(cfg, self.settings)
             except ConfigError as exc:
-                log.error("%s", exc)
+                log.error("ups %s cannot be watched: %s", cfg.name, exc)
+                self.unwatched[cfg.name] = str(exc)
+                metrics.UNWATCHED.labels(site.site, cfg.name).set(1)
                 continue
             self.targets.append(
                 Target(
@@ -236,7 +239,7 @@ class Monitor:
         interval = self.settings.poll_interval_s
         while not stopping.is_set():
             started = time.monotonic()
-            await asyncio.gather(*(self.poll(t) for t in self.targets))
+            await asyncio.gather(*(self.poll(t) for t in self.targets), return_exceptions=True)
             try:
                 await asyncio.wait_for(stopping.wait(), max(0.0, interval - (time.monotonic() - started)))
             except TimeoutError:
@@ -247,12 +250,23 @@ class Monitor:
             await t.driver.close()
 
     async def poll(self, t: Target, trap=None) -> None:
+        """Poll one UPS; nothing this UPS does (no answer, garbage, a driver bug) reaches the
+        others: it becomes a partial reading or comm_lost of this UPS."""
+        try:
+            await self._poll(t, trap)
+        except Exception as exc:  # a bug or a failure outside the driver: this UPS only
+            metrics.POLL_ERRORS.labels(self.site.site, t.cfg.name).inc()
+            log.exception("ups %s: poll failed unexpectedly: %s", t.cfg.name, exc)
+
+    async def _poll(self, t: Target, trap=None) -> None:
         async with t.lock, self._sem:
             now = time.time()
             try:
-                reading = await asyncio.wait_for(t.driver.poll(), self.settings.timeout_s)
-            except (UpsError, TimeoutError) as exc:
+                reading = (await asyncio.wait_for(t.driver.poll(), self.settings.timeout_s)).checked()
+            except (UpsError, TimeoutError, ValueError, TypeError, KeyError, IndexError, OSError) as exc:
                 error = str(exc) or f"no answer within {self.settings.timeout_s:g}s"
+                if not isinstance(exc, UpsError | TimeoutError):
+                    error = f"unreadable answer: {type(exc).__name__}: {exc}"[:300]
                 if t.state.last_error != error:
                     log.warning("ups %s: %s", t.cfg.name, error)
                 if trap is not None:
@@ -368,6 +382,7 @@ async def main(ctx: ServiceContext) -> None:
     if ctx.site is None:
         raise ConfigError("the ups-monitor needs --config site.yaml (its UPSes)")
     monitor = Monitor(ctx.bus, ctx.site)
-    ctx.set_ready(True)
+    # not ready while a configured UPS cannot be watched: the others are, and /readyz says which
+    ctx.set_ready(not monitor.unwatched, "; ".join(f"ups {u}: {why}" for u, why in monitor.unwatched.items()))
     log.info("ups-monitor ready: %d UPS(es), poll every %.1fs", len(monitor.targets), monitor.settings.poll_interval_s)
     await monitor.run(ctx.stopping)
