@@ -71,6 +71,7 @@ class BusThread:
         self.step = 0
         self.last_committed_step: int | None = None
         self.paused_step: int | None = None
+        self.started_at = time.time()
         self._released: set[str | None] = set()  # saga ids whose paused ranks may train on
         self.bus: Bus | None = None
         self.loop = asyncio.new_event_loop()
@@ -215,7 +216,13 @@ class BusThread:
         its deadline has not passed) and release."""
         s = self.bus.subjects
         last = await self.bus.last(s.ckpt_request(self.agent.job))
-        if last is not None and last.event.data.deadline.timestamp() > time.time():
+        # only a request made while this process lived: an older one was for the job's previous
+        # incarnation (answered, or moot) - a restarted job must not pause on its final request
+        if (
+            last is not None
+            and last.event.time.timestamp() >= self.started_at
+            and last.event.data.deadline.timestamp() > time.time()
+        ):
             self._take(last)
         released = await self.bus.last(s.ckpt_release(self.agent.job))
         if released is not None:

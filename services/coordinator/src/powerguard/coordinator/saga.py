@@ -558,6 +558,9 @@ def _step(rec: SagaRecord, now: float, topo: Topology, policy: Policy, out: list
         return
     if state == S.RESUMED:
         _set(rec, S.DONE, now, "outage handled")
+        for name, plan in sorted(rec.jobs.items()):
+            if plan.paused:  # a safety net: nothing of this outage may keep a rank waiting
+                _issue(rec, out, "release", name, "release")
 
 
 def _rounds(rec: SagaRecord) -> list[CkptRound]:

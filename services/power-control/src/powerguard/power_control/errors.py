@@ -40,3 +40,9 @@ class PowerStateTimeout(PowerControlError):
 
 class SchedulerError(PowerControlError):
     """The scheduler adapter could not stop or start a job."""
+
+
+class CredentialUnavailable(PowerControlError):
+    """A device's credential reference (env var or file) cannot be resolved: retrying won't help."""
+
+    retryable = False

@@ -293,10 +293,13 @@ class PowerControl:
         with self._tracer.start_as_current_span(
             "power_on " + ",".join(o.node for o in orders), context=ctx, attributes=_attrs(orders[0])
         ):
-            known = [o for o in orders if o.node in self._nodes]
-            for o in orders:
-                if o.node not in self._nodes:  # one bad order never holds back the others
-                    await self._failure(o, "on", KeyError(f"node {o.node} is not in the site file"))
+            known = []
+            for o in orders:  # one bad order (unknown node, missing credential) never holds back the others
+                try:
+                    self._seq(o).devices.bmc(o.node)  # builds the driver: its credentials are read now
+                    known.append(o)
+                except Exception as exc:
+                    await self._failure(o, "on", exc)
             try:
                 result = await self._seq(orders[0]).restore(known) if known else {}
             except Exception as exc:

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import asyncio
 
-from powerguard.schemas import NodeConfig, PduConfig, SecretRef, SiteConfig
+from powerguard.schemas import NodeConfig, PduConfig, SecretNotFound, SecretRef, SiteConfig
 
 from ..config import IpmiOptions, PduOptions, PowerControlSettings, RedfishOptions
-from ..errors import PowerControlError
+from ..errors import CredentialUnavailable, PowerControlError
 from .base import Guarded, OutletDriver, PowerDriver, PowerState, RestorePolicy
 from .dryrun import DryRunOutlets, DryRunPower
 
@@ -23,7 +23,10 @@ def _secret(ref: SecretRef | None, what: str, default: str | None = None) -> str
         if default is None:
             raise PowerControlError(f"{what} is not configured")
         return default
-    return ref.resolve().get_secret_value()
+    try:
+        return ref.resolve().get_secret_value()
+    except SecretNotFound as exc:
+        raise CredentialUnavailable(f"{what}: {exc}") from None
 
 
 class Devices:
@@ -72,7 +75,7 @@ class Devices:
             from .ipmi import IpmiDriver
 
             opts = IpmiOptions.model_validate(cfg.options)
-            kg = opts.kg.resolve().get_secret_value() if opts.kg else None
+            kg = _secret(opts.kg, f"node {node}: bmc.options.kg") if opts.kg else None
             return IpmiDriver(
                 device,
                 self._guard(device, "ipmi"),
@@ -118,10 +121,10 @@ class Devices:
             host=cfg.host,
             port=cfg.port,
             version=opts.version,
-            community=_secret(opts.community, f"pdu {cfg.name}: community", default="private"),
+            community=_secret(opts.community, f"pdu {cfg.name}: options.community") if opts.community else None,
             user=opts.user,
-            auth_key=opts.auth_key.resolve().get_secret_value() if opts.auth_key else None,
-            priv_key=opts.priv_key.resolve().get_secret_value() if opts.priv_key else None,
+            auth_key=_secret(opts.auth_key, f"pdu {cfg.name}: options.auth_key") if opts.auth_key else None,
+            priv_key=_secret(opts.priv_key, f"pdu {cfg.name}: options.priv_key") if opts.priv_key else None,
             auth_protocol=opts.auth_protocol,
             priv_protocol=opts.priv_protocol,
         )
