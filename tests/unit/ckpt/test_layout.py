@@ -82,3 +82,14 @@ def test_a_manifest_naming_a_file_outside_the_checkpoint_is_refused(tmp_path, na
     L.write_commit(FS, d, step=5, world_size=1, digests={0: mdigest}, metadata_digest=L.digest_bytes(b"meta"))
     with pytest.raises(CorruptCheckpoint, match="outside the checkpoint"):
         verify_checkpoint(d)
+
+
+def test_the_verify_command_says_what_a_restore_would_trust(tmp_path, capsys):
+    from powerguard.ckpt_agent.__main__ import main
+
+    good, bad = make(tmp_path, 10), make(tmp_path, 20)
+    (tmp_path / "job" / "step-20" / "__0_0.distcp").write_bytes(b"y" * 1000)  # a flipped payload
+    assert main(["verify", good]) == 0
+    assert main(["verify", good, bad]) == 1
+    out = capsys.readouterr().out
+    assert f"OK   {good}: step 10" in out and f"BAD  {bad}: CorruptCheckpoint" in out and "checksum mismatch" in out

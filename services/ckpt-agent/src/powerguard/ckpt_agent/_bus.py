@@ -14,7 +14,6 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
 
 from opentelemetry import context as otel_context
 
@@ -32,7 +31,6 @@ from powerguard.schemas import (
     CheckpointRequested,
     Envelope,
     HoldReleased,
-    new_id,
 )
 
 log = logging.getLogger(__name__)
@@ -334,18 +332,3 @@ class BusThread:
     def run(self, coro, timeout: float = 10.0):
         """Run a coroutine on the bus loop and wait for its result."""
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
-
-    def trigger(self, *, reason: str = "manual", deadline_s: float = 300.0) -> str:
-        """Publish a checkpoint request for this rank's job (the HTTP compatibility endpoint)."""
-        rid = f"{reason}-{new_id()}"
-        event = CheckpointRequested(
-            source=self._source,
-            data=CheckpointRequestData(
-                request_id=rid,
-                job=self.agent.job,
-                reason=reason,
-                deadline=datetime.now(UTC) + timedelta(seconds=deadline_s),
-            ),
-        )
-        self.publish(event)
-        return rid

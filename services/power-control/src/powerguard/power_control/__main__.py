@@ -2,12 +2,23 @@
 
 from __future__ import annotations
 
+import argparse
+import os
+import socket
 import sys
 
 from powerguard.bus import service_main
 
 from . import __doc__ as DESCRIPTION
 from .service import main as service
+
+
+def _flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--instance",
+        default=os.environ.get("POWERGUARD_INSTANCE") or socket.gethostname(),
+        help="this replica's name in the command ledger (default: the host name)",
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -17,6 +28,7 @@ def main(argv: list[str] | None = None) -> int:
         description=DESCRIPTION,
         default_port=9103,
         argv=argv,
+        extend=_flags,
         check=check,
     )
 

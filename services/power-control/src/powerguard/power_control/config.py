@@ -57,7 +57,6 @@ class PowerControlSettings(_Model):
 
 
 class IpmiOptions(_Model):
-    cipher_suite: int | None = Field(default=None, description="Not used by pyghmi (it negotiates); kept for docs")
     kg: SecretRef | None = Field(default=None, description="BMC key (K_g) if the BMC requires one")
 
 
