@@ -15,7 +15,6 @@ from powerguard.coordinator.figures import job_figures
 from powerguard.coordinator.service import Coordinator
 from powerguard.coordinator.store import SagaStore
 from powerguard.schemas import (
-    AgentRegistered,
     CheckpointRequested,
     NodeConfig,
     OnBattery,
@@ -27,6 +26,7 @@ from powerguard.schemas import (
 )
 
 from ..ckpt.runner import Trainer, run
+from ..ckpt.test_agent import registered
 from .helpers import POLICY, SagaWatch, eventually
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
@@ -59,20 +59,6 @@ async def coordinating(bus, cfg: SiteConfig):
         await asyncio.wait_for(task, 10)
 
 
-async def ranks_registered(bus, job: str) -> None:
-    seen: set[int] = set()
-    async with bus.subscribe(AgentRegistered, deliver="all") as sub:
-
-        async def wait() -> None:
-            async for ev in sub:
-                if ev.data.job == job:
-                    seen.add(ev.data.rank)
-                    if seen == {0, 1}:
-                        return
-
-        await asyncio.wait_for(wait(), 60)
-
-
 def steps_of(progress) -> dict[int, list[int]]:
     out: dict[int, list[int]] = {}
     for line in progress.read_text().splitlines() if progress.exists() else []:
@@ -99,7 +85,7 @@ async def test_a_final_checkpoint_that_cannot_fit_falls_back_to_the_power_checkp
         watch = await SagaWatch(bus).start()
         await job.start()
         try:
-            await ranks_registered(bus, "jfit")
+            await registered(bus, "jfit")
             await ups.publish(OnBattery(data=reading(True, 300)))
             await watch.reach("holding", 60)
             # 0.05 s left before reserve + margin: less than the power checkpoint took
@@ -142,7 +128,7 @@ async def test_a_rank_dying_in_the_final_checkpoint_does_not_delay_the_shutdown_
         watch = await SagaWatch(bus).start()
         await job.start()
         try:
-            await ranks_registered(bus, "jdie")
+            await registered(bus, "jdie")
             await ups.publish(OnBattery(data=reading(True, 300)))
             await watch.reach("final_checkpoint", 60)  # the hold limit: a final checkpoint first
             await eventually(lambda: "failpoint final_checkpoint" in job.output(), 30, "rank 1 to die")
@@ -186,7 +172,7 @@ async def test_pause_keeps_the_jobs_own_collectives_healthy_and_resumes_in_place
     async with coordinating(bus, site()) as c:
         watch = await SagaWatch(bus).start()
         await job.start()
-        await ranks_registered(bus, "jpause")
+        await registered(bus, "jpause")
         await eventually(lambda: min(map(len, steps_of(progress).values()), default=0) >= 20, 60, "20 steps")
         await ups.publish(OnBattery(data=reading(True, 300)))
         await watch.reach("holding", 60)

@@ -154,8 +154,8 @@ class BusThread:
         else:
             self._ready.set_result(None)
         tasks = [
-            asyncio.create_task(self._receive(sub)),
-            asyncio.create_task(self._receive_releases(rel)),
+            asyncio.create_task(self._receive(sub, self._take)),
+            asyncio.create_task(self._receive(rel, self._take_release)),
             asyncio.create_task(self._catch_up_after_reconnects()),
             asyncio.create_task(self._heartbeat()),
             asyncio.create_task(self._watchdog()),
@@ -187,13 +187,15 @@ class BusThread:
         )
 
     # ------------------------------------------------------------------ loops
-    async def _receive(self, sub) -> None:
+    @staticmethod
+    async def _receive(sub, take) -> None:
+        """Hand every event of a subscription to ``take`` until it closes."""
         while True:
             try:
                 received = await sub.next_received()
             except StopAsyncIteration:
                 return
-            self._take(received)
+            take(received)
 
     def _take(self, received) -> None:
         event = received.event
@@ -233,15 +235,10 @@ class BusThread:
             log.info("reconnected: looking for requests sent meanwhile")
             await self._catch_up()
 
-    async def _receive_releases(self, sub) -> None:
-        while True:
-            try:
-                received = await sub.next_received()
-            except StopAsyncIteration:
-                return
-            with self._lock:
-                self._released.add(received.event.data.saga_id)
-            log.info("hold released (saga %s): %s", received.event.data.saga_id, received.event.data.reason)
+    def _take_release(self, received) -> None:
+        with self._lock:
+            self._released.add(received.event.data.saga_id)
+        log.info("hold released (saga %s): %s", received.event.data.saga_id, received.event.data.reason)
 
     async def _heartbeat(self) -> None:
         while True:
