@@ -90,7 +90,7 @@ def test_embedded_server_starts_on_a_free_port_and_stops_by_pid(tmp_path):
         os.kill(pid, 0)
 
 
-@pytest.mark.parametrize("service", ["ups_monitor", "coordinator", "power_control", "ckpt_agent"])
+@pytest.mark.parametrize("service", ["ups_monitor", "coordinator", "power_control"])
 async def test_service_starts_reports_ready_and_drains_on_sigterm(service, nats_server, tmp_path):
     site = tmp_path / "site.yaml"
     site.write_text("site: dc1\nups: [{name: ups-a, driver: nut}]\nnodes: [{name: n1, feeds: [ups-a]}]\n")
@@ -159,3 +159,10 @@ async def test_tail_on_a_server_without_the_stream_says_so(tmp_path):
         _, stderr = await asyncio.wait_for(proc.communicate(), 30)
     assert proc.returncode == 1
     assert "stream PG_EVENTS does not exist yet" in stderr.decode()
+
+
+def test_the_ckpt_agent_module_is_the_offline_verify_command_not_a_service():
+    r = subprocess.run(
+        [sys.executable, "-m", "powerguard.ckpt_agent", "--help"], capture_output=True, text=True, timeout=60
+    )
+    assert r.returncode == 0 and "verify" in r.stdout
