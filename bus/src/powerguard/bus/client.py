@@ -424,13 +424,8 @@ class Bus:
         except (nats.errors.Error, TimeoutError) as exc:
             log.warning("last event on %s not read: %s", subject, exc)
             return None
-
-        class _M:  # the fields decode_on reads
-            def __init__(self, m) -> None:
-                self.data, self.subject = m.data or b"", m.subject
-
         try:
-            event = decode_on(self, _M(msg))
+            event = decode_on(self, msg.data, msg.subject)
         except EventError as exc:
             log.warning("last event on %s ignored: %s", subject, exc)
             return None

@@ -81,10 +81,10 @@ class Received:
         return parts[1] if len(parts) == 4 else None
 
 
-def decode_on(bus: Bus, msg: Msg) -> Envelope:
-    """Decode a message and check that its type and data belong on the subject it came on
+def decode_on(bus: Bus, data: bytes, subject: str) -> Envelope:
+    """Decode a payload and check that its type and data belong on the subject it came on
     (raises :class:`~powerguard.schemas.EventError`, e.g. ``SubjectMismatch``)."""
-    return check_subject(decode(msg.data, max_bytes=bus.max_payload), msg.subject, bus.subjects)
+    return check_subject(decode(data or b"", max_bytes=bus.max_payload), subject, bus.subjects)
 
 
 def durable_config(
@@ -297,7 +297,7 @@ class Consumer(_PullLoop):
         """Decode; dead-letter what cannot be handled; ack and skip other types."""
         deliveries = msg.metadata.num_delivered or 1
         try:
-            event = decode_on(self.bus, msg)
+            event = decode_on(self.bus, msg.data, msg.subject)
         except EventError as exc:
             metrics.CONSUMED.labels(self.name, "rejected").inc()
             await self.bus.dead_letter(subject=msg.subject, payload=msg.data, error=exc, deliveries=deliveries)
@@ -453,7 +453,7 @@ class Subscription(_PullLoop):
                 continue
             msg = self._buffer.pop(0)
             try:
-                event = decode_on(self.bus, msg)
+                event = decode_on(self.bus, msg.data, msg.subject)
             except EventError as exc:
                 if self.on_error:
                     self.on_error(msg.subject, msg.data, exc)
@@ -501,7 +501,7 @@ class Listener:
 
     async def _on_msg(self, msg: Msg) -> None:
         try:
-            event = decode_on(self.bus, msg)
+            event = decode_on(self.bus, msg.data, msg.subject)
         except EventError as exc:
             log.warning("ignoring message on %s: %s", msg.subject, exc)
             return
