@@ -209,3 +209,45 @@ async def test_batch_consumer_gets_events_with_headers_and_retries_a_failed_batc
     again = [item for b in batches[1:] for item in b]
     assert sorted(i.event.data.ups for i in again) == ["u0", "u1", "u2"]  # redelivered after the failure
     assert all(len(i.trace_id or "") == 32 and i.subject.startswith(bus.names.prefix) for i in again)
+
+
+async def test_subscription_recreates_a_consumer_deleted_under_it(make_bus):
+    """The server deletes an ephemeral consumer when its host dies, when it idles past its
+    inactive threshold, or when an operator removes it; pulls then answer "no messages" for
+    ever. The reader must notice and go on after the last message it saw, missing nothing."""
+    pub, obs = await make_bus("ups-monitor"), await make_bus("observer")
+    events = [OnBattery(data=power().model_copy(update={"runtime_s": 300.0 - i})) for i in range(4)]
+    sub = await obs.subscribe(OnBattery, deliver="all").start()
+    await pub.publish(events[0])
+    await pub.publish(events[1])
+    got = [(await asyncio.wait_for(sub.__anext__(), TIMEOUT)).id for _ in range(2)]
+    await pub.js.delete_consumer(pub.names.stream, sub.name)
+    await pub.publish(events[2])
+    await pub.publish(events[3])
+    got += [(await asyncio.wait_for(sub.__anext__(), 30)).id for _ in range(2)]
+    await sub.aclose()
+    assert got == [e.id for e in events]
+
+
+async def test_subscription_rebinds_a_consumer_that_holds_messages_back(make_bus):
+    """A consumer that exists but delivers nothing while messages wait (here: paused by an
+    operator; in a cluster: stuck after its server's stream replica changed) must not stall
+    the reader: two idle checks that see undelivered messages re-create it."""
+    import json
+    from datetime import UTC, datetime, timedelta
+
+    pub, obs = await make_bus("ups-monitor"), await make_bus("observer")
+    events = [OnBattery(data=power().model_copy(update={"runtime_s": 300.0 - i})) for i in range(3)]
+    sub = await obs.subscribe(OnBattery, deliver="all").start()
+    await pub.publish(events[0])
+    got = [(await asyncio.wait_for(sub.__anext__(), TIMEOUT)).id]
+    until = (datetime.now(UTC) + timedelta(hours=1)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    reply = await pub.nc.request(
+        f"$JS.API.CONSUMER.PAUSE.{pub.names.stream}.{sub.name}", json.dumps({"pause_until": until}).encode(), timeout=5
+    )
+    assert json.loads(reply.data).get("paused"), reply.data
+    await pub.publish(events[1])
+    await pub.publish(events[2])
+    got += [(await asyncio.wait_for(sub.__anext__(), 30)).id for _ in range(2)]
+    await sub.aclose()
+    assert got == [e.id for e in events]

@@ -10,13 +10,12 @@ import time
 
 import pytest
 
-from powerguard.bus import Bus, BusNames, EmbeddedNats
-from powerguard.bus.names import StreamLimits
+from powerguard.bus import BusNames
 from powerguard.coordinator.service import Coordinator
 from powerguard.schemas import Envelope
 from powerguard.sim.agents import SimulatedRanks
 from powerguard.sim.executor import SimulatedPowerControl
-from tests.integration.ups.nut_peer import free_port
+from tests.integration.nats_cluster import connect, nats_cluster
 
 from .helpers import JOBS, SagaWatch, drain_battery, outage, policy, power_back, site
 
@@ -25,44 +24,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
 @pytest.fixture
 def cluster(tmp_path):
-    ports, routes = [free_port() for _ in range(3)], [free_port() for _ in range(3)]
-    route_urls = ",".join(f"nats://127.0.0.1:{p}" for p in routes)
-    nodes = [
-        EmbeddedNats(
-            port=ports[i],
-            store_dir=tmp_path / f"n{i}",
-            ready_timeout=20,
-            extra_args=[
-                "--server_name",
-                f"n{i}",
-                "--cluster_name",
-                "pg",
-                "--cluster",
-                f"nats://127.0.0.1:{routes[i]}",
-                "--routes",
-                route_urls,
-            ],
-        )
-        for i in range(3)
-    ]
-    for n in nodes:
-        n.start()
-    yield nodes
-    for n in nodes:
-        with contextlib.suppress(Exception):
-            n.stop()
-
-
-async def connect(nodes, service: str, names: BusNames) -> Bus:
-    urls = [n.url for n in nodes]
-    deadline = time.monotonic() + 30
-    while True:  # the JetStream meta leader is elected a few seconds after the routes connect
-        try:
-            return await Bus.connect(urls, service=service, names=names, limits=StreamLimits(replicas=3))
-        except Exception:
-            if time.monotonic() > deadline:
-                raise
-            await asyncio.sleep(0.5)
+    with nats_cluster(tmp_path) as nodes:
+        yield nodes
 
 
 async def test_saga_survives_the_loss_of_the_stream_leader(cluster):
@@ -72,12 +35,6 @@ async def test_saga_survives_the_loss_of_the_stream_leader(cluster):
     info = await bus.js.stream_info(names.stream)
     assert info.config.num_replicas == 3
     seen: dict[str, Envelope] = {}
-
-    async def observe() -> None:
-        async for ev in obs_bus.subscribe(deliver="all", subject=obs_bus.subjects.all):
-            seen[ev.id] = ev
-
-    observer = asyncio.create_task(observe())
     ranks = SimulatedRanks(sim_bus, JOBS, step=120)
     await ranks.start()
     executor = SimulatedPowerControl(ctl_bus, resume_step={"j1": 120, "j2": 120})
@@ -105,11 +62,19 @@ async def test_saga_survives_the_loss_of_the_stream_leader(cluster):
         new_leader = (await bus.js.stream_info(names.stream)).cluster.leader
         assert new_leader and new_leader != leader
         await asyncio.sleep(1.0)
+        # read the stream back from the two nodes left (a reader that lives through the node's
+        # loss is tested on its own in tests/integration/test_bus_cluster.py)
+        last = (await obs_bus.js.stream_info(names.stream)).state.last_seq
+        async with obs_bus.subscribe(deliver="all", subject=obs_bus.subjects.all) as reader:
+            while True:
+                got = await asyncio.wait_for(reader.next_received(), 30)
+                seen[got.event.id] = got.event
+                if got.sequence >= last:
+                    break
     finally:
         stop.set()
         with contextlib.suppress(Exception):
             await asyncio.wait_for(task, 15)
-        observer.cancel()
         await executor.stop()
         await watch.stop()
         for b in (obs_bus, ctl_bus, sim_bus, bus):

@@ -37,6 +37,9 @@ _DELIVER = {
     "last_per_subject": api.DeliverPolicy.LAST_PER_SUBJECT,
 }
 _CLOSED = (nats.errors.ConnectionClosedError, nats.errors.ConnectionDrainingError)
+# An idle reader asks the server about its consumer this often: a consumer whose server died,
+# or that hangs, answers pulls with silence, which looks just like "no new messages".
+CHECK_IDLE_S = 5.0
 
 
 def covers(wide: str, narrow: str) -> bool:
@@ -135,6 +138,8 @@ class _PullLoop:
         self._psub = None
         self._last_seq: int | None = None
         self._stopping = False
+        self._checked = time.monotonic()
+        self._pending_seen = False
 
     def _config(self) -> api.ConsumerConfig:  # pragma: no cover - overridden
         raise NotImplementedError
@@ -174,6 +179,30 @@ class _PullLoop:
             log.warning("consumer %s filters %s, this service expects %s: using it as it is", self.name, have, need)
         return True
 
+    async def _stalled(self) -> bool:
+        """After an empty or failed pull: whether to re-create the binding. At most every
+        :data:`CHECK_IDLE_S` the server is asked about the consumer; gone, not answering, or
+        holding undelivered messages at two checks in a row all mean a stalled reader.
+        Re-binding loses nothing: a durable keeps its place, an ephemeral resumes after the
+        last message read."""
+        now = time.monotonic()
+        if self._psub is None or now - self._checked < CHECK_IDLE_S:
+            return False
+        self._checked = now
+        try:
+            info = await self.bus.js.consumer_info(self.bus.names.stream, self.name, timeout=2.0)
+        except (nats.errors.Error, js_errors.Error, TimeoutError) as exc:
+            log.info("consumer %s did not answer (%r); re-creating", self.name, exc)
+            return True
+        pending = (info.num_pending or 0) > 0
+        stalled, self._pending_seen = pending and self._pending_seen, pending
+        if stalled:
+            log.info(
+                "consumer %s holds %d undelivered messages but delivers none; re-binding", self.name, info.num_pending
+            )
+            self._pending_seen = False
+        return stalled
+
     async def _unbind(self) -> None:
         psub, self._psub = self._psub, None
         if psub is not None:
@@ -200,6 +229,9 @@ class _PullLoop:
                     except nats.errors.TimeoutError:
                         pass
             except nats.errors.TimeoutError:
+                if await self._stalled():
+                    await self._unbind()
+                    continue
                 return []
             except _CLOSED:
                 self._stopping = True
@@ -209,9 +241,12 @@ class _PullLoop:
                 await self._unbind()
             except (nats.errors.Error, OSError, TimeoutError) as exc:
                 log.debug("fetch on %s failed: %r", self.name, exc)
+                if await self._stalled():
+                    await self._unbind()
             else:
                 if msgs:
                     self._last_seq = msgs[-1].metadata.sequence.stream
+                    self._checked, self._pending_seen = time.monotonic(), False
                 return msgs
             await asyncio.sleep(retry)
             retry = min(retry * 2, 1.0)

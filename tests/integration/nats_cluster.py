@@ -1,0 +1,56 @@
+"""A 3-node NATS JetStream cluster on loopback, for tests that lose a node."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from pathlib import Path
+
+from powerguard.bus import Bus, BusNames, EmbeddedNats
+from powerguard.bus.names import StreamLimits
+from tests.integration.ups.nut_peer import free_port
+
+
+@contextlib.contextmanager
+def nats_cluster(tmp_path: Path, size: int = 3):
+    ports, routes = [free_port() for _ in range(size)], [free_port() for _ in range(size)]
+    route_urls = ",".join(f"nats://127.0.0.1:{p}" for p in routes)
+    nodes = [
+        EmbeddedNats(
+            port=ports[i],
+            store_dir=tmp_path / f"n{i}",
+            ready_timeout=20,
+            extra_args=[
+                "--server_name",
+                f"n{i}",
+                "--cluster_name",
+                "pg",
+                "--cluster",
+                f"nats://127.0.0.1:{routes[i]}",
+                "--routes",
+                route_urls,
+            ],
+        )
+        for i in range(size)
+    ]
+    for n in nodes:
+        n.start()
+    try:
+        yield nodes
+    finally:
+        for n in nodes:
+            with contextlib.suppress(Exception):
+                n.stop()
+
+
+async def connect(nodes, service: str, names: BusNames) -> Bus:
+    urls = [n.url for n in nodes]
+    deadline = time.monotonic() + 30
+    while True:  # the JetStream meta leader is elected a few seconds after the routes connect
+        try:
+            return await Bus.connect(urls, service=service, names=names, limits=StreamLimits(replicas=3))
+        except Exception:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.5)
