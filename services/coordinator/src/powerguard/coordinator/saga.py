@@ -334,8 +334,10 @@ def _join(rec: SagaRecord, nodes: list[str], jobs: dict[str, JobInfo], default_p
         )
 
 
-def _observe(rec: SagaRecord, p: Power, now: float) -> None:
-    view = rec.ups.setdefault(p.ups, UpsView(since=now))
+def observe(views: dict[str, UpsView], p: Power, now: float) -> None:
+    """Fold one reading into a table of UPS views (the site's, and each saga's own copy).
+    Low battery counts only on battery; a drill flag only while the drill has it on battery."""
+    view = views.setdefault(p.ups, UpsView(since=now))
     if view.on_battery != p.on_battery:
         view.since = now
     view.on_battery = p.on_battery
@@ -345,7 +347,11 @@ def _observe(rec: SagaRecord, p: Power, now: float) -> None:
         view.charge_pct = p.charge_pct
     view.low_battery = p.low_battery and p.on_battery
     view.fsd = p.fsd
-    view.drill = p.drill
+    view.drill = p.drill and p.on_battery
+
+
+def _observe(rec: SagaRecord, p: Power, now: float) -> None:
+    observe(rec.ups, p, now)
     if p.on_battery and not p.drill and rec.drill:
         rec.drill = False  # a real outage during a drill: from now on the commands are real
 

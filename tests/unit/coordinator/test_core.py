@@ -1,0 +1,133 @@
+"""The coordinator's site core, without NATS: routing, saga start, status flags, drills and
+result matching, fed with the same event envelopes the service receives."""
+
+from __future__ import annotations
+
+from powerguard.schemas import JobRestarted, JobData, LowBattery, PowerActionFailed, PowerData, PowerResultData
+
+from .site import Site, at
+
+
+def test_a_saga_starts_for_the_nodes_whose_every_feed_is_on_battery():
+    s = Site()
+    step = s.send(s.power("B", True))  # n4 has only B; n3 (A+B) still has A
+    assert step.started == ["s1"] and s.core.open["s1"].at_risk == ["n4"]
+    assert s.kinds(step) == [("ckpt_request", "j3")]
+
+
+def test_one_healthy_feed_keeps_a_node_out_of_the_saga():
+    s = Site()
+    step = s.send(s.power("A", True))
+    rec = s.core.open["s1"]
+    assert step.started == ["s1"] and rec.at_risk == ["n1", "n2"]
+    assert ("ckpt_request", "j1") in s.kinds(step) and ("ckpt_request", "j2") not in s.kinds(step)
+
+
+def test_events_the_site_cannot_use_are_set_aside_with_a_reason():
+    s = Site()
+    s.send(s.power("Z", True))  # not in the topology
+    s.send(s.power("A", True, age_s=10_000))  # older than max_event_age_s
+    assert s.core.open == {} and s.notices() == ["unknown_ups", "stale"]
+    s.send(s.power("A", True))
+    s.send(s.power("A", False, age_s=5))  # a late copy: the UPS said more since
+    assert s.notices()[-1] == "late" and s.core.ups["A"].on_battery
+
+
+def test_low_battery_flag_counts_only_on_battery():
+    s = Site()
+    recharging = PowerData(site="dc1", ups="A", on_battery=False, status=["OL", "CHRG", "LB"], charge_pct=5.0)
+    s.send(LowBattery(time=at(s.now), data=recharging))
+    assert not s.core.ups["A"].low_battery and s.core.open == {}
+    s.send(s.power("A", True, status=["OB", "LB"]))
+    assert s.core.ups["A"].low_battery and s.core.open["s1"].ups["A"].low_battery
+
+
+def test_real_on_line_telemetry_does_not_end_a_drill_but_a_real_outage_ends_its_dry_run():
+    s = Site()
+    s.send(s.power("A", True, drill=True))
+    rec = s.core.open["s1"]
+    assert rec.drill and s.core.ups["A"].drill
+    s.send(s.power("A", False))  # the UPS's own poller: still on line
+    assert s.core.ups["A"].on_battery and rec.state.value != "cancelled"
+    s.send(s.power("A", True))  # mains really fails during the drill
+    assert not rec.drill, "a real outage must make the saga's commands real"
+
+
+def test_acks_go_to_the_saga_they_name_and_no_other():
+    s = Site()
+    s.send(s.power("A", True))
+    s.send(*[a.model_copy(update={"data": a.data.model_copy(update={"saga_id": "other"})}) for a in s.acks("s1", "j1")])
+    assert s.core.open["s1"].jobs["j1"].acked == {} and s.notices().count("unknown_saga") == 4
+    s.send(*s.acks("s1", "j1"))
+    assert s.core.open["s1"].state.value == "holding"
+
+
+def shut_down(s: Site) -> None:
+    s.send(s.power("A", True))
+    s.send(*s.acks("s1", "j1"))
+    s.send(s.power("A", True, runtime_s=50))  # below the reserve: stop now
+    assert s.core.open["s1"].state.value == "shutting_down"
+
+
+def test_power_results_are_matched_by_saga_id_not_by_node():
+    s = Site()
+    shut_down(s)
+    s.send(s.node("n1", "off", None), s.node("n2", "off", "an-old-saga"))
+    assert s.core.open["s1"].state.value == "shutting_down", "results of no saga or another saga counted"
+    s.send(s.node("n1", "off", "s1"), s.node("n2", "off", "s1"))
+    assert s.core.open["s1"].state.value == "down"
+
+
+def test_a_failed_power_off_is_recorded_with_its_reason():
+    s = Site()
+    shut_down(s)
+    failed = PowerResultData(saga_id="s1", node="n1", action="off", error="BMC unreachable")
+    s.send(PowerActionFailed(data=failed), s.node("n2", "off", "s1"))
+    rec = s.core.open["s1"]
+    assert rec.state.value == "down" and rec.nodes["n1"].error == "BMC unreachable"
+
+
+def restore(s: Site) -> None:
+    shut_down(s)
+    s.send(s.node("n1", "off", "s1"), s.node("n2", "off", "s1"))
+    s.send(s.power("A", False))
+    s.advance(s.policy.restore_stable_s + 1)
+    s.send(s.node("n1", "ready", "s1"), s.node("n2", "ready", "s1"))
+    assert s.core.open["s1"].state.value == "restoring"
+
+
+def test_resumed_matches_its_saga_or_falls_back_to_the_saga_restoring_the_job():
+    s = Site()
+    restore(s)
+    s.send(s.resumed("j1", "an-old-saga"))
+    assert s.core.open["s1"].jobs["j1"].resumed_at is None
+    s.send(s.resumed("j1", None))  # an agent restarted without POWERGUARD_SAGA
+    assert "s1" not in s.core.open and s.steps[-1].changed[0].state.value == "done"
+
+
+def test_a_real_restart_is_not_a_resume_but_a_drills_dry_run_restart_is():
+    s = Site()
+    restore(s)
+    s.send(JobRestarted(data=JobData(job="j1", saga_id="s1")))
+    assert s.core.open["s1"].state.value == "restoring"
+    s.send(JobRestarted(data=JobData(job="j1", saga_id="s1", dry_run=True)))  # not a drill saga
+    assert s.core.open["s1"].state.value == "restoring" and "unmatched" in s.notices()
+
+
+def test_power_failing_again_while_restoring_starts_the_next_saga_when_the_last_ends():
+    s = Site()
+    restore(s)
+    s.send(s.power("A", True))  # fails again: the restoring saga finishes first
+    assert s.core.open["s1"].state.value == "restoring"
+    step = s.send(s.resumed("j1", "s1"))
+    assert [(r.saga_id, r.state.value) for r in step.changed] == [("s1", "done"), ("s2", "checkpointing")]
+    assert step.started == ["s2"] and s.kinds(step) == [("ckpt_request", "j1")] and list(s.core.open) == ["s2"]
+
+
+def test_resume_takes_over_open_sagas_and_says_what_to_send_again():
+    s = Site()
+    s.send(s.power("A", True))
+    rec = s.core.open["s1"].model_copy(deep=True)
+    fresh = Site()
+    again = fresh.core.resume([rec])
+    assert [c.kind for c in again["s1"]] == ["ckpt_request"] and fresh.core.ups["A"].on_battery
