@@ -3,7 +3,7 @@ result matching, fed with the same event envelopes the service receives."""
 
 from __future__ import annotations
 
-from powerguard.schemas import JobRestarted, JobData, LowBattery, PowerActionFailed, PowerData, PowerResultData
+from powerguard.schemas import JobData, JobRestarted, LowBattery, PowerActionFailed, PowerData, PowerResultData
 
 from .site import Site, at
 
