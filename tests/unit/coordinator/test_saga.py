@@ -7,7 +7,7 @@ import pytest
 from powerguard.coordinator import figures, saga
 from powerguard.coordinator.topology import Topology
 
-from .harness import POLICY, Drive
+from .harness import POLICY, TOPO, Drive
 
 
 def test_on_battery_requests_a_checkpoint_from_every_job_at_risk():
@@ -318,3 +318,15 @@ def test_a_batch_of_acks_settles_like_one_by_one():
     acks = [saga.Ack(job="j1", rank=r, request_id="s1/j1/ckpt", step=101) for r in range(4)]
     d._feed(acks)
     assert d.state == "holding" and d.rec.jobs["j1"].missing == []
+
+
+def test_outlook_uses_the_sagas_own_budget_rules():
+    """`powerguard drill` and status ask the saga's rules, not a copy of the formula."""
+    views = {"A": saga.UpsView(on_battery=True, runtime_s=100.0), "B": saga.UpsView()}
+    o = saga.outlook(views, TOPO, POLICY)
+    assert (o.budget_s, o.runtime_s, o.stop_at_runtime_s) == (30.0, 100.0, 60.0)  # 100 - reserve 60 - margin 10
+    views["A"].fsd = True
+    assert saga.outlook(views, TOPO, POLICY).budget_s == 0.0
+    at_stop = POLICY.model_copy(update={"hold_policy": "checkpoint-at-stop"})
+    o = saga.outlook({"A": saga.UpsView(on_battery=True, runtime_s=500.0)}, TOPO, at_stop, checkpoint_s=20.0)
+    assert o.stop_at_runtime_s == 60 + 10 + at_stop.final_ckpt_factor * 20.0  # room for the final checkpoint

@@ -42,7 +42,9 @@ from powerguard.schemas import (
     SiteConfig,
 )
 
+from . import saga
 from .policy import Policy
+from .saga import UpsView
 from .topology import Topology
 
 SOURCE = "/powerguard/drill"
@@ -63,6 +65,8 @@ class DrillResult:
     commands: list[str] = field(default_factory=list)
     shutdown_at_s: float | None = None
     not_dry: list[str] = field(default_factory=list)
+    hold_policy: str = "checkpoint-at-stop"
+    stop_after_s: float | None = None  # when the jobs stop on a real outage, given the measured checkpoint
 
     @property
     def slowest_s(self) -> float | None:
@@ -93,6 +97,8 @@ class DrillResult:
             "load_pct": self.load_pct,
             "checkpoint_budget_s": round(self.budget_s, 1),
             "shutdown_after_s": round(self.shutdown_after_s, 1),
+            "hold_policy": self.hold_policy,
+            "stop_after_s": None if self.stop_after_s is None else round(self.stop_after_s, 1),
             "slowest_checkpoint_s": None if self.slowest_s is None else round(self.slowest_s, 3),
             "acks": {j: {str(r): round(t, 3) for r, t in ranks.items()} for j, ranks in self.acks.items()},
             "failed": self.failed,
@@ -152,8 +158,12 @@ async def run_site_drill(
             raise ConfigError(f"no runtime reading of {ups} on the bus (is ups-monitor running?); pass --runtime-s")
         runtime_s, load_pct = reading.runtime_s, reading.load_pct if load_pct is None else load_pct
     result.runtime_s, result.load_pct = runtime_s, load_pct
-    result.budget_s = max(0.0, min(policy.ckpt_timeout_s, runtime_s - policy.shutdown_reserve_s - policy.margin_s))
-    result.shutdown_after_s = max(0.0, (runtime_s - policy.shutdown_reserve_s) / speed)
+    views = {u: UpsView() for u in topo.ups}  # the others on line: the drill fails this UPS alone
+    views[ups] = UpsView(on_battery=True, runtime_s=runtime_s, drill=True)
+    seen = saga.outlook(views, topo, policy)
+    result.budget_s = seen.budget_s
+    result.shutdown_after_s = max(0.0, (runtime_s - seen.stop_at_runtime_s) / speed)
+    result.hold_policy = policy.hold_policy
     result.expected = await jobs_at_risk(bus, topo, ups)
     t0 = time.time()
 
@@ -204,6 +214,9 @@ async def run_site_drill(
         await bus.publish(OnLine(source=SOURCE, subject=ups, data=data(False, runtime_s)))
         notify(time.time() - t0, f"synthetic on-line for {ups}: the saga restores (dry-run)")
         await asyncio.wait_for(done.wait(), max(1.0, deadline - time.monotonic()))
+        if result.slowest_s is not None:  # with a measured checkpoint the stop leaves time for the final
+            seen = saga.outlook(views, topo, policy, checkpoint_s=result.slowest_s)
+            result.stop_after_s = max(0.0, (runtime_s - seen.stop_at_runtime_s) / speed)
         return result
     finally:
         watcher.cancel()

@@ -427,6 +427,26 @@ def _budget_s(rec: SagaRecord, topo: Topology, policy: Policy) -> float:
     return max(0.0, budget)
 
 
+@dataclass(frozen=True)
+class Outlook:
+    """What a saga would decide with some UPS readings, before any outage (drills, status)."""
+
+    budget_s: float  # seconds a checkpoint requested now may take
+    runtime_s: float | None  # runtime left for the nodes at risk (worst node's best feed)
+    stop_at_runtime_s: float  # the saga stops the jobs when the runtime falls to this
+
+
+def outlook(ups: dict[str, UpsView], topo: Topology, policy: Policy, *, checkpoint_s: float | None = None) -> Outlook:
+    """The budget and stop point the saga's own rules give for these readings (feed sets,
+    reserve, margin, low battery, FSD). ``checkpoint_s``: a measured checkpoint; with the
+    ``checkpoint-at-stop`` policy the stop comes early enough for the final one."""
+    rec = SagaRecord(saga_id="outlook", site=topo.site, created_at=0.0, updated_at=0.0, ups=dict(ups))
+    stop_at = policy.shutdown_reserve_s
+    if policy.hold_policy == "checkpoint-at-stop" and checkpoint_s is not None:
+        stop_at = max(stop_at, policy.shutdown_reserve_s + policy.margin_s + policy.final_ckpt_factor * checkpoint_s)
+    return Outlook(budget_s=_budget_s(rec, topo, policy), runtime_s=_runtime(rec, topo), stop_at_runtime_s=stop_at)
+
+
 def _budget_deadline(rec: SagaRecord, now: float, topo: Topology, policy: Policy) -> float:
     return now + _budget_s(rec, topo, policy)
 
