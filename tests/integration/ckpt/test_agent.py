@@ -88,6 +88,7 @@ async def test_request_checkpoints_both_ranks_at_one_step_and_acks(bus, nats_ser
     assert {a.data.request_id for a in got} == {"req-1"} and {a.data.saga_id for a in got} == {"saga-t"}
     commit = verify_checkpoint(got[0].data.path)
     assert commit["step"] == got[0].data.step and commit["world_size"] == 2
+    assert commit["saga_id"] == "saga-t"  # a restore tells the coordinator which outage it ends
     assert sum(a.data.bytes for a in got) > 0 and all(a.data.durations.total_s > 0 for a in got)
 
 
@@ -120,6 +121,7 @@ async def test_bit_exact_resume_after_sigkill_right_after_the_ack(bus, nats_serv
     await resumed.aclose()
     assert f"restored step {step} from the local tier" in t2.output()
     assert ev.data.job == "jexact" and ev.data.step == step
+    assert ev.data.saga_id == got[0].data.saga_id, "the resume must name the saga whose checkpoint it restored"
     assert equal_params(reference, tmp_path / "b.pt")
 
 

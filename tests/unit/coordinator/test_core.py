@@ -99,8 +99,8 @@ def restore(s: Site) -> None:
 def test_resumed_matches_its_saga_or_falls_back_to_the_saga_restoring_the_job():
     s = Site()
     restore(s)
-    s.send(s.resumed("j1", "an-old-saga"))
-    assert s.core.open["s1"].jobs["j1"].resumed_at is None
+    s.send(s.resumed("j2", "s1"))  # not a job of this saga
+    assert s.core.open["s1"].jobs["j1"].resumed_at is None and s.notices()[-1] == "unmatched"
     s.send(s.resumed("j1", None))  # an agent restarted without POWERGUARD_SAGA
     assert "s1" not in s.core.open and s.steps[-1].changed[0].state.value == "done"
 
@@ -131,3 +131,12 @@ def test_resume_takes_over_open_sagas_and_says_what_to_send_again():
     fresh = Site()
     again = fresh.core.resume([rec])
     assert [c.kind for c in again["s1"]] == ["ckpt_request"] and fresh.core.ups["A"].on_battery
+
+
+def test_a_resume_naming_an_older_outage_counts_for_the_saga_restoring_the_job():
+    """The newest checkpoint may come from an earlier outage (this one's failed): the job
+    resumed all the same, and the restoring saga must not wait for it until its timeout."""
+    s = Site()
+    restore(s)
+    s.send(s.resumed("j1", "dc1-20250101T000000-abcd"))
+    assert "s1" not in s.core.open and s.steps[-1].changed[0].state.value == "done"

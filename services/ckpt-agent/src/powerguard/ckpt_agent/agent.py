@@ -160,6 +160,9 @@ class CheckpointAgent:
             self._hook = optimizer.register_step_pre_hook(lambda *a: (m := before()) and m(*a))
         self._retainer: threading.Thread | None = None
         self._resumed_reported = False
+        self._restored: tuple[int, str] | None = None  # (step, tier) of the restored checkpoint
+        self._restored_saga: str | None = None  # the saga whose request made it (its COMMIT says)
+        self._saga_for_save: str | None = None  # the saga a save in progress answers
         self.stats: dict[str, float] = {}
         self._bus: BusThread | None = None
         if nats_url:
@@ -376,12 +379,15 @@ class CheckpointAgent:
             if self._async is not None:  # finish the periodic save first: one save at a time on the group
                 self._async[1].result()
                 self._finish_async()
+            self._saga_for_save = next((r.saga_id for r in requests.values() if r.saga_id), None)
             try:
                 info = self.save(step)
             except CheckpointError as exc:
                 _spans.failed(span, exc)
                 self._answer_failed(list(requests.values()), exc, ctx=_spans.inside(span))
                 return list(requests.values()), False
+            finally:
+                self._saga_for_save = None
             info["durations"]["agree_s"] = max(0.0, t_agree - first_seen)
             span.set_attribute("powerguard.bytes", info["bytes"])
             self._answer_durable(list(requests.values()), step, info, ctx=_spans.inside(span))
@@ -459,6 +465,7 @@ class CheckpointAgent:
                     world_size=self.world_size,
                     digests={r: d for r, _, d, _ in results},
                     metadata_digest=L.digest_bytes(meta),
+                    extra={"saga_id": self._saga_for_save} if self._saga_for_save else None,
                 )
                 self._retain_in_background()
             except OSError as exc:
@@ -645,6 +652,11 @@ class CheckpointAgent:
             self._step = loaded
             log.info("rank %d: restored step %d from the %s tier (%s)", self.rank, loaded, tier, url)
             self._restored = (loaded, tier)
+            if self.rank == 0:
+                try:
+                    self._restored_saga = L.read_commit(fs, path).get("saga_id")
+                except CheckpointError:  # verified just above; a vanished file only loses the saga id
+                    self._restored_saga = None
             return loaded + 1
         self._restored = None
         log.info("rank %d: no valid checkpoint for job %s; starting from step 0", self.rank, self.job)
@@ -683,7 +695,7 @@ class CheckpointAgent:
         if self._resumed_reported or self._bus is None or self.rank != 0:
             return
         self._resumed_reported = True
-        restored = getattr(self, "_restored", None)
+        restored = self._restored
         span = _spans.start(
             f"resume {self.job}",
             _spans.job_parent(),
@@ -700,6 +712,9 @@ class CheckpointAgent:
                 source=self._bus._source,
                 data=JobData(
                     job=self.job,
+                    # the saga that restarted this process (power-control's environment), else the
+                    # saga whose checkpoint was restored; the coordinator matches the resume to it
+                    saga_id=os.environ.get("POWERGUARD_SAGA") or self._restored_saga,
                     rank=0,
                     step=restored[0] if restored else None,
                     detail=f"restored from the {restored[1]} tier"

@@ -168,10 +168,11 @@ class SiteCore:
             return
         data = ev.data
         sid = getattr(data, "saga_id", None)
-        if isinstance(ev, JobResumed) and sid is None:
-            # an agent that restarted without its saga's id (no POWERGUARD_SAGA in its
-            # environment, restored from a periodic checkpoint): the saga restoring its job
-            sid = next((s for s, r in self.open.items() if data.job in r.jobs and r.state == saga.S.RESTORING), None)
+        if isinstance(ev, JobResumed) and sid not in self.open:
+            # an agent that names no open saga: restarted without POWERGUARD_SAGA in its
+            # environment and restored a periodic checkpoint (no saga) or an older outage's.
+            # Its job resumed all the same: it counts for the saga restoring that job.
+            sid = next((s for s, r in self.open.items() if data.job in r.jobs and r.state == saga.S.RESTORING), sid)
         rec = self.open.get(sid or "")
         if rec is None:
             step.notices.append(Notice("unknown_saga", f"{ev.short_type} for saga {sid} that is not open: ignored"))
