@@ -11,7 +11,14 @@ import time
 import psutil
 import pytest
 
-from powerguard.schemas import JobRestarted, JobRestartRequested, PowerActionDone, PowerActionFailed
+from powerguard.schemas import (
+    JobRestarted,
+    JobRestartRequested,
+    JobStopped,
+    JobStopRequested,
+    PowerActionDone,
+    PowerActionFailed,
+)
 
 from .helpers import Recorder, creds, job_cmd, power_on, service, shutdown, site
 
@@ -175,6 +182,26 @@ async def test_command_hook_gets_saga_job_and_node_in_its_environment(make_bus, 
         assert lines[2].split() == ["start", "saga-1", "train", "n1"]
     finally:
         await pc.stop()
+
+
+async def test_a_job_on_two_nodes_is_stopped_once(make_bus, tmp_path):
+    """The saga stops a job with one command for all its nodes, and each node's shutdown names
+    the job too: the shutdowns wait for that stop instead of stopping the job again."""
+    seen = tmp_path / "hook.log"
+    hook = [sys.executable, "-c", f"import os; open({str(seen)!r}, 'a').write(os.environ['POWERGUARD_ACTION'] + '\\n')"]
+    cfg = site([{"name": "n1"}, {"name": "n2"}], scheduler={"kind": "command", "options": {"stop": hook}})
+    bus = await make_bus("power-control")
+    rec = await Recorder().start(bus)
+    pc = await service(bus, cfg)
+    try:
+        await bus.publish(shutdown("n1", jobs=["train"]))
+        await bus.publish(shutdown("n2", jobs=["train"]))
+        await bus.publish(job_cmd(JobStopRequested, "train", ["n1", "n2"]))
+        await rec.wait(lambda: all("off" in rec.states(n) for n in ("n1", "n2")), what="both nodes off")
+    finally:
+        await pc.stop()
+    assert seen.read_text().splitlines() == ["stop"], "the job was stopped more than once"
+    assert rec.of(JobStopped, job="train") and not rec.of(PowerActionFailed)
 
 
 async def test_failing_hook_is_reported_and_the_node_still_goes_down(make_bus, make_bmc, monkeypatch):

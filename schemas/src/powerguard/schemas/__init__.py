@@ -38,6 +38,7 @@ from .commands import (
     PowerResult,
     PowerResultData,
     ShutdownRequested,
+    command_key,
 )
 from .dlq import DeadLetter, DeadLetterData
 from .envelope import (
@@ -95,6 +96,7 @@ from .site import BmcConfig, NatsSettings, NodeConfig, OutletRef, PduConfig, Sec
 from .subjects import Subjects, token
 
 __all__ = [
+    "command_key",
     "UpsConfig",
     "PduConfig",
     "OutletRef",

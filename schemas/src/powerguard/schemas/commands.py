@@ -9,6 +9,14 @@ from pydantic import AwareDatetime, Field
 from .envelope import Data, Envelope
 from .subjects import Subjects
 
+
+def command_key(saga_id: str, target: str, action: str) -> str:
+    """The idempotency key of a saga's command: ``<saga>/<node or job>/<action>`` (a job's stop
+    is ``<saga>/<job>/stop``). Receivers deduplicate on it; power-control looks one up to wait
+    for a job's own stop before it powers the job's node off."""
+    return f"{saga_id}/{target}/{action}"
+
+
 PowerAction = Literal["status", "on", "soft_off", "off", "cycle", "outlet_on", "outlet_off", "job_stop", "job_start"]
 NodePowerState = Literal["on", "off", "shutting_down", "booting", "ready", "unknown"]
 

@@ -28,7 +28,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from powerguard.schemas import HoldPolicy, SagaState
+from powerguard.schemas import HoldPolicy, SagaState, command_key
 
 from .policy import Policy
 from .topology import JobInfo, Topology
@@ -329,7 +329,7 @@ def _join(rec: SagaRecord, nodes: list[str], jobs: dict[str, JobInfo], default_p
             world_size=info.world_size,
             ranks=dict(info.ranks),
             step_at_detection=info.step,
-            request_id=f"{rec.saga_id}/{name}/ckpt",
+            request_id=command_key(rec.saga_id, name, "ckpt"),
             hold_policy=info.hold_policy or default_policy,
         )
 
@@ -499,7 +499,7 @@ def _set(rec: SagaRecord, state: SagaState, now: float, reason: str | None = Non
 
 
 def _issue(rec: SagaRecord, out: list[Command], kind: CommandKind, target: str, action: str, **args: Any) -> None:
-    _emit(rec, out, Command(kind=kind, key=f"{rec.saga_id}/{target}/{action}", target=target, args=args))
+    _emit(rec, out, Command(kind=kind, key=command_key(rec.saga_id, target, action), target=target, args=args))
 
 
 def _advance(rec: SagaRecord, now: float, topo: Topology, policy: Policy, out: list[Command], jobs: JobsArg) -> None:
@@ -620,7 +620,7 @@ def ckpt_command(rec: SagaRecord, plan: JobPlan, *, final: bool, policy: Policy)
     then = "pause" if final or plan.hold_policy == "pause" else "continue"
     return Command(
         kind="ckpt_request",
-        key=f"{rec.saga_id}/{plan.job}/{'final' if final else 'ckpt'}",
+        key=command_key(rec.saga_id, plan.job, "final" if final else "ckpt"),
         target=plan.job,
         args={
             "request_id": rnd.request_id,
@@ -668,7 +668,7 @@ def _stop(
             skipped.append(plan.job)
         else:
             plan.final = CkptRound(
-                request_id=f"{rec.saga_id}/{plan.job}/final",
+                request_id=command_key(rec.saga_id, plan.job, "final"),
                 world_size=plan.world_size,
                 requested_at=now,
                 deadline=now + budget,
@@ -751,7 +751,7 @@ def pending(rec: SagaRecord, policy: Policy) -> list[Command]:
     out: list[Command] = []
 
     def again(kind: CommandKind, target: str, action: str, **args: Any) -> None:
-        out.append(Command(kind=kind, key=f"{rec.saga_id}/{target}/{action}", target=target, args=args))
+        out.append(Command(kind=kind, key=command_key(rec.saga_id, target, action), target=target, args=args))
 
     if rec.state in (S.CHECKPOINTING, S.FINAL_CHECKPOINT):
         for _, p in sorted(rec.jobs.items()):
@@ -761,7 +761,7 @@ def pending(rec: SagaRecord, policy: Policy) -> list[Command]:
                 out.append(ckpt_command(rec, p, final=True, policy=policy))
     elif rec.state == S.SHUTTING_DOWN:
         for name, p in sorted(rec.jobs.items()):
-            if f"{rec.saga_id}/{name}/stop" in rec.issued:
+            if command_key(rec.saga_id, name, "stop") in rec.issued:
                 again("job_stop", name, "stop", nodes=sorted(set(p.ranks.values())))
         by_node = rec.jobs_by_node()
         for node, p in sorted(rec.nodes.items()):

@@ -43,6 +43,12 @@ class PowerControlSettings(_Model):
         default_factory=lambda: {"ipmi": 16, "redfish": 16, "pdu": 4, "dry-run": 64},
         description="Concurrent requests per driver kind",
     )
+    job_stop_grace_s: float = Field(
+        default=2.0, ge=0, description="A node's shutdown waits this long for its jobs' own stop command to arrive"
+    )
+    job_stop_wait_s: float = Field(
+        default=60.0, ge=0, description="... and this long for that stop to finish; then it stops the jobs itself"
+    )
     max_command_age_s: float = Field(
         default=300.0, gt=0, description="Refuse a command older than this (a replay, or one stuck in a backlog)"
     )

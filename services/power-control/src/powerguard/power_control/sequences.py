@@ -50,11 +50,19 @@ class Order:
 
 
 class Sequencer:
-    def __init__(self, devices: Devices, scheduler: Scheduler, settings: PowerControlSettings, emit: Emit) -> None:
+    def __init__(
+        self,
+        devices: Devices,
+        scheduler: Scheduler,
+        settings: PowerControlSettings,
+        emit: Emit,
+        job_stopped: Callable[[str, str], Awaitable[bool]] | None = None,
+    ) -> None:
         self.devices = devices
         self.scheduler = scheduler
         self.s = settings
         self.emit = emit
+        self.job_stopped = job_stopped  # (saga, job) -> whether the saga's own stop of the job ran
         self._outlet_lock = asyncio.Lock()
         self._last_outlet_on = -1e9
 
@@ -117,7 +125,11 @@ class Sequencer:
         await self._node_state(o, "shutting_down")
         t = time.monotonic()
         try:
-            detail = await self.scheduler.prepare_shutdown(o.node, saga_id=o.saga_id, jobs=o.jobs)
+            jobs = list(o.jobs)
+            if self.job_stopped is not None and jobs:  # a job is stopped once: by its own command
+                ran = await asyncio.gather(*(self.job_stopped(o.saga_id, j) for j in jobs))
+                jobs = [j for j, stopped in zip(jobs, ran, strict=True) if not stopped]
+            detail = await self.scheduler.prepare_shutdown(o.node, saga_id=o.saga_id, jobs=jobs)
             await self._done(o, "job_stop", f"scheduler:{self.scheduler.kind}", t, detail=detail)
         except SchedulerError as exc:  # power still has to go down: the checkpoint is already durable
             await self._failed(o, "job_stop", f"scheduler:{self.scheduler.kind}", t, str(exc))

@@ -35,6 +35,7 @@ from powerguard.schemas import (
     PowerResultData,
     ShutdownRequested,
     SiteConfig,
+    command_key,
     decode,
 )
 
@@ -70,7 +71,7 @@ class PowerControl:
         self.instance = instance
         self.devices = Devices(site, self.settings)
         self.scheduler = make_scheduler(self.settings.scheduler)
-        self.seq = Sequencer(self.devices, self.scheduler, self.settings, self._emit)
+        self.seq = Sequencer(self.devices, self.scheduler, self.settings, self._emit, self._job_stopped)
         self.dry = Sequencer(Devices(site, self.settings, dry_run=True), NoScheduler(), self.settings, self._emit)
         self.executed: list[str] = []  # idempotency keys this process executed, in order
         self._nodes = {n.name for n in site.nodes}
@@ -210,6 +211,27 @@ class PowerControl:
             return
         order = Order(saga_id=d.saga_id or "", node=(d.nodes or ["-"])[0], key=key, jobs=(d.job,), dry_run=d.dry_run)
         self._spawn(self._job(order, start=isinstance(event, JobRestartRequested), nodes=d.nodes))
+
+    async def _job_stopped(self, saga_id: str, job: str) -> bool:
+        """Whether the saga's own stop of ``job`` ran, waiting for it: the saga stops a job with
+        one command for all its nodes, and each node's shutdown waits for that stop (up to
+        ``job_stop_grace_s`` for it to arrive, ``job_stop_wait_s`` to finish) instead of
+        stopping the job again. False (the node stops the job itself) when it never came or failed."""
+        key = command_key(saga_id, job, "stop")
+        start = time.monotonic()
+        while True:
+            try:
+                entry = await self._ledger.get(key) if self._ledger is not None else None
+            except Exception as exc:  # the bucket is unreachable: stop it here rather than wait blind
+                log.warning("job stop %s not readable (%s): the node stops the job itself", key, exc)
+                return False
+            status = entry.get("status") if entry else None
+            if status in ("done", "failed"):
+                return status == "done"
+            waited = time.monotonic() - start
+            if waited >= (self.settings.job_stop_wait_s if entry else self.settings.job_stop_grace_s):
+                return False
+            await asyncio.sleep(0.1)
 
     def _spawn(self, coro) -> asyncio.Task:
         task = asyncio.create_task(coro)  # copies the context: spans and events stay in the outage trace
