@@ -5,9 +5,9 @@ BIN    := $(VENV)/bin
 PIP    := $(BIN)/python -m pip
 STAMP  := $(VENV)/.installed
 
-PROJECTS := -e ./schemas -e ./bus[embedded,otlp] -e ./services/ups-monitor -e ./services/coordinator \
+PROJECTS := -e ./schemas -e ./bus[embedded,otlp] -e ./snmp -e ./services/ups-monitor -e ./services/coordinator \
             -e ./services/power-control -e ./services/ckpt-agent -e .
-PYPROJECTS := pyproject.toml schemas/pyproject.toml bus/pyproject.toml $(wildcard services/*/pyproject.toml) \
+PYPROJECTS := pyproject.toml schemas/pyproject.toml bus/pyproject.toml snmp/pyproject.toml $(wildcard services/*/pyproject.toml) \
               constraints.txt requirements-dev.txt
 
 .PHONY: venv test test-unit demo bench schemas lint fmt clean help

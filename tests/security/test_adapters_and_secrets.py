@@ -19,12 +19,13 @@ import time
 import pytest
 
 from powerguard.bus import Bus, ConnectError
-from powerguard.power_control.drivers.base import Guarded
-from powerguard.power_control.drivers.pdu import ApcPduDriver
+from powerguard.power_control.config import PowerControlSettings
+from powerguard.power_control.drivers import Devices
 from powerguard.power_control.errors import PowerControlError, SchedulerError
 from powerguard.power_control.schedulers.command import CommandScheduler
 from powerguard.power_control.schedulers.process import ProcessScheduler
 from powerguard.power_control.schedulers.slurm import SlurmScheduler
+from powerguard.schemas import SiteConfig
 from tests.integration.power.conftest import slurm  # noqa: F401 (the real Slurm peer)
 from tests.integration.ups.nut_peer import free_port
 
@@ -103,5 +104,8 @@ async def test_9_urls_with_passwords_are_redacted_and_a_pdu_needs_its_community(
         await Bus.connect(f"nats://admin:{SECRET}@127.0.0.1:{free_port()}", service="x", connect_timeout=1)
     assert SECRET not in str(exc.value) and "admin:***@" in str(exc.value)
     assert SECRET not in caplog.text
-    with pytest.raises(PowerControlError, match=r"needs options\.community"):
-        ApcPduDriver("pdu:p1", Guarded("pdu:p1", timeout_s=1), host="127.0.0.1", port=free_port())
+    site = SiteConfig.model_validate(
+        {"site": "dc1", "ups": [], "nodes": [], "pdus": [{"name": "p1", "host": "127.0.0.1", "port": free_port()}]}
+    )
+    with pytest.raises(PowerControlError, match=r"pdu p1: SNMP v2c needs options\.community"):
+        Devices(site, PowerControlSettings()).pdu("p1")  # no 'private' default for a write community

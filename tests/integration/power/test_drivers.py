@@ -134,7 +134,10 @@ async def test_redfish_nothing_listening_is_unreachable():
 
 
 def apc(pdu, community: str = "private") -> ApcPduDriver:
-    return ApcPduDriver("pdu:p1", Guarded("pdu:p1", timeout_s=5), host="127.0.0.1", port=pdu.port, community=community)
+    from pysnmp.hlapi.v3arch.asyncio import CommunityData
+
+    auth = CommunityData(community, mpModel=1)
+    return ApcPduDriver("pdu:p1", Guarded("pdu:p1", timeout_s=5), host="127.0.0.1", port=pdu.port, auth=auth)
 
 
 async def test_pdu_outlets_switch_and_read_back(pdu):

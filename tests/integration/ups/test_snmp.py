@@ -7,7 +7,8 @@ import asyncio
 import pytest
 
 from powerguard.schemas import POWER_EVENTS, SiteConfig
-from powerguard.ups_monitor.snmp import SnmpAuthError, SnmpDriver, auth_data
+from powerguard.snmp import SnmpCredentials, auth_data
+from powerguard.ups_monitor.snmp import SnmpAuthError, SnmpDriver
 
 from .snmp_peer import V3_AUTH, V3_PRIV, V3_USER, SnmpUps
 from .test_nut import monitoring, next_power_event
@@ -69,13 +70,10 @@ async def test_v3_auth_priv(bus, agent, monkeypatch):
 
 
 async def test_wrong_v3_credentials_give_a_clear_error_and_comm_lost(bus, agent, monkeypatch):
-    driver = SnmpDriver(
-        name="ups1",
-        host="127.0.0.1",
-        port=agent.port,
-        timeout=1.0,
-        auth=auth_data(version="3", community=None, user=V3_USER, auth_key="wrong-key-1", priv_key=V3_PRIV),
-    )
+    monkeypatch.setenv("PG_T_AUTH", "wrong-key-1")
+    monkeypatch.setenv("PG_T_PRIV", V3_PRIV)
+    creds = SnmpCredentials(version="3", user=V3_USER, auth_key={"env": "PG_T_AUTH"}, priv_key={"env": "PG_T_PRIV"})
+    driver = SnmpDriver(name="ups1", host="127.0.0.1", port=agent.port, timeout=1.0, auth=auth_data(creds))
     with pytest.raises(SnmpAuthError, match="ups ups1: SNMP authentication failed"):
         await driver.poll()
     monkeypatch.setenv("PG_T_AUTH", "wrong-key-1")
@@ -113,7 +111,7 @@ async def test_missing_and_wrongly_typed_values_make_a_partial_reading(agent):
         host="127.0.0.1",
         port=agent.port,
         profile="ups-mib",
-        auth=auth_data(version="2c", community="public", user=None, auth_key=None, priv_key=None),
+        auth=auth_data(SnmpCredentials(), default_community="public"),
     )
     reading = await driver.poll()
     assert reading.on_battery and reading.partial

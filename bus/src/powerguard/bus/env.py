@@ -6,6 +6,8 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from powerguard.schemas.site import secret_value
+
 if TYPE_CHECKING:
     from powerguard.schemas.site import NatsSettings
 
@@ -26,9 +28,7 @@ def auth_options(nats: NatsSettings | None = None) -> dict[str, Any]:
         value = getattr(nats, field, None) if nats is not None else None
         return str(value) if value else env(var)
 
-    password = None
-    if nats is not None and nats.password is not None:
-        password = nats.password.resolve().get_secret_value()
+    password = secret_value(nats.password) if nats is not None else None
     return {
         "user": pick("user", "NATS_USER"),
         "password": password or env_secret("NATS_PASSWORD"),

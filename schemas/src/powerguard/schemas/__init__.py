@@ -92,7 +92,18 @@ from .power import (
     ReplaceBattery,
 )
 from .saga import SagaData, SagaState, SagaStateChanged
-from .site import BmcConfig, NatsSettings, NodeConfig, OutletRef, PduConfig, SecretRef, SiteConfig, UpsConfig, load_site
+from .site import (
+    BmcConfig,
+    NatsSettings,
+    NodeConfig,
+    OutletRef,
+    PduConfig,
+    SecretRef,
+    SiteConfig,
+    UpsConfig,
+    load_site,
+    secret_value,
+)
 from .subjects import Subjects, token
 
 __all__ = [
@@ -160,6 +171,7 @@ __all__ = [
     "SagaStateChanged",
     "SecretNotFound",
     "SecretRef",
+    "secret_value",
     "ShutdownRequested",
     "SiteConfig",
     "Subjects",

@@ -61,6 +61,11 @@ class SecretRef(BaseModel):
         return f"env:{self.env}" if self.env else f"file:{self.file}"
 
 
+def secret_value(ref: SecretRef | None) -> str | None:
+    """The secret behind ``ref`` (read now), or None when there is no reference."""
+    return ref.resolve().get_secret_value() if ref is not None else None
+
+
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 

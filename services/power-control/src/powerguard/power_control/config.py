@@ -7,6 +7,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from powerguard.schemas import SecretRef
+from powerguard.snmp import SnmpCredentials
 
 
 class _Model(BaseModel):
@@ -75,11 +76,6 @@ class RedfishOptions(_Model):
     verify_tls: bool = Field(default=True, description="false only for lab BMCs with throw-away certificates")
 
 
-class PduOptions(_Model):
-    version: str = Field(default="2c", pattern=r"^(2c|3)$")
-    community: SecretRef | None = Field(default=None, description="v2c write community (required for v2c)")
-    user: str | None = None
-    auth_key: SecretRef | None = None
-    priv_key: SecretRef | None = None
-    auth_protocol: str = Field(default="SHA", pattern=r"^(SHA|SHA256)$")
-    priv_protocol: str = Field(default="AES", pattern=r"^(AES|AES256)$")
+class PduOptions(SnmpCredentials):
+    """A switched PDU over SNMP: the shared v2c/v3 credentials; v2c needs the write community
+    (no 'private' default)."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field
 
 from powerguard.schemas import SecretRef
+from powerguard.snmp import SnmpCredentials
 
 
 class MonitorSettings(BaseModel):
@@ -35,16 +36,10 @@ class NutOptions(BaseModel):
     password: SecretRef | None = None
 
 
-class SnmpOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class SnmpOptions(SnmpCredentials):
+    """A UPS over SNMP: the shared v2c/v3 credentials (v2c community default 'public'), and
+    which MIB to read."""
 
-    version: str = Field(default="2c", pattern=r"^(2c|3)$")
-    community: SecretRef | None = Field(default=None, description="v2c community (default 'public')")
-    user: str | None = None
-    auth_key: SecretRef | None = None
-    priv_key: SecretRef | None = None
-    auth_protocol: str = Field(default="SHA", pattern=r"^(SHA|SHA256)$")
-    priv_protocol: str = Field(default="AES", pattern=r"^(AES|AES256)$")
     profile: str = Field(default="auto", pattern=r"^(auto|ups-mib|apc)$")
     retries: int = Field(default=0, ge=0)
     trap_engine_id: str | None = Field(default=None, description="Sender's engine id (hex) for SNMPv3 traps")

@@ -31,6 +31,7 @@ from powerguard.schemas import (
     SiteConfig,
     UpsConfig,
     deterministic_id,
+    secret_value,
 )
 
 from . import metrics
@@ -68,7 +69,7 @@ class Target:
 def make_driver(cfg: UpsConfig, settings: MonitorSettings):
     if cfg.driver == "nut":
         opts = NutOptions.model_validate(cfg.options)
-        password = opts.password.resolve().get_secret_value() if opts.password else None
+        password = secret_value(opts.password)
         return NutDriver(
             host=cfg.host,
             port=cfg.port,
@@ -78,23 +79,13 @@ def make_driver(cfg: UpsConfig, settings: MonitorSettings):
             timeout=settings.timeout_s,
         )
     if cfg.driver == "snmp":
-        from .snmp import SnmpDriver, auth_data
+        from powerguard.snmp import auth_data
+
+        from .snmp import SnmpDriver
 
         o = SnmpOptions.model_validate(cfg.options)
-
-        def secret(ref):
-            return ref.resolve().get_secret_value() if ref else None
-
         try:
-            auth = auth_data(
-                version=o.version,
-                community=secret(o.community),
-                user=o.user,
-                auth_key=secret(o.auth_key),
-                priv_key=secret(o.priv_key),
-                auth_protocol=o.auth_protocol,
-                priv_protocol=o.priv_protocol,
-            )
+            auth = auth_data(o, default_community="public")  # read-only monitoring: the usual default
         except ValueError as exc:
             raise ConfigError(f"ups {cfg.name}: {exc}") from None
         return SnmpDriver(
@@ -176,19 +167,14 @@ class Monitor:
 
         if not self.settings.trap_host:
             raise ConfigError("ups_monitor.trap_host: set the address to receive traps on (e.g. the management NIC)")
-        community = self.settings.trap_community.resolve().get_secret_value() if self.settings.trap_community else None
+        community = secret_value(self.settings.trap_community)
         users = []
         for t in self.targets:
             o = t.cfg.options
             if t.cfg.driver == "snmp" and o.get("version") == "3" and o.get("trap_engine_id"):
                 opts = SnmpOptions.model_validate(o)
                 users.append(
-                    V3TrapUser(
-                        opts.user,
-                        opts.auth_key.resolve().get_secret_value(),
-                        opts.priv_key.resolve().get_secret_value(),
-                        o["trap_engine_id"],
-                    )
+                    V3TrapUser(opts.user, secret_value(opts.auth_key), secret_value(opts.priv_key), o["trap_engine_id"])
                 )
         self.traps = TrapReceiver(
             host=self.settings.trap_host,

@@ -3,11 +3,9 @@ SNMPv3 authPriv. One SnmpEngine per process (its first request costs ~0.6 s)."""
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any, Literal
 
 from pysnmp.hlapi.v3arch.asyncio import (
-    CommunityData,
     ContextData,
     ObjectIdentity,
     ObjectType,
@@ -15,12 +13,10 @@ from pysnmp.hlapi.v3arch.asyncio import (
     UdpTransportTarget,
     UsmUserData,
     get_cmd,
-    usmAesCfb128Protocol,
-    usmAesCfb256Protocol,
-    usmHMAC192SHA256AuthProtocol,
-    usmHMACSHAAuthProtocol,
 )
 from pysnmp.proto.rfc1902 import Counter32, Gauge32, Integer, TimeTicks, Unsigned32
+
+from powerguard.snmp import classify, engine
 
 from .nut import UpsError, UpsUnreachable
 from .reading import Reading
@@ -50,43 +46,10 @@ PROFILES: dict[str, dict[str, str]] = {
     },
 }
 _NUMERIC = (Integer, TimeTicks, Gauge32, Unsigned32, Counter32)
-_AUTH = {"SHA": usmHMACSHAAuthProtocol, "SHA256": usmHMAC192SHA256AuthProtocol}
-_PRIV = {"AES": usmAesCfb128Protocol, "AES256": usmAesCfb256Protocol}
-_engines: dict[int, SnmpEngine] = {}
-
-
-def engine() -> SnmpEngine:
-    """The process's SnmpEngine (one per event loop: its transports belong to a loop)."""
-    loop = asyncio.get_running_loop()
-    if id(loop) not in _engines:
-        _engines.clear()  # an old loop's engine is of no use any more
-        _engines[id(loop)] = SnmpEngine()
-    return _engines[id(loop)]
 
 
 class SnmpAuthError(UpsError):
     """The agent rejected our SNMPv3 credentials (or community)."""
-
-
-def auth_data(
-    *,
-    version: str,
-    community: str | None,
-    user: str | None,
-    auth_key: str | None,
-    priv_key: str | None,
-    auth_protocol: str = "SHA",
-    priv_protocol: str = "AES",
-) -> Any:
-    if version == "2c":
-        return CommunityData(community or "public", mpModel=1)
-    if version == "3":
-        if not (user and auth_key and priv_key):
-            raise ValueError("SNMPv3 needs user, auth_key and priv_key (authPriv)")
-        return UsmUserData(
-            user, auth_key, priv_key, authProtocol=_AUTH[auth_protocol], privProtocol=_PRIV[priv_protocol]
-        )
-    raise ValueError(f"SNMP version {version!r}: use '2c' or '3'")
 
 
 class SnmpDriver:
@@ -133,10 +96,7 @@ class SnmpDriver:
             self._failures = 0
         if error_indication:
             text = str(error_indication)
-            if any(
-                s in text
-                for s in ("digest", "Unknown USM user", "decrypt", "Unsupported security level", "authorization")
-            ):
+            if classify(error_indication) == "auth":
                 raise SnmpAuthError(
                     f"ups {self.name}: SNMP authentication failed (check the SNMPv3 user and keys): {text}"
                 )

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 
-from powerguard.schemas import NodeConfig, PduConfig, SecretNotFound, SecretRef, SiteConfig
+from powerguard.schemas import NodeConfig, PduConfig, SecretNotFound, SecretRef, SiteConfig, secret_value
 
 from ..config import IpmiOptions, PduOptions, PowerControlSettings, RedfishOptions
 from ..errors import CredentialUnavailable, PowerControlError
@@ -24,7 +24,7 @@ def _secret(ref: SecretRef | None, what: str, default: str | None = None) -> str
             raise PowerControlError(f"{what} is not configured")
         return default
     try:
-        return ref.resolve().get_secret_value()
+        return secret_value(ref)
     except SecretNotFound as exc:
         raise CredentialUnavailable(f"{what}: {exc}") from None
 
@@ -112,22 +112,20 @@ class Devices:
         device = f"pdu:{cfg.name}"
         if self.dry_run or cfg.driver == "dry-run":
             return DryRunOutlets(device, self._guard(device, "dry-run"))
+        from powerguard.snmp import auth_data
+
         from .pdu import ApcPduDriver
 
         opts = PduOptions.model_validate(cfg.options)
-        return ApcPduDriver(
-            device,
-            self._guard(device, "pdu"),
-            host=cfg.host,
-            port=cfg.port,
-            version=opts.version,
-            community=_secret(opts.community, f"pdu {cfg.name}: options.community") if opts.community else None,
-            user=opts.user,
-            auth_key=_secret(opts.auth_key, f"pdu {cfg.name}: options.auth_key") if opts.auth_key else None,
-            priv_key=_secret(opts.priv_key, f"pdu {cfg.name}: options.priv_key") if opts.priv_key else None,
-            auth_protocol=opts.auth_protocol,
-            priv_protocol=opts.priv_protocol,
-        )
+        try:
+            auth = auth_data(opts)  # no default community: switching outlets needs the write one
+        except SecretNotFound as exc:
+            raise CredentialUnavailable(f"pdu {cfg.name}: {exc}") from None
+        except ValueError as exc:
+            raise PowerControlError(
+                f"pdu {cfg.name}: {exc} (the PDU's write community; no 'private' default)"
+            ) from None
+        return ApcPduDriver(device, self._guard(device, "pdu"), host=cfg.host, port=cfg.port, auth=auth)
 
     async def close(self) -> None:
         for d in [*self._bmcs.values(), *self._pdus.values()]:

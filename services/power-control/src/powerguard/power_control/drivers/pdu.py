@@ -7,44 +7,19 @@ read-only community, notWritable, wrongValue) become :class:`CommandRejected`.
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
-from pysnmp.hlapi.v3arch.asyncio import (
-    CommunityData,
-    ContextData,
-    ObjectIdentity,
-    ObjectType,
-    SnmpEngine,
-    UdpTransportTarget,
-    UsmUserData,
-    get_cmd,
-    set_cmd,
-    usmAesCfb128Protocol,
-    usmAesCfb256Protocol,
-    usmHMAC192SHA256AuthProtocol,
-    usmHMACSHAAuthProtocol,
-)
+from pysnmp.hlapi.v3arch.asyncio import ContextData, ObjectIdentity, ObjectType, UdpTransportTarget, get_cmd, set_cmd
 from pysnmp.proto.rfc1902 import Integer
+
+from powerguard.snmp import classify, engine
 
 from ..errors import AuthenticationFailed, CommandRejected, DeviceUnreachable, PowerControlError
 from .base import Guarded, OutletDriver, PowerState
 
 OUTLET_COMMAND = "1.3.6.1.4.1.318.1.1.12.3.3.1.1.4"  # .<n>: 1 immediateOn, 2 immediateOff, 3 immediateReboot
 OUTLET_STATE = "1.3.6.1.4.1.318.1.1.12.3.5.1.1.4"  # .<n>: 1 outletStatusOn, 2 outletStatusOff
-_AUTH = {"SHA": usmHMACSHAAuthProtocol, "SHA256": usmHMAC192SHA256AuthProtocol}
-_PRIV = {"AES": usmAesCfb128Protocol, "AES256": usmAesCfb256Protocol}
 _REFUSALS = ("noAccess", "notWritable", "authorizationError", "readOnly", "noCreation", "inconsistentName")
-_engines: dict[int, SnmpEngine] = {}
-
-
-def _engine() -> SnmpEngine:
-    """One SnmpEngine per event loop (its first request costs ~0.6 s; transports belong to a loop)."""
-    loop = asyncio.get_running_loop()
-    if id(loop) not in _engines:
-        _engines.clear()
-        _engines[id(loop)] = SnmpEngine()
-    return _engines[id(loop)]
 
 
 class ApcPduDriver(OutletDriver):
@@ -57,32 +32,12 @@ class ApcPduDriver(OutletDriver):
         *,
         host: str,
         port: int = 161,
-        version: str = "2c",
-        community: str | None = None,
-        user: str | None = None,
-        auth_key: str | None = None,
-        priv_key: str | None = None,
-        auth_protocol: str = "SHA",
-        priv_protocol: str = "AES",
+        auth: Any,
     ) -> None:
+        """``auth``: pysnmp's CommunityData/UsmUserData (``powerguard.snmp.auth_data``)."""
         super().__init__(device, guard)
         self.host, self.port = host, port
-        if version == "3":
-            if not user:
-                raise PowerControlError(f"{device}: SNMPv3 needs options.user")
-            self._auth: Any = UsmUserData(
-                user,
-                authKey=auth_key,
-                privKey=priv_key,
-                authProtocol=_AUTH[auth_protocol] if auth_key else None,
-                privProtocol=_PRIV[priv_protocol] if priv_key else None,
-            )
-        else:
-            if not community:
-                raise PowerControlError(
-                    f"{device}: SNMP v2c needs options.community (the PDU's write community; no 'private' default)"
-                )
-            self._auth = CommunityData(community, mpModel=1)
+        self._auth = auth
 
     def __repr__(self) -> str:
         return f"ApcPduDriver({self.device} {self.host}:{self.port})"
@@ -94,10 +49,10 @@ class ApcPduDriver(OutletDriver):
 
     def _check(self, what: str, err_ind: Any, err_status: Any, err_index: Any) -> None:
         if err_ind:
-            text = str(err_ind)
-            if "timeout" in text.lower() or "no snmp response" in text.lower():
+            text, kind = str(err_ind), classify(err_ind)
+            if kind == "timeout":
                 raise DeviceUnreachable(f"{self.device}: no SNMP answer from {self.host}:{self.port} to {what}")
-            if "unknownusername" in text.lower().replace(" ", "") or "wrongdigest" in text.lower().replace(" ", ""):
+            if kind == "auth":
                 raise AuthenticationFailed(f"{self.device}: SNMPv3 credentials refused ({text})")
             raise PowerControlError(f"{self.device}: SNMP {what} failed: {text}")
         if err_status:
@@ -110,7 +65,7 @@ class ApcPduDriver(OutletDriver):
         async def go() -> PowerState:
             oid = f"{OUTLET_STATE}.{outlet}"
             ei, es, ex, binds = await get_cmd(
-                _engine(), self._auth, await self._target(), ContextData(), ObjectType(ObjectIdentity(oid))
+                engine(), self._auth, await self._target(), ContextData(), ObjectType(ObjectIdentity(oid))
             )
             self._check(f"GET outlet {outlet}", ei, es, ex)
             value = binds[0][1]
@@ -128,7 +83,7 @@ class ApcPduDriver(OutletDriver):
         async def go() -> None:
             oid = f"{OUTLET_COMMAND}.{outlet}"
             ei, es, ex, _ = await set_cmd(
-                _engine(),
+                engine(),
                 self._auth,
                 await self._target(),
                 ContextData(),
