@@ -26,7 +26,7 @@ def test_auth_data_reads_secrets_at_use(monkeypatch):
     creds = SnmpCredentials(version="3", user="u", auth_key={"env": "PG_T_A"}, priv_key={"env": "PG_T_P"})
     assert isinstance(auth_data(creds), UsmUserData)
     assert isinstance(auth_data(SnmpCredentials(), default_community="public"), CommunityData)
-    with pytest.raises(ValueError, match="needs options.community"):
+    with pytest.raises(ValueError, match=r"needs options\.community"):
         auth_data(SnmpCredentials())  # a PDU: no default write community
 
 
