@@ -11,6 +11,7 @@ from pathlib import Path
 import psutil
 
 TORCHRUN = Path(sys.executable).parent / "torchrun"
+ROOT = Path(__file__).resolve().parents[3]
 
 
 class Trainer:
@@ -33,6 +34,8 @@ class Trainer:
         for key, value in options.items():
             self.args += [f"--{key.replace('_', '-')}", str(value)]
         self.env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
+        if "POWERGUARD_TEST_FAILPOINT" in self.env:  # the wrapper module lives in the repository
+            self.env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), self.env.get("PYTHONPATH")]))
         self.proc: asyncio.subprocess.Process | None = None
         self.log = tmp / f"{job}-{os.getpid()}-{id(self)}.log"
 
@@ -45,7 +48,8 @@ class Trainer:
             "--nproc-per-node",
             "2",
             "-m",
-            "powerguard.sim.train",
+            # crash tests run the job through a wrapper that installs the failpoint
+            "tests.integration.ckpt.failpoints" if "POWERGUARD_TEST_FAILPOINT" in self.env else "powerguard.sim.train",
             *self.args,
             stdout=out,
             stderr=asyncio.subprocess.STDOUT,

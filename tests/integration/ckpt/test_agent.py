@@ -128,7 +128,7 @@ async def test_bit_exact_resume_after_sigkill_right_after_the_ack(bus, nats_serv
 async def test_sigkill_before_commit_restores_the_previous_checkpoint(tmp_path):
     await run(tmp_path, "jcrash", steps=30, save_at=10)
     crashed = await Trainer(
-        tmp_path, "jcrash", steps=60, save_at=40, env={"POWERGUARD_CKPT_FAILPOINT": "before_commit"}
+        tmp_path, "jcrash", steps=60, save_at=40, env={"POWERGUARD_TEST_FAILPOINT": "before_commit"}
     ).start()
     await crashed.wait()
     await crashed.kill()

@@ -122,7 +122,7 @@ async def test_a_rank_dying_in_the_final_checkpoint_does_not_delay_the_shutdown_
         steps=100_000,
         step_sleep=0.02,
         nodes="n1,n2",
-        env={"POWERGUARD_CKPT_FAILPOINT": "final_checkpoint", "POWERGUARD_CKPT_FAILPOINT_RANK": "1"},
+        env={"POWERGUARD_TEST_FAILPOINT": "final_checkpoint", "POWERGUARD_TEST_FAILPOINT_RANK": "1"},
     )
     async with coordinating(bus, site(max_on_battery_s=4)):
         watch = await SagaWatch(bus).start()

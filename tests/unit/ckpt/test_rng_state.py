@@ -8,7 +8,7 @@ import random
 import numpy as np
 import pytest
 
-from powerguard.ckpt_agent.agent import (
+from powerguard.ckpt_agent._state import (
     _numpy_rng_state,
     _packed,
     _python_rng_state,

@@ -126,7 +126,7 @@ class BusThread:
             rel = await bus.listen(HoldReleased, subject=s.ckpt_release(self.agent.job)).start()
             self.bus = bus
             await self._catch_up()
-            await announce(self.bus, AgentRegistered(source=self._source, data=self._data()))
+            await announce(self.bus, AgentRegistered(source=self.source, data=self._data()))
         except BaseException:
             self.bus = None
             await bus.close()
@@ -164,7 +164,7 @@ class BusThread:
         for t in tasks:
             t.cancel()
         try:
-            await announce(self.bus, AgentDeregistered(source=self._source, data=self._data()))
+            await announce(self.bus, AgentDeregistered(source=self.source, data=self._data()))
         except Exception as exc:
             log.debug("deregistration failed: %s", exc)
         await sub.aclose()
@@ -172,7 +172,8 @@ class BusThread:
         await self.bus.drain()
 
     @property
-    def _source(self) -> str:
+    def source(self) -> str:
+        """The CloudEvents source of this rank's events."""
         return f"/powerguard/ckpt-agent/{self.agent.job}/{self.agent.rank}"
 
     def _data(self) -> AgentData:
@@ -247,7 +248,7 @@ class BusThread:
 
     async def _beat(self) -> None:
         try:
-            await announce(self.bus, AgentHeartbeat(source=self._source, data=self._data()))
+            await announce(self.bus, AgentHeartbeat(source=self.source, data=self._data()))
         except Exception as exc:
             log.warning("heartbeat failed: %s", exc)
 
@@ -261,7 +262,7 @@ class BusThread:
                     self.acked.add(r.data.request_id)
                     await self._publish(
                         CheckpointFailed(
-                            source=self._source,
+                            source=self.source,
                             data=CheckpointFailedData(
                                 request_id=r.data.request_id,
                                 saga_id=r.data.saga_id,

@@ -26,7 +26,7 @@ async def serve_trigger(bus_thread, *, port: int, host: str = "127.0.0.1") -> we
 
         rid = f"manual-{new_id()}"
         event = CheckpointRequested(
-            source=bus_thread._source,
+            source=bus_thread.source,
             data=CheckpointRequestData(
                 request_id=rid,
                 job=bus_thread.agent.job,

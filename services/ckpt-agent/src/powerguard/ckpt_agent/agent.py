@@ -14,8 +14,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import random
-import signal
 import socket
 import threading
 import time
@@ -24,43 +22,35 @@ from concurrent.futures import Future
 from datetime import timedelta
 from typing import Any
 
-import numpy as np
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-from torch.distributed.checkpoint.stateful import Stateful
 
 from powerguard.bus import BusNames
 from powerguard.schemas import (
     HOLD_POLICIES,
     AgentData,
-    CheckpointDurable,
-    CheckpointDurableData,
-    CheckpointFailed,
-    CheckpointFailedData,
     CheckpointRequestData,
-    Durations,
     HoldPolicy,
-    JobData,
-    JobResumed,
 )
 
 from . import _layout as L
 from . import _spans
+from ._acks import _AckMixin
 from ._bus import BusThread, Request
 from ._hashing import HashingWriter
 from ._remote import RemoteCopier
+from ._restore import _RestoreMixin
 from ._staging import ReusingStager, partition_replicated
-from .errors import CheckpointError, CommitError, CorruptCheckpoint, StepAgreementTimeout
+from ._state import _StateMixin
+from .errors import CheckpointError, CommitError, StepAgreementTimeout
 
 log = logging.getLogger("powerguard.ckpt_agent")
 
-STEP_KEY = "powerguard.step"
 AGREE_FLOOR_S = 10.0  # the others reach a step boundary within a step: wait at least this long
 
 
-class CheckpointAgent:
+class CheckpointAgent(_StateMixin, _AckMixin, _RestoreMixin):
     """One per rank. ``torch.distributed`` must be initialized first (or run single-process).
 
     Keyword-only arguments:
@@ -193,51 +183,6 @@ class CheckpointAgent:
         self._remote = None
         if remote_url and self.rank == 0:
             self._remote = RemoteCopier(self.local_root, remote_url, job=job, keep=keep_remote, every_s=remote_every_s)
-
-    # ------------------------------------------------------------------ state
-    def _state_dict(self) -> dict[str, Any]:
-        model_sd, optim_sd = get_state_dict(self.model, self.optimizer if self.optimizer is not None else [])
-        sd: dict[str, Any] = {"model": model_sd, STEP_KEY: self._step}
-        if self.optimizer is not None:
-            sd["optim"] = optim_sd
-        if self.scheduler is not None:
-            sd["scheduler"] = self.scheduler.state_dict()
-        for k, v in self.extra_state.items():
-            sd[f"extra.{k}"] = v
-        for k, v in self.rank_state.items():
-            sd[f"rank{self.rank}.{k}"] = v
-        rng: dict[str, Any] = {
-            "torch": torch.get_rng_state(),
-            "python": _packed(_python_rng_state()),
-            "numpy": _packed(_numpy_rng_state()),
-        }
-        if torch.cuda.is_available():
-            rng["cuda"] = torch.cuda.get_rng_state_all()
-        sd[f"rank{self.rank}.rng"] = rng  # per-rank key: a shared key would be deduplicated
-        return sd
-
-    def _apply_state(self, sd: dict[str, Any]) -> int:
-        set_state_dict(
-            self.model,
-            self.optimizer if self.optimizer is not None else [],
-            model_state_dict=sd["model"],
-            optim_state_dict=sd.get("optim", {}),
-        )
-        if self.scheduler is not None:
-            self.scheduler.load_state_dict(sd["scheduler"])
-        for k, v in self.extra_state.items():
-            if not isinstance(v, Stateful):
-                self.extra_state[k] = sd[f"extra.{k}"]
-        for k, v in self.rank_state.items():
-            if not isinstance(v, Stateful):
-                self.rank_state[k] = sd[f"rank{self.rank}.{k}"]
-        rng = sd[f"rank{self.rank}.rng"]
-        torch.set_rng_state(rng["torch"])
-        _set_python_rng_state(_unpacked(rng["python"]))
-        _set_numpy_rng_state(_unpacked(rng["numpy"]))
-        if "cuda" in rng and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(rng["cuda"])
-        return int(sd[STEP_KEY])
 
     # ------------------------------------------------------------------ collectives
     def _barrier_ok(self, ok: bool, timeout_s: float | None = None) -> bool:
@@ -374,7 +319,6 @@ class CheckpointAgent:
                 "powerguard.saga_id": next(iter(requests.values())).saga_id if requests else None,
             },
         )
-        _failpoint_final(self.rank, requests.values())
         try:
             if self._async is not None:  # finish the periodic save first: one save at a time on the group
                 self._async[1].result()
@@ -452,9 +396,6 @@ class CheckpointAgent:
             raise CommitError(f"checkpoint {directory} not committed: {'; '.join(failures)}")
         committed = True
         if self.rank == 0:
-            if os.environ.get("POWERGUARD_CKPT_FAILPOINT") == "before_commit":  # crash tests only
-                log.warning("failpoint before_commit: killing this process")
-                os.kill(os.getpid(), signal.SIGKILL)
             try:
                 with open(os.path.join(directory, ".metadata"), "rb") as f:
                     meta = f.read()
@@ -568,163 +509,6 @@ class CheckpointAgent:
             self._async[1].result()
             self._finish_async()
 
-    # ------------------------------------------------------------------ acks
-    def _ack_fields(self, r: CheckpointRequestData) -> dict[str, Any]:
-        """What every ack of this rank to request ``r`` carries."""
-        return {
-            "request_id": r.request_id,
-            "saga_id": r.saga_id,
-            "job": self.job,
-            "rank": self.rank,
-            "world_size": self.world_size,
-        }
-
-    def _answer_durable(
-        self, requests: list[CheckpointRequestData], step: int, info: dict[str, Any], ctx: Any = None
-    ) -> None:
-        if self._bus is None or not requests:
-            return
-        self._bus.answer(
-            requests,
-            lambda r: CheckpointDurable(
-                source=self._bus._source,
-                data=CheckpointDurableData(
-                    **self._ack_fields(r),
-                    step=step,
-                    tier="local",
-                    path=info["path"],
-                    bytes=info["bytes"],
-                    digest=info["digest"],
-                    durations=Durations(**info["durations"]),
-                ),
-            ),
-            ctx,
-        )
-
-    def _answer_failed(self, requests: list[CheckpointRequestData], exc: BaseException, ctx: Any = None) -> None:
-        log.error("rank %d: checkpoint failed: %s", self.rank, exc)
-        if self._bus is None or not requests:
-            return
-        self._bus.answer(
-            requests,
-            lambda r: CheckpointFailed(
-                source=self._bus._source,
-                data=CheckpointFailedData(
-                    **self._ack_fields(r), step=self._step, error=str(exc), error_type=type(exc).__name__
-                ),
-            ),
-            ctx,
-        )
-
-    # ------------------------------------------------------------------ restore
-    def restore(self) -> int:
-        """Load the newest valid committed checkpoint (local tier, then remote); return the step
-        to run next (0 when there is none). Every skipped checkpoint is logged with its reason."""
-        span = _spans.start(
-            f"restore {self.job}", _spans.job_parent(), **{"powerguard.job": self.job, "powerguard.rank": self.rank}
-        )
-        try:
-            step = self._restore()
-            span.set_attribute("powerguard.step", step - 1 if step else -1)
-            return step
-        except BaseException as exc:
-            _spans.failed(span, exc)
-            raise
-        finally:
-            span.end()
-            self._restore_ended = time.time()
-
-    def _restore(self) -> int:
-        candidates = self._gather(self._candidates() if self.rank == 0 else None)[0]
-        for tier, url, _step in candidates:
-            fs, path = L.fs_for(url)
-            reason = self._verify(fs, path)
-            if reason:
-                log.warning("rank %d: skipping %s checkpoint %s: %s", self.rank, tier, url, reason)
-                continue
-            sd = self._state_dict()
-            reader = dcp.FileSystemReader(path) if L.is_local(fs) else dcp.FsspecReader(url)
-            t0 = time.perf_counter()
-            dcp.load(sd, storage_reader=reader, process_group=self._save_group)
-            loaded = self._apply_state(sd)
-            self.stats["restore_s"] = time.perf_counter() - t0
-            self.last_committed_step = loaded
-            self._step = loaded
-            log.info("rank %d: restored step %d from the %s tier (%s)", self.rank, loaded, tier, url)
-            self._restored = (loaded, tier)
-            if self.rank == 0:
-                try:
-                    self._restored_saga = L.read_commit(fs, path).get("saga_id")
-                except CheckpointError:  # verified just above; a vanished file only loses the saga id
-                    self._restored_saga = None
-            return loaded + 1
-        self._restored = None
-        log.info("rank %d: no valid checkpoint for job %s; starting from step 0", self.rank, self.job)
-        return 0
-
-    def _candidates(self) -> list[tuple[str, str, int]]:
-        out = [("local", d, s) for s, d in L.list_steps(self._local_fs, self.local_root, self.job)]
-        if self.remote_url:
-            rfs, rpath = L.fs_for(self.remote_url)
-            proto = rfs.protocol if isinstance(rfs.protocol, str) else rfs.protocol[0]
-            for s, d in L.list_steps(rfs, rpath, self.job):
-                out.append(("remote", d if "://" in d else f"{proto}://{d}", s))
-        return out
-
-    def _verify(self, fs, path: str) -> str | None:
-        """Every rank checks a share of the files; all agree. Returns the reason it is bad, or None."""
-        reason = None
-        try:
-            commit = L.read_commit(fs, path)
-            if commit.get("world_size") != self.world_size:
-                raise CorruptCheckpoint(f"written by {commit.get('world_size')} ranks, this job has {self.world_size}")
-            files = L.manifest_files(fs, path, commit)
-            names = sorted(files)[self.rank :: self.world_size]
-            L.verify_files(fs, path, files, names)
-            if self.rank == 0:
-                with fs.open(f"{path}/.metadata", "rb") as f:
-                    if L.digest_bytes(f.read()) != commit["metadata_xxh3"]:
-                        raise CorruptCheckpoint(f"{path}/.metadata: checksum mismatch")
-        except (CorruptCheckpoint, OSError, KeyError, ValueError) as exc:
-            reason = str(exc)
-        reasons = [r for r in self._gather(reason) if r]
-        return "; ".join(reasons) if reasons else None
-
-    def report_resumed(self) -> None:
-        """Announce ``job.resumed`` once (rank 0), after the first step following a restore."""
-        if self._resumed_reported or self._bus is None or self.rank != 0:
-            return
-        self._resumed_reported = True
-        restored = self._restored
-        span = _spans.start(
-            f"resume {self.job}",
-            _spans.job_parent(),
-            getattr(self, "_restore_ended", None),
-            **{
-                "powerguard.job": self.job,
-                "powerguard.step": self._step,
-                "powerguard.restored_step": restored[0] if restored else None,
-            },
-        )
-        span.end()  # restore finished -> first training step done
-        self._bus.publish_nowait(
-            JobResumed(
-                source=self._bus._source,
-                data=JobData(
-                    job=self.job,
-                    # the saga that restarted this process (power-control's environment), else the
-                    # saga whose checkpoint was restored; the coordinator matches the resume to it
-                    saga_id=os.environ.get("POWERGUARD_SAGA") or self._restored_saga,
-                    rank=0,
-                    step=restored[0] if restored else None,
-                    detail=f"restored from the {restored[1]} tier"
-                    if restored
-                    else "no checkpoint: started from step 0",
-                ),
-            ),
-            _spans.inside(span),
-        )
-
     # ------------------------------------------------------------------ shutdown
     def close(self) -> None:
         """Finish a periodic save in flight, stop the remote copier, deregister."""
@@ -747,67 +531,3 @@ class CheckpointAgent:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _failpoint_final(rank: int, requests) -> None:
-    """Crash tests only: POWERGUARD_CKPT_FAILPOINT=final_checkpoint kills the rank named by
-    POWERGUARD_CKPT_FAILPOINT_RANK when a final checkpoint starts."""
-    if os.environ.get("POWERGUARD_CKPT_FAILPOINT") != "final_checkpoint":
-        return
-    if str(rank) == os.environ.get("POWERGUARD_CKPT_FAILPOINT_RANK") and any(r.reason == "final" for r in requests):
-        log.warning("failpoint final_checkpoint: killing rank %d", rank)
-        os.kill(os.getpid(), signal.SIGKILL)
-
-
-_RNG_BYTES = 16384  # fixed size: the load template must match the saved tensor's shape
-
-
-def _python_rng_state() -> dict[str, Any]:
-    version, internal, gauss = random.getstate()
-    return {"version": version, "internal": list(internal), "gauss": gauss}
-
-
-def _set_python_rng_state(state: dict[str, Any]) -> None:
-    random.setstate((int(state["version"]), tuple(int(x) for x in state["internal"]), state["gauss"]))
-
-
-def _numpy_rng_state() -> dict[str, Any]:
-    name, keys, pos, has_gauss, cached = np.random.get_state()
-    return {
-        "name": name,
-        "keys": [int(k) for k in keys],
-        "pos": int(pos),
-        "has_gauss": int(has_gauss),
-        "cached": float(cached),
-    }
-
-
-def _set_numpy_rng_state(state: dict[str, Any]) -> None:
-    keys = np.array(state["keys"], dtype=np.uint32)
-    np.random.set_state((str(state["name"]), keys, int(state["pos"]), int(state["has_gauss"]), float(state["cached"])))
-
-
-def _packed(state: dict[str, Any]) -> torch.Tensor:
-    """An RNG state as a fixed-size uint8 tensor (8-byte length, then JSON), so it is staged and
-    saved like any tensor. JSON, not pickle: loading a checkpoint never runs code."""
-    body = json.dumps(state, separators=(",", ":")).encode()
-    if len(body) + 8 > _RNG_BYTES:
-        raise CheckpointError(f"RNG state of {len(body)} bytes exceeds {_RNG_BYTES - 8}")
-    buf = bytearray(_RNG_BYTES)
-    buf[:8] = len(body).to_bytes(8, "little")
-    buf[8 : 8 + len(body)] = body
-    return torch.frombuffer(buf, dtype=torch.uint8)
-
-
-def _unpacked(t: torch.Tensor) -> dict[str, Any]:
-    raw = t.numpy().tobytes()
-    n = int.from_bytes(raw[:8], "little")
-    if not 0 < n <= len(raw) - 8:
-        raise CorruptCheckpoint(f"RNG state length {n} is out of range")
-    try:
-        state = json.loads(raw[8 : 8 + n])
-    except ValueError as exc:
-        raise CorruptCheckpoint(f"RNG state is not valid JSON: {exc}") from None
-    if not isinstance(state, dict):
-        raise CorruptCheckpoint("RNG state is not a JSON object")
-    return state

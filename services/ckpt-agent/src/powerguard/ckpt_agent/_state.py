@@ -1,0 +1,119 @@
+"""What a checkpoint holds: the model, optimizer, scheduler, extra and per-rank state, and
+every RNG (torch, CUDA, Python, NumPy) as tensors. JSON, never pickle: loading runs no code."""
+
+from __future__ import annotations
+
+import json
+import random
+from typing import Any
+
+import numpy as np
+import torch
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.stateful import Stateful
+
+from .errors import CheckpointError, CorruptCheckpoint
+
+STEP_KEY = "powerguard.step"
+
+
+class _StateMixin:
+    """The state dict of :class:`CheckpointAgent` (mixed in; uses its model, optimizer, ...)."""
+
+    def _state_dict(self) -> dict[str, Any]:
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer if self.optimizer is not None else [])
+        sd: dict[str, Any] = {"model": model_sd, STEP_KEY: self._step}
+        if self.optimizer is not None:
+            sd["optim"] = optim_sd
+        if self.scheduler is not None:
+            sd["scheduler"] = self.scheduler.state_dict()
+        for k, v in self.extra_state.items():
+            sd[f"extra.{k}"] = v
+        for k, v in self.rank_state.items():
+            sd[f"rank{self.rank}.{k}"] = v
+        rng: dict[str, Any] = {
+            "torch": torch.get_rng_state(),
+            "python": _packed(_python_rng_state()),
+            "numpy": _packed(_numpy_rng_state()),
+        }
+        if torch.cuda.is_available():
+            rng["cuda"] = torch.cuda.get_rng_state_all()
+        sd[f"rank{self.rank}.rng"] = rng  # per-rank key: a shared key would be deduplicated
+        return sd
+
+    def _apply_state(self, sd: dict[str, Any]) -> int:
+        set_state_dict(
+            self.model,
+            self.optimizer if self.optimizer is not None else [],
+            model_state_dict=sd["model"],
+            optim_state_dict=sd.get("optim", {}),
+        )
+        if self.scheduler is not None:
+            self.scheduler.load_state_dict(sd["scheduler"])
+        for k, v in self.extra_state.items():
+            if not isinstance(v, Stateful):
+                self.extra_state[k] = sd[f"extra.{k}"]
+        for k, v in self.rank_state.items():
+            if not isinstance(v, Stateful):
+                self.rank_state[k] = sd[f"rank{self.rank}.{k}"]
+        rng = sd[f"rank{self.rank}.rng"]
+        torch.set_rng_state(rng["torch"])
+        _set_python_rng_state(_unpacked(rng["python"]))
+        _set_numpy_rng_state(_unpacked(rng["numpy"]))
+        if "cuda" in rng and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(rng["cuda"])
+        return int(sd[STEP_KEY])
+
+
+_RNG_BYTES = 16384  # fixed size: the load template must match the saved tensor's shape
+
+
+def _python_rng_state() -> dict[str, Any]:
+    version, internal, gauss = random.getstate()
+    return {"version": version, "internal": list(internal), "gauss": gauss}
+
+
+def _set_python_rng_state(state: dict[str, Any]) -> None:
+    random.setstate((int(state["version"]), tuple(int(x) for x in state["internal"]), state["gauss"]))
+
+
+def _numpy_rng_state() -> dict[str, Any]:
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    return {
+        "name": name,
+        "keys": [int(k) for k in keys],
+        "pos": int(pos),
+        "has_gauss": int(has_gauss),
+        "cached": float(cached),
+    }
+
+
+def _set_numpy_rng_state(state: dict[str, Any]) -> None:
+    keys = np.array(state["keys"], dtype=np.uint32)
+    np.random.set_state((str(state["name"]), keys, int(state["pos"]), int(state["has_gauss"]), float(state["cached"])))
+
+
+def _packed(state: dict[str, Any]) -> torch.Tensor:
+    """An RNG state as a fixed-size uint8 tensor (8-byte length, then JSON), so it is staged and
+    saved like any tensor. JSON, not pickle: loading a checkpoint never runs code."""
+    body = json.dumps(state, separators=(",", ":")).encode()
+    if len(body) + 8 > _RNG_BYTES:
+        raise CheckpointError(f"RNG state of {len(body)} bytes exceeds {_RNG_BYTES - 8}")
+    buf = bytearray(_RNG_BYTES)
+    buf[:8] = len(body).to_bytes(8, "little")
+    buf[8 : 8 + len(body)] = body
+    return torch.frombuffer(buf, dtype=torch.uint8)
+
+
+def _unpacked(t: torch.Tensor) -> dict[str, Any]:
+    raw = t.numpy().tobytes()
+    n = int.from_bytes(raw[:8], "little")
+    if not 0 < n <= len(raw) - 8:
+        raise CorruptCheckpoint(f"RNG state length {n} is out of range")
+    try:
+        state = json.loads(raw[8 : 8 + n])
+    except ValueError as exc:
+        raise CorruptCheckpoint(f"RNG state is not valid JSON: {exc}") from None
+    if not isinstance(state, dict):
+        raise CorruptCheckpoint("RNG state is not a JSON object")
+    return state

@@ -1,0 +1,52 @@
+"""The sample training job with crash points, for crash tests only: the ckpt-agent carries no
+failpoint of its own. Run as ``torchrun -m tests.integration.ckpt.failpoints <train args>``.
+
+``POWERGUARD_TEST_FAILPOINT``:
+  ``before_commit``     rank 0 dies (SIGKILL) with every file written, just before COMMIT
+  ``final_checkpoint``  the rank in ``POWERGUARD_TEST_FAILPOINT_RANK`` dies as a final
+                        (checkpoint-at-stop) checkpoint starts, once every rank knows of it
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+
+from powerguard.ckpt_agent import _layout, agent
+
+log = logging.getLogger("powerguard.ckpt_agent.failpoints")
+
+
+def _die(what: str) -> None:
+    log.warning("failpoint %s: killing this process", what)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def install(point: str | None, rank: str | None) -> None:
+    if point == "before_commit":
+
+        def write_commit(*args, **kwargs):
+            _die("before_commit")
+
+        _layout.write_commit = write_commit
+    elif point == "final_checkpoint":
+        real = agent.CheckpointAgent._gather
+
+        def gather(self, obj):
+            out = real(self, obj)
+            finals = [d for rs in out if isinstance(rs, list) for d, *_ in rs if getattr(d, "reason", None) == "final"]
+            if finals and str(self.rank) == rank:
+                _die(f"final_checkpoint (rank {self.rank})")
+            return out
+
+        agent.CheckpointAgent._gather = gather
+    elif point:
+        raise SystemExit(f"unknown POWERGUARD_TEST_FAILPOINT {point!r}")
+
+
+if __name__ == "__main__":
+    import runpy
+
+    install(os.environ.get("POWERGUARD_TEST_FAILPOINT"), os.environ.get("POWERGUARD_TEST_FAILPOINT_RANK"))
+    runpy.run_module("powerguard.sim.train", run_name="__main__", alter_sys=True)
