@@ -9,12 +9,13 @@ from pathlib import Path
 
 from powerguard.bus import Bus, BusNames, EmbeddedNats
 from powerguard.bus.names import StreamLimits
-from tests.integration.ups.nut_peer import free_port
+from tests.integration.ups.nut_peer import free_ports
 
 
 @contextlib.contextmanager
 def nats_cluster(tmp_path: Path, size: int = 3):
-    ports, routes = [free_port() for _ in range(size)], [free_port() for _ in range(size)]
+    found = free_ports(2 * size)
+    ports, routes = found[:size], found[size:]
     route_urls = ",".join(f"nats://127.0.0.1:{p}" for p in routes)
     nodes = [
         EmbeddedNats(

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from tests.conftest import require_binary
-from tests.integration.ups.nut_peer import free_port
+from tests.integration.ups.nut_peer import free_ports
 
 from .peers import _spawn, stop
 
@@ -26,7 +26,7 @@ class Slurm:
         self.munged = require_binary("munged", "munge")
         self.tmp = tmp
         self.node = socket.gethostname().split(".")[0]
-        self.ctl_port, self.d_port = free_port(), free_port()
+        self.ctl_port, self.d_port = free_ports(2)
         for d in ("state", "spool", "log", "munge"):
             (tmp / d).mkdir(exist_ok=True)
         self.conf = tmp / "slurm.conf"
