@@ -10,7 +10,7 @@ PROJECTS := -e ./schemas -e ./bus[embedded,otlp] -e ./snmp -e ./services/ups-mon
 PYPROJECTS := pyproject.toml schemas/pyproject.toml bus/pyproject.toml snmp/pyproject.toml $(wildcard services/*/pyproject.toml) \
               constraints.txt requirements-dev.txt
 
-.PHONY: venv test test-unit demo bench schemas lint fmt clean help
+.PHONY: venv test test-unit demo bench chaos schemas lint fmt clean help
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -36,6 +36,9 @@ demo: venv  ## outage drill on this machine: embedded NATS + simulated site
 bench: venv  ## run the benchmarks; figures land in bench/results/
 	@for b in bench/saga.py bench/detection.py bench/upsmon_side_by_side.py bench/checkpoint.py bench/drill.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
 	$(BIN)/python bench/report.py
+
+chaos: venv  ## the randomized fault campaign: 100 outage drills with faults (~2 h); bench/results/chaos.json
+	$(BIN)/python bench/chaos.py --runs $(or $(RUNS),100) --seed $(or $(SEED),1) --keep chaos-failed
 
 schemas: venv  ## regenerate schemas/generated (JSON Schema, AsyncAPI, catalogue)
 	$(BIN)/powerguard schemas export schemas/generated

@@ -6,6 +6,7 @@ in every rank) is launched by power-control's ``process`` scheduler adapter."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -73,6 +74,7 @@ class SimSite:
         self.receiver = OtlpReceiver()
         self.nats: EmbeddedNats | None = None
         self.procs: dict[str, subprocess.Popen] = {}
+        self.argv: dict[str, list[str]] = {}
         self.agents: list = []
         self.progress = self.workdir / "progress.txt"
         self.final = self.workdir / "final.pt"
@@ -167,6 +169,7 @@ class SimSite:
         }
 
     def _spawn(self, name: str, argv: list[str]) -> None:
+        self.argv[name] = argv
         log = open(self.workdir / f"{name}.log", "ab")
         self.procs[name] = subprocess.Popen(
             argv, stdout=log, stderr=subprocess.STDOUT, env=self._env(name), start_new_session=True
@@ -195,6 +198,17 @@ class SimSite:
             return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
         except (OSError, IndexError):
             return False
+
+    def kill(self, name: str) -> None:
+        """SIGKILL a process of the site (a crash, a power loss of its host)."""
+        p = self.procs[name]
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
+
+    def respawn(self, name: str) -> None:
+        """Start a killed process again, as a supervisor (systemd, Kubernetes) would."""
+        self._spawn(name, self.argv[name])
 
     def dead(self) -> list[str]:
         """Processes of the site that died (a service crash shows up here)."""

@@ -1,0 +1,295 @@
+"""A randomized fault campaign: the simulated site's outage drill (real nats-server, real
+ups-monitor, coordinator and power-control processes, simulated UPS/PDU/BMCs, a real 2-node x
+2-rank torch job) run again and again with one fault at a random moment, restarting what was
+killed the way a supervisor does, then checked against the invariants below from the event
+stream and the simulated devices. Writes bench/results/chaos.json.
+
+    python bench/chaos.py --runs 100 --seed 1      # make chaos
+    python bench/chaos.py --replay 17              # one run again, by its seed
+
+Faults: SIGKILL of the coordinator, power-control or ups-monitor (restarted 0.5-3 s later) in
+the hold, the shutdown or the restore; a nats-server restart; a BMC unreachable for a while;
+one training rank SIGKILLed in the hold; power flapping back during the hold; none.
+
+Invariants (a violation names the run's seed):
+  shutdown_after_acks   no node is told to shut down before every rank acked or the deadline passed
+  one_saga              one outage, one saga (none from a redelivered or late event)
+  nodes_on              every node is on after power returned
+  no_double_cycle       no node is power-cycled more than once (no action executed twice)
+  resumed_from_commit   training finished, restored from a committed step >= the outage's checkpoint
+  saga_terminal         the saga ended (done, or cancelled for a flap), not failed or stuck
+  no_unplanned_exit     no service died except by an injected kill
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import random
+import re
+import signal
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "bench" / "results"
+KINDS = (
+    "none",
+    "kill:coordinator",
+    "kill:power-control",
+    "kill:ups-monitor",
+    "nats-restart",
+    "bmc-down",
+    "kill-rank",
+    "flap",
+)
+PHASES = {"hold": ("holding", "checkpointed", "partial"), "shutdown": ("shutting_down",), "restore": ("restoring",)}
+POLICIES = ("checkpoint-at-stop", "pause", "continue")
+TERMINAL = ("done", "cancelled", "failed")
+
+
+@dataclass
+class Fault:
+    kind: str
+    phase: str
+    delay_s: float  # how long the killed or unreachable part stays away
+    target: str = ""
+
+    @classmethod
+    def draw(cls, rng: random.Random) -> Fault:
+        kind = rng.choice(KINDS)
+        phase = {"kill-rank": "hold", "flap": "hold", "none": "hold"}.get(kind) or rng.choice(list(PHASES))
+        target = f"node{rng.randint(1, 2)}" if kind == "bmc-down" else ""
+        return cls(kind, phase, round(rng.uniform(0.5, 3.0), 2), target)
+
+
+@dataclass
+class Run:
+    seed: int
+    policy: str
+    fault: Fault
+    injected_at: str | None = None
+    violations: list[str] = field(default_factory=list)
+    saga_states: list[str] = field(default_factory=list)
+    checkpoint_step: int | None = None
+    restored_step: int | None = None
+    wall_s: float = 0.0
+
+
+async def one(seed: int, work: Path, *, steps: int = 250) -> Run:
+    """One drill with one fault, drawn from ``seed``; returns what happened and what broke."""
+    from powerguard.bus import Bus, BusNames
+    from powerguard.schemas import CheckpointDurable, SagaStateChanged, ShutdownRequested
+    from powerguard.sim.drill import _progress
+    from powerguard.sim.site import SimSite, SiteOptions
+
+    rng = random.Random(seed)
+    run = Run(seed=seed, policy=rng.choice(POLICIES), fault=Fault.draw(rng))
+    t0 = time.monotonic()
+    site = SimSite(work, SiteOptions(seed=seed, steps=steps, hold_policy=run.policy))
+    events: list[tuple[float, object]] = []
+    bus = None
+    killed: set[str] = set()
+
+    def states() -> list[tuple[float, str, str]]:
+        return [(t, e.data.saga_id, e.data.state.value) for t, e in events if isinstance(e, SagaStateChanged)]
+
+    def reached(*wanted: str) -> bool:
+        return any(s in wanted for _, _, s in states())
+
+    async def until(pred, timeout: float, what: str) -> bool:
+        deadline = time.monotonic() + timeout
+        while not pred():
+            if time.monotonic() > deadline:
+                run.violations.append(f"stuck: {what} within {timeout:.0f}s")
+                return False
+            await asyncio.sleep(0.1)
+        return True
+
+    async def watch() -> None:
+        async for ev in bus.subscribe(subject=bus.subjects.all, deliver="all"):
+            events.append((time.time(), ev))
+
+    async def inject() -> None:
+        f = run.fault
+        if f.kind in ("none", "flap"):
+            return
+        await until(lambda: reached(*PHASES[f.phase]), 240, f"phase {f.phase} for the fault")
+        run.injected_at = next((s for _, _, s in reversed(states())), None)
+        if f.kind.startswith("kill:"):
+            name = f.kind.split(":", 1)[1]
+            killed.add(name)
+            site.kill(name)
+            await asyncio.sleep(f.delay_s)
+            site.respawn(name)
+        elif f.kind == "nats-restart":
+            site.nats.stop()
+            await asyncio.sleep(f.delay_s)
+            site.nats.start()
+        elif f.kind == "bmc-down":
+            site.kill(f"bmc-{f.target}")
+            await asyncio.sleep(f.delay_s * 3)
+            site.respawn(f"bmc-{f.target}")
+        elif f.kind == "kill-rank":
+            _kill_a_rank(site)
+
+    watcher = injector = None
+    try:
+        await site.start()
+        bus = await Bus.connect(site.nats.url, service="chaos", names=BusNames())
+        watcher = asyncio.create_task(watch())
+        await site.start_job()
+        world = site.opts.nodes * site.opts.ranks_per_node
+        ok = await until(lambda: len(_progress(site)) == world and min(_progress(site).values()) >= 30, 180, "warm-up")
+        if ok:
+            injector = asyncio.create_task(inject())
+            t_fail = time.time()
+            site.utility(on=False)
+            if run.fault.kind == "flap":
+                await until(lambda: reached(*PHASES["hold"]), 120, "the hold")
+                await asyncio.sleep(1.0 + run.fault.delay_s)
+                site.utility(on=True)
+            else:
+                await until(lambda: all(not site.node_on(n) for n in site.node_names), 180, "every node off")
+                await asyncio.sleep(1.0)
+                site.utility(on=True)
+            t_back = time.time()
+            await until(lambda: reached(*TERMINAL), 240, "the saga to end")
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.wait_for(injector, 30)
+            await until(lambda: site.final.exists() and not site.job_running(), 300, "training to finish")
+            await asyncio.sleep(1.5)  # late events: a redelivered one would start a saga now
+            _check(run, site, events, states(), killed, t_fail, t_back, world, CheckpointDurable, ShutdownRequested)
+    except Exception as exc:  # a drill that cannot even run is a finding too
+        run.violations.append(f"error: {type(exc).__name__}: {exc}")
+    finally:
+        for task in (injector, watcher):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(BaseException):
+                    await task
+        if bus is not None:
+            with contextlib.suppress(Exception):
+                await bus.close()
+        await site.stop()
+    run.saga_states = [s for _, _, s in states()]
+    run.wall_s = round(time.monotonic() - t0, 1)
+    return run
+
+
+def _kill_a_rank(site) -> None:
+    import psutil
+
+    pid = int((site.workdir / "jobs" / f"{site.opts.job}.pid").read_text().split()[0])
+    workers = [
+        p for p in psutil.Process(pid).children(recursive=True) if "powerguard.sim.train" in " ".join(p.cmdline())
+    ]
+    if workers:
+        workers[-1].send_signal(signal.SIGKILL)
+
+
+def _check(run, site, events, states, killed, t_fail, t_back, world, Durable, Shutdown) -> None:
+    v = run.violations
+    sagas = sorted({sid for _, sid, _ in states})
+    if len(sagas) != 1:
+        v.append(f"one_saga: {len(sagas)} sagas ({', '.join(sagas)})")
+    for sid in sagas:
+        last = [s for _, i, s in states if i == sid][-1]
+        want = ("cancelled", "done") if run.fault.kind == "flap" else ("done",)
+        if last not in want:
+            v.append(f"saga_terminal: saga {sid} ended {last}")
+        acks = [(t, e) for t, e in events if isinstance(e, Durable) and e.data.saga_id == sid]
+        power = sorted((t, e) for t, e in acks if (e.data.request_id or "").endswith("/ckpt"))
+        ranks: set[int] = set()
+        complete_at = None
+        for t, e in power:
+            ranks.add(e.data.rank)
+            if len(ranks) == world:
+                complete_at = t
+                break
+        partial_at = next((t for t, i, s in states if i == sid and s == "partial"), None)
+        settled = min([x for x in (complete_at, partial_at) if x is not None], default=None)
+        shut = [t for t, e in events if isinstance(e, Shutdown) and e.data.saga_id == sid and not e.data.dry_run]
+        if shut and (settled is None or min(shut) < settled - 0.05):
+            v.append("shutdown_after_acks: a shutdown went out before every rank acked or the deadline")
+        if power:
+            run.checkpoint_step = max(e.data.step for _, e in power)
+    if not all(site.node_on(n) for n in site.node_names):
+        v.append(f"nodes_on: off after power returned: {[n for n in site.node_names if not site.node_on(n)]}")
+    for n in site.node_names:
+        changes = json.loads(site.bmc_state[n].read_text()).get("changes", 0)
+        if changes > 2:
+            v.append(f"no_double_cycle: {n} changed power state {changes} times")
+    log = (site.workdir / "job.log").read_text(errors="replace") if (site.workdir / "job.log").exists() else ""
+    restored = [int(m) for m in re.findall(r"restored step (\d+)", log)]
+    run.restored_step = max(restored) if restored else None
+    if not site.final.exists():
+        v.append("resumed_from_commit: training did not finish")
+    elif run.fault.kind != "flap" and run.checkpoint_step is not None:
+        if run.restored_step is None or run.restored_step < run.checkpoint_step:
+            v.append(
+                f"resumed_from_commit: restored {run.restored_step}, the outage's checkpoint was {run.checkpoint_step}"
+            )
+    unplanned = [n for n in site.dead() if n not in killed]
+    if unplanned:
+        v.append(f"no_unplanned_exit: {', '.join(unplanned)} died")
+
+
+async def campaign(seeds: list[int], *, steps: int = 250, keep: Path | None = None) -> list[Run]:
+    runs = []
+    for seed in seeds:
+        with tempfile.TemporaryDirectory(prefix=f"pg-chaos-{seed}-") as tmp:
+            work = Path(tmp)
+            r = await one(seed, work, steps=steps)
+            if r.violations and keep is not None:  # the site's logs, to read the failure later
+                import shutil
+
+                shutil.copytree(work, keep / f"seed-{seed}", dirs_exist_ok=True)
+        runs.append(r)
+        print(json.dumps(asdict(r)), flush=True)
+    return runs
+
+
+def summary(runs: list[Run]) -> dict:
+    by_kind: dict[str, dict[str, int]] = {}
+    for r in runs:
+        k = by_kind.setdefault(r.fault.kind, {"runs": 0, "violations": 0})
+        k["runs"] += 1
+        k["violations"] += bool(r.violations)
+    return {
+        "runs": len(runs),
+        "runs_with_violations": sum(bool(r.violations) for r in runs),
+        "by_fault": by_kind,
+        "by_phase": {p: sum(r.fault.phase == p for r in runs) for p in PHASES},
+        "violations": [
+            {"seed": r.seed, "fault": asdict(r.fault), "violations": r.violations} for r in runs if r.violations
+        ],
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--runs", type=int, default=100, help="how many drills (default 100)")
+    p.add_argument("--seed", type=int, default=1, help="the first seed; run i uses seed + i")
+    p.add_argument("--replay", type=int, nargs="*", help="run exactly these seeds")
+    p.add_argument("--steps", type=int, default=250, help="training steps of the job")
+    p.add_argument("--keep", type=Path, help="copy the site of every failed run here")
+    p.add_argument("--out", type=Path, default=OUT / "chaos.json")
+    args = p.parse_args()
+    seeds = args.replay or [args.seed + i for i in range(args.runs)]
+    t0 = time.monotonic()
+    runs = asyncio.run(campaign(seeds, steps=args.steps, keep=args.keep))
+    result = {**summary(runs), "wall_s": round(time.monotonic() - t0, 1), "runs_detail": [asdict(r) for r in runs]}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps({k: v for k, v in result.items() if k != "runs_detail"}, indent=2))
+    sys.exit(1 if result["runs_with_violations"] else 0)
+
+
+if __name__ == "__main__":
+    main()
