@@ -272,6 +272,40 @@ def summary(runs: list[Run]) -> dict:
     }
 
 
+BEGIN, END = "<!-- chaos:begin -->", "<!-- chaos:end -->"
+
+
+def table(result: dict) -> str:
+    """The campaign as markdown, for docs/reliability.md."""
+    lines = [
+        f"{result['runs']} drills, {result['runs_with_violations']} with a violation "
+        f"({result['wall_s'] / 60:.0f} min, `bench/results/chaos.json`).",
+        "",
+        "| fault | runs | in the hold | in the shutdown | in the restore | runs with a violation |",
+        "|---|---|---|---|---|---|",
+    ]
+    detail = result["runs_detail"]
+    for kind in KINDS:
+        mine = [r for r in detail if r["fault"]["kind"] == kind]
+        if not mine:
+            continue
+        by = {p: sum(r["fault"]["phase"] == p for r in mine) for p in PHASES}
+        bad = sum(bool(r["violations"]) for r in mine)
+        lines.append(f"| {kind} | {len(mine)} | {by['hold']} | {by['shutdown']} | {by['restore']} | {bad} |")
+    for v in result["violations"]:
+        lines.append("")
+        lines.append(
+            f"* seed {v['seed']} ({v['fault']['kind']} in the {v['fault']['phase']}): {'; '.join(v['violations'])}"
+        )
+    return "\n".join(lines)
+
+
+def render(result: dict, doc: Path) -> None:
+    text = doc.read_text()
+    a, b = text.index(BEGIN) + len(BEGIN), text.index(END)
+    doc.write_text(text[:a] + "\n" + table(result) + "\n" + text[b:])
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--runs", type=int, default=100, help="how many drills (default 100)")
@@ -280,7 +314,11 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=250, help="training steps of the job")
     p.add_argument("--keep", type=Path, help="copy the site of every failed run here")
     p.add_argument("--out", type=Path, default=OUT / "chaos.json")
+    p.add_argument("--render", type=Path, metavar="DOC", help="only write the table of --out into DOC")
     args = p.parse_args()
+    if args.render:
+        render(json.loads(args.out.read_text()), args.render)
+        return
     seeds = args.replay or [args.seed + i for i in range(args.runs)]
     t0 = time.monotonic()
     runs = asyncio.run(campaign(seeds, steps=args.steps, keep=args.keep))

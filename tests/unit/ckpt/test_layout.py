@@ -13,16 +13,28 @@ from powerguard.ckpt_agent import _layout as L
 FS = fsspec.filesystem("file")
 
 
-def make(root, step, *, commit=True, payload=b"x" * 1000):
+def make(root, step, *, commit=True, payload=b"x" * 1000, key=None):
+    """A one-rank checkpoint written the way the agent writes one (signed when ``key``)."""
     d = L.step_dir(str(root), "job", step)
     FS.makedirs(d, exist_ok=True)
     (root / "job" / f"step-{step}" / "__0_0.distcp").write_bytes(payload)
     (root / "job" / f"step-{step}" / ".metadata").write_bytes(b"meta")
-    size, digest = L.hash_file(FS, f"{d}/__0_0.distcp")
-    mdigest, nbytes = L.write_manifest(FS, d, 0, step, {"__0_0.distcp": {"size": size, "xxh3": digest}})
+    size, digest, keyed = L.hash_file(FS, f"{d}/__0_0.distcp", key)
+    entry = {"size": size, "xxh3": digest, **({L.KEYED: keyed} if key else {})}
+    mdigest, nbytes, mkeyed = L.write_manifest(FS, d, 0, step, {"__0_0.distcp": entry}, key=key)
     assert nbytes == len(payload)
     if commit:
-        L.write_commit(FS, d, step=step, world_size=1, digests={0: mdigest}, metadata_digest=L.digest_bytes(b"meta"))
+        L.write_commit(
+            FS,
+            d,
+            step=step,
+            world_size=1,
+            digests={0: mdigest},
+            metadata_digest=L.digest_bytes(b"meta"),
+            key=key,
+            keyed_manifests={0: mkeyed},
+            metadata=b"meta",
+        )
     return d
 
 
@@ -78,7 +90,7 @@ def test_a_manifest_naming_a_file_outside_the_checkpoint_is_refused(tmp_path, na
     d = L.step_dir(str(tmp_path), "job", 5)
     FS.makedirs(d, exist_ok=True)
     (tmp_path / "job" / "step-5" / ".metadata").write_bytes(b"meta")
-    mdigest, _ = L.write_manifest(FS, d, 0, 5, {name: {"size": 1, "xxh3": "0" * 32}})
+    mdigest, _, _ = L.write_manifest(FS, d, 0, 5, {name: {"size": 1, "xxh3": "0" * 32}})
     L.write_commit(FS, d, step=5, world_size=1, digests={0: mdigest}, metadata_digest=L.digest_bytes(b"meta"))
     with pytest.raises(CorruptCheckpoint, match="outside the checkpoint"):
         verify_checkpoint(d)
@@ -93,3 +105,54 @@ def test_the_verify_command_says_what_a_restore_would_trust(tmp_path, capsys):
     assert main(["verify", good, bad]) == 1
     out = capsys.readouterr().out
     assert f"OK   {good}: step 10" in out and f"BAD  {bad}: CorruptCheckpoint" in out and "checksum mismatch" in out
+
+
+def forge(d: str, payload: bytes) -> None:
+    """What whoever can write a tier can do without the key: replace a data file and rewrite
+    every unkeyed checksum after it (manifest, COMMIT), keeping the old signature fields."""
+    with open(f"{d}/__0_0.distcp", "wb") as f:
+        f.write(payload)
+    size, digest, _ = L.hash_file(FS, f"{d}/__0_0.distcp")
+    manifest = json.loads(open(f"{d}/{L.manifest_name(0)}", "rb").read())
+    manifest["files"]["__0_0.distcp"].update(size=size, xxh3=digest)
+    body = json.dumps(manifest, sort_keys=True).encode()
+    open(f"{d}/{L.manifest_name(0)}", "wb").write(body)
+    commit = json.loads(open(f"{d}/COMMIT", "rb").read())
+    commit["manifests"]["0"] = L.digest_bytes(body)
+    open(f"{d}/COMMIT", "wb").write(json.dumps(commit, sort_keys=True).encode())
+
+
+def test_a_site_key_refuses_a_checkpoint_forged_on_a_writable_tier(tmp_path):
+    """Unkeyed checksums find corruption, not forgery: the forged checkpoint verifies without
+    the key. With the site key its signature or keyed digests no longer match."""
+    key_file = tmp_path / "ckpt.key"
+    key_file.write_bytes(b"k" * 32)
+    key = L.load_key(key_file)
+    d = make(tmp_path, 30, key=key)
+    assert verify_checkpoint(d, key=key)["step"] == 30
+    forge(d, b"evil" * 250)
+    assert verify_checkpoint(d)["step"] == 30  # what an unkeyed restore would trust
+    with pytest.raises(CorruptCheckpoint, match=r"COMMIT signature does not match|keyed digest"):
+        verify_checkpoint(d, key=key)
+    unsigned = make(tmp_path, 40)  # written before the site had a key, or by someone without it
+    with pytest.raises(CorruptCheckpoint, match="not signed with the site key"):
+        verify_checkpoint(unsigned, key=key)
+    other = tmp_path / "other.key"
+    other.write_bytes(b"o" * 32)
+    with pytest.raises(CorruptCheckpoint, match="does not match the site key"):
+        verify_checkpoint(make(tmp_path, 50, key=key), key=L.load_key(other))
+
+
+def test_the_verify_command_checks_the_signature_with_a_key_file(tmp_path, capsys):
+    from powerguard.ckpt_agent.__main__ import main
+
+    key_file = tmp_path / "ckpt.key"
+    key_file.write_bytes(b"k" * 32)
+    signed, unsigned = make(tmp_path, 10, key=L.load_key(key_file)), make(tmp_path, 20)
+    assert main(["verify", "--key-file", str(key_file), signed]) == 0
+    assert main(["verify", "--key-file", str(key_file), unsigned]) == 1
+    out = capsys.readouterr().out
+    assert "signed with the site key" in out and "not signed with the site key" in out
+    short = tmp_path / "short.key"
+    short.write_bytes(b"k")
+    assert main(["verify", "--key-file", str(short), signed]) == 2

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
-from .errors import CorruptCheckpoint
+from ._layout import load_key
+from .errors import CheckpointError, CorruptCheckpoint
 from .verify import verify_checkpoint
 
 
@@ -23,17 +25,28 @@ def main(argv: list[str] | None = None) -> int:
     v = sub.add_parser("verify", help="verify checkpoint directories as a restore would")
     v.add_argument("dirs", nargs="+", metavar="DIR", help="a step directory (path or fsspec URL)")
     v.add_argument("--json", action="store_true", help="one JSON object per directory")
+    v.add_argument(
+        "--key-file",
+        default=os.environ.get("POWERGUARD_CKPT_KEY_FILE"),
+        help="the site's checkpoint key: also require its signature (default: $POWERGUARD_CKPT_KEY_FILE)",
+    )
     args = p.parse_args(argv)
+    try:
+        key = load_key(args.key_file) if args.key_file else None
+    except CheckpointError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     bad = 0
     for d in args.dirs:
         try:
-            commit = verify_checkpoint(d)
+            commit = verify_checkpoint(d, key=key)
             result = {
                 "dir": d,
                 "trusted": True,
                 "step": commit.get("step"),
                 "world_size": commit.get("world_size"),
-                "reason": f"COMMIT, {len(commit.get('manifests', {}))} manifest(s), every file and .metadata verified",
+                "reason": f"COMMIT, {len(commit.get('manifests', {}))} manifest(s), every file and .metadata verified"
+                + (" and signed with the site key" if key else ""),
             }
         except (CorruptCheckpoint, OSError, KeyError, ValueError) as exc:
             bad += 1

@@ -1,8 +1,9 @@
-"""A DCP FileSystemWriter that checksums every byte as it is written (xxh3-128), so the
-manifest costs no second read of the checkpoint."""
+"""A DCP FileSystemWriter that checksums every byte as it is written (xxh3-128, and a keyed
+BLAKE2b-256 with a site key), so the manifest costs no second read of the checkpoint."""
 
 from __future__ import annotations
 
+import hashlib
 import io
 import os
 import threading
@@ -14,13 +15,16 @@ import xxhash
 from torch.distributed.checkpoint import FileSystemWriter
 from torch.distributed.checkpoint.filesystem import FileSystem
 
+from ._layout import KEYED
+
 
 class _HashingStream(io.RawIOBase):
     """Forwards writes to a file and hashes them; DCP writes each file sequentially."""
 
-    def __init__(self, raw: io.BufferedWriter) -> None:
+    def __init__(self, raw: io.BufferedWriter, key: bytes | None = None) -> None:
         self._raw = raw
         self.hasher = xxhash.xxh3_128()
+        self.keyed = hashlib.blake2b(key=key, digest_size=32) if key is not None else None
         self.size = 0
 
     def writable(self) -> bool:
@@ -29,6 +33,8 @@ class _HashingStream(io.RawIOBase):
     def write(self, b) -> int:
         mv = memoryview(b).cast("B")
         self.hasher.update(mv)
+        if self.keyed is not None:
+            self.keyed.update(mv)
         self.size += mv.nbytes
         return self._raw.write(mv)
 
@@ -52,8 +58,9 @@ class _HashingStream(io.RawIOBase):
 
 
 class HashingFileSystem(FileSystem):
-    def __init__(self) -> None:
+    def __init__(self, key: bytes | None = None) -> None:
         super().__init__()
+        self.key = key
         self.files: dict[str, dict[str, object]] = {}
         self._lock = threading.Lock()
 
@@ -65,19 +72,22 @@ class HashingFileSystem(FileSystem):
             return
         p = Path(path)
         with p.open(mode) as raw:
-            stream = _HashingStream(raw)
+            stream = _HashingStream(raw, self.key)
             yield stream
             stream.close()
+        entry: dict[str, object] = {"size": stream.size, "xxh3": stream.hasher.hexdigest()}
+        if stream.keyed is not None:
+            entry[KEYED] = stream.keyed.hexdigest()
         with self._lock:
-            self.files[p.name] = {"size": stream.size, "xxh3": stream.hasher.hexdigest()}
+            self.files[p.name] = entry
 
 
 class HashingWriter(FileSystemWriter):
     """``FileSystemWriter`` whose data files are checksummed while written (fsync kept)."""
 
-    def __init__(self, path: str | os.PathLike, **kwargs) -> None:
+    def __init__(self, path: str | os.PathLike, *, key: bytes | None = None, **kwargs) -> None:
         super().__init__(path, **kwargs)
-        self.fs = HashingFileSystem()
+        self.fs = HashingFileSystem(key)
 
     def data_files(self) -> dict[str, dict[str, object]]:
         """name -> {size, xxh3} of the data files this rank wrote (not DCP's .metadata)."""

@@ -6,11 +6,17 @@
         MANIFEST.rank<r>.json   per rank: files it wrote, sizes, xxh3-128
         COMMIT                  rank 0, last: step, world size, manifest digests
 
-A checkpoint counts only with a COMMIT whose manifests match the files.
+A checkpoint counts only with a COMMIT whose manifests match the files. xxh3 finds corruption,
+not forgery: whoever can write a tier can rewrite a file and every checksum after it. With a
+site key (``POWERGUARD_CKPT_KEY_FILE``) every file, manifest and the DCP metadata also carry a
+keyed BLAKE2b-256 digest and COMMIT a MAC over itself; a restore with the key refuses a
+checkpoint the key did not sign before it reads a byte of its contents.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import os
 import re
@@ -22,7 +28,7 @@ from typing import Any
 import fsspec
 import xxhash
 
-from .errors import CorruptCheckpoint
+from .errors import CheckpointError, CorruptCheckpoint
 
 COMMIT = "COMMIT"
 FORMAT = 1
@@ -40,6 +46,46 @@ def step_dir(root: str, job: str, step: int) -> str:
 
 def digest_bytes(data: bytes) -> str:
     return xxhash.xxh3_128_hexdigest(data)
+
+
+KEYED = "blake2b-256"
+
+
+def keyed_hasher(key: bytes):
+    return hashlib.blake2b(key=key, digest_size=32)
+
+
+def keyed_digest(key: bytes, data: bytes) -> str:
+    h = keyed_hasher(key)
+    h.update(data)
+    return h.hexdigest()
+
+
+def load_key(path: str | os.PathLike) -> bytes:
+    """The site's checkpoint key from a file (at least 16 bytes; any length, hashed to 64)."""
+    try:
+        raw = Path(path).read_bytes().strip()
+    except OSError as exc:
+        raise CheckpointError(f"checkpoint key {path}: {exc.strerror}") from None
+    if len(raw) < 16:
+        raise CheckpointError(f"checkpoint key {path}: {len(raw)} bytes, at least 16 are needed")
+    return hashlib.sha512(raw).digest()  # BLAKE2b keys are at most 64 bytes
+
+
+def _mac(key: bytes, commit: dict[str, Any]) -> str:
+    body = json.dumps({k: v for k, v in commit.items() if k != "mac"}, sort_keys=True).encode()
+    return keyed_digest(key, body)
+
+
+def authenticate(commit: dict[str, Any], key: bytes | None, where: str) -> None:
+    """With a key: COMMIT must carry a valid MAC (checked before anything else is read)."""
+    if key is None:
+        return
+    mac = commit.get("mac")
+    if not isinstance(mac, str) or not isinstance(commit.get("keyed"), dict):
+        raise CorruptCheckpoint(f"{where}: not signed with the site key (written without it)")
+    if not hmac.compare_digest(mac, _mac(key, commit)):
+        raise CorruptCheckpoint(f"{where}: COMMIT signature does not match the site key (tampered, or another key)")
 
 
 def fs_for(url: str) -> tuple[fsspec.AbstractFileSystem, str]:
@@ -75,11 +121,15 @@ def write_durable(fs: fsspec.AbstractFileSystem, path: str, data: bytes) -> None
         fs.mv(tmp, path)
 
 
-def write_manifest(fs, directory: str, rank: int, step: int, files: dict[str, dict[str, Any]]) -> tuple[str, int]:
-    """Write this rank's manifest durably; return (its digest, bytes of the files it lists)."""
+def write_manifest(
+    fs, directory: str, rank: int, step: int, files: dict[str, dict[str, Any]], key: bytes | None = None
+) -> tuple[str, int, str | None]:
+    """Write this rank's manifest durably; return (its digest, bytes of the files it lists,
+    its keyed digest or None)."""
     body = json.dumps({"format": FORMAT, "rank": rank, "step": step, "files": files}, sort_keys=True).encode()
     write_durable(fs, f"{directory}/{manifest_name(rank)}", body)
-    return digest_bytes(body), sum(int(f["size"]) for f in files.values())
+    keyed = keyed_digest(key, body) if key is not None else None
+    return digest_bytes(body), sum(int(f["size"]) for f in files.values()), keyed
 
 
 def write_commit(
@@ -91,6 +141,9 @@ def write_commit(
     digests: dict[int, str],
     metadata_digest: str,
     extra: dict[str, Any] | None = None,
+    key: bytes | None = None,
+    keyed_manifests: dict[int, str] | None = None,
+    metadata: bytes | None = None,
 ) -> None:
     body = {
         "format": FORMAT,
@@ -101,19 +154,32 @@ def write_commit(
         "metadata_xxh3": metadata_digest,
         **(extra or {}),
     }
+    if key is not None:
+        if keyed_manifests is None or metadata is None:
+            raise ValueError("a keyed COMMIT needs every manifest's keyed digest and the metadata")
+        body["keyed"] = {
+            "alg": KEYED,
+            "manifests": {str(r): d for r, d in sorted(keyed_manifests.items())},
+            "metadata": keyed_digest(key, metadata),
+        }
+        body["mac"] = _mac(key, body)
     write_durable(fs, f"{directory}/{COMMIT}", json.dumps(body, sort_keys=True).encode())
     if is_local(fs):
         fsync_dir(os.path.dirname(directory.rstrip("/")))
 
 
-def hash_file(fs, path: str) -> tuple[int, str]:
+def hash_file(fs, path: str, key: bytes | None = None) -> tuple[int, str, str | None]:
+    """(size, xxh3, keyed digest or None) of a file, in one read."""
     h = xxhash.xxh3_128()
+    k = keyed_hasher(key) if key is not None else None
     size = 0
     with fs.open(path, "rb") as f:
         while chunk := f.read(_CHUNK):
             h.update(chunk)
+            if k is not None:
+                k.update(chunk)
             size += len(chunk)
-    return size, h.hexdigest()
+    return size, h.hexdigest(), k.hexdigest() if k is not None else None
 
 
 @dataclass(frozen=True)
@@ -149,8 +215,9 @@ def read_commit(fs, directory: str) -> dict[str, Any]:
         raise CorruptCheckpoint(f"{directory}: COMMIT unreadable: {exc}") from None
 
 
-def manifest_files(fs, directory: str, commit: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """Every data file listed by the manifests, after checking each manifest against COMMIT."""
+def manifest_files(fs, directory: str, commit: dict[str, Any], key: bytes | None = None) -> dict[str, dict[str, Any]]:
+    """Every data file listed by the manifests, after checking each manifest against COMMIT
+    (and, with a key, against its keyed digest in the authenticated COMMIT)."""
     files: dict[str, dict[str, Any]] = {}
     for rank, want in commit["manifests"].items():
         path = f"{directory}/{manifest_name(int(rank))}"
@@ -161,6 +228,10 @@ def manifest_files(fs, directory: str, commit: dict[str, Any]) -> dict[str, dict
             raise CorruptCheckpoint(f"{directory}: manifest of rank {rank} missing") from None
         if digest_bytes(body) != want:
             raise CorruptCheckpoint(f"{directory}: manifest of rank {rank} does not match COMMIT")
+        if key is not None and not hmac.compare_digest(
+            str(commit["keyed"]["manifests"].get(rank, "")), keyed_digest(key, body)
+        ):
+            raise CorruptCheckpoint(f"{directory}: manifest of rank {rank} does not match its keyed digest")
         listed = json.loads(body)["files"]
         for name in listed:
             if not _confined(name):  # never a path outside the checkpoint (../../dev/zero hangs a restore)
@@ -181,18 +252,33 @@ def _confined(name: object) -> bool:
     )
 
 
-def verify_files(fs, directory: str, files: dict[str, dict[str, Any]], names: list[str]) -> None:
-    """Check size and checksum of ``names``; raise :class:`CorruptCheckpoint` naming the file."""
+def verify_files(
+    fs, directory: str, files: dict[str, dict[str, Any]], names: list[str], key: bytes | None = None
+) -> None:
+    """Check size and checksum (and keyed digest) of ``names``; raise
+    :class:`CorruptCheckpoint` naming the file."""
     for name in names:
         want = files[name]
         try:
-            size, digest = hash_file(fs, f"{directory}/{name}")
+            size, digest, keyed = hash_file(fs, f"{directory}/{name}", key)
         except FileNotFoundError:
             raise CorruptCheckpoint(f"{directory}/{name}: missing") from None
         if size != want["size"]:
             raise CorruptCheckpoint(f"{directory}/{name}: {size} bytes, manifest says {want['size']}")
         if digest != want["xxh3"]:
             raise CorruptCheckpoint(f"{directory}/{name}: checksum mismatch (xxh3 {digest} != {want['xxh3']})")
+        if key is not None and not hmac.compare_digest(str(want.get(KEYED, "")), keyed or "-"):
+            raise CorruptCheckpoint(f"{directory}/{name}: keyed digest mismatch")
+
+
+def verify_metadata(fs, directory: str, commit: dict[str, Any], key: bytes | None = None) -> None:
+    """DCP's .metadata against COMMIT (and its keyed digest) before DCP reads it."""
+    with fs.open(f"{directory}/.metadata", "rb") as f:
+        data = f.read()
+    if digest_bytes(data) != commit["metadata_xxh3"]:
+        raise CorruptCheckpoint(f"{directory}/.metadata: checksum mismatch")
+    if key is not None and not hmac.compare_digest(str(commit["keyed"]["metadata"]), keyed_digest(key, data)):
+        raise CorruptCheckpoint(f"{directory}/.metadata: keyed digest mismatch")
 
 
 def retain(fs, root: str, job: str, keep: int) -> list[str]:

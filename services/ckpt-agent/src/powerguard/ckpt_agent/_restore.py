@@ -76,19 +76,19 @@ class _RestoreMixin:
         return out
 
     def _verify(self, fs, path: str) -> str | None:
-        """Every rank checks a share of the files; all agree. Returns the reason it is bad, or None."""
+        """Every rank checks a share of the files; all agree. Returns the reason it is bad, or None.
+        With a site key, COMMIT's signature is checked first: an unsigned checkpoint is not read."""
         reason = None
         try:
             commit = L.read_commit(fs, path)
+            L.authenticate(commit, self._key, path)
             if commit.get("world_size") != self.world_size:
                 raise CorruptCheckpoint(f"written by {commit.get('world_size')} ranks, this job has {self.world_size}")
-            files = L.manifest_files(fs, path, commit)
+            files = L.manifest_files(fs, path, commit, self._key)
             names = sorted(files)[self.rank :: self.world_size]
-            L.verify_files(fs, path, files, names)
+            L.verify_files(fs, path, files, names, self._key)
             if self.rank == 0:
-                with fs.open(f"{path}/.metadata", "rb") as f:
-                    if L.digest_bytes(f.read()) != commit["metadata_xxh3"]:
-                        raise CorruptCheckpoint(f"{path}/.metadata: checksum mismatch")
+                L.verify_metadata(fs, path, commit, self._key)
         except (CorruptCheckpoint, OSError, KeyError, ValueError) as exc:
             reason = str(exc)
         reasons = [r for r in self._gather(reason) if r]

@@ -106,6 +106,7 @@ class CheckpointAgent(_StateMixin, _AckMixin, _RestoreMixin):
         agree_timeout_s: float = 1800.0,
         hold_policy: HoldPolicy | None = None,
         pause_poll_s: float = 0.2,
+        checksum_key_file: str | os.PathLike | None = None,
     ) -> None:
         if keep < 1 or keep_remote < 1:
             raise ValueError("keep and keep_remote must be at least 1")
@@ -116,6 +117,9 @@ class CheckpointAgent(_StateMixin, _AckMixin, _RestoreMixin):
         self.extra_state = dict(extra_state or {})
         self.rank_state = dict(rank_state or {})
         self.local_root = os.path.abspath(os.fspath(local_dir))
+        # the site's checkpoint key: keyed digests on save, and a restore trusts only what it signed
+        key_file = checksum_key_file or os.environ.get("POWERGUARD_CKPT_KEY_FILE")
+        self._key: bytes | None = L.load_key(key_file) if key_file else None
         self.remote_url = remote_url
         self.local_every_s, self.remote_every_s = local_every_s, remote_every_s
         self.keep, self.keep_remote = keep, keep_remote
@@ -363,7 +367,7 @@ class CheckpointAgent(_StateMixin, _AckMixin, _RestoreMixin):
             raise CommitError(problem)
         if committed:  # this exact step is already durable (e.g. a periodic save of the same step)
             return self._existing_info(directory, step, time.perf_counter() - t0)
-        writer = HashingWriter(directory, sync_files=True)
+        writer = HashingWriter(directory, sync_files=True, key=self._key)
         try:
             dcp.save(self._state_dict(), storage_writer=writer, process_group=self._save_group)
             ok, err = True, None
@@ -384,14 +388,16 @@ class CheckpointAgent(_StateMixin, _AckMixin, _RestoreMixin):
         t0: float,
         t_write: float,
     ) -> dict[str, Any]:
-        digest, nbytes = "", 0
+        digest, nbytes, keyed = "", 0, None
         if ok:
             try:
-                digest, nbytes = L.write_manifest(self._local_fs, directory, self.rank, step, writer.data_files())
+                digest, nbytes, keyed = L.write_manifest(
+                    self._local_fs, directory, self.rank, step, writer.data_files(), key=self._key
+                )
             except OSError as exc:
                 ok, err = False, exc
-        results = self._gather((self.rank, ok, digest, repr(err) if err else None))
-        failures = [f"rank {r}: {e}" for r, good, _, e in results if not good]
+        results = self._gather((self.rank, ok, digest, repr(err) if err else None, keyed))
+        failures = [f"rank {r}: {e}" for r, good, _, e, _ in results if not good]
         if failures:
             raise CommitError(f"checkpoint {directory} not committed: {'; '.join(failures)}")
         committed = True
@@ -404,9 +410,12 @@ class CheckpointAgent(_StateMixin, _AckMixin, _RestoreMixin):
                     directory,
                     step=step,
                     world_size=self.world_size,
-                    digests={r: d for r, _, d, _ in results},
+                    digests={r: d for r, _, d, _, _ in results},
                     metadata_digest=L.digest_bytes(meta),
                     extra={"saga_id": self._saga_for_save} if self._saga_for_save else None,
+                    key=self._key,
+                    keyed_manifests={r: k for r, _, _, _, k in results} if self._key is not None else None,
+                    metadata=meta,
                 )
                 self._retain_in_background()
             except OSError as exc:
@@ -474,7 +483,7 @@ class CheckpointAgent(_StateMixin, _AckMixin, _RestoreMixin):
         if self.rank == 0:
             os.makedirs(directory, exist_ok=True)
         self._gather(None)  # the directory exists before anyone writes
-        writer = HashingWriter(directory, sync_files=True)
+        writer = HashingWriter(directory, sync_files=True, key=self._key)
         t0 = time.perf_counter()
         self.stats["async_wait_s"] = 0.0
         future = dcp.async_save(
