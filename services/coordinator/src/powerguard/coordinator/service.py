@@ -30,6 +30,7 @@ from powerguard.schemas import (
     NodeState,
     PowerActionFailed,
     PowerEvent,
+    PowerGuardError,
     SiteConfig,
     new_id,
 )
@@ -55,6 +56,10 @@ INPUT_TYPES = (
     JobResumed,
     JobRestarted,
 )
+
+
+class NotLeader(PowerGuardError):
+    """This replica no longer holds the site's lease: it must not store or publish."""
 
 
 class Coordinator:
@@ -183,7 +188,7 @@ class Coordinator:
     async def on_batch(self, items: list[Received]) -> None:
         async with self._lock:
             if not self.leader:
-                raise RuntimeError("not the leader")
+                raise NotLeader(f"{self.instance} does not lead site {self.site.site}")
             for item in items:
                 ev = item.event
                 if isinstance(ev, CheckpointDurable) and ev.data.durations.total_s is not None:
@@ -214,6 +219,11 @@ class Coordinator:
         for sid in step.started:
             rec = next(r for r in step.changed if r.saga_id == sid)
             log.info("saga %s started: nodes at risk %s, jobs %s", sid, rec.at_risk, sorted(rec.jobs))
+        if step.changed and not self._lease.held:
+            # a stall (GC, a slow KV) outlived the lease: another replica may lead by now, so
+            # nothing is stored or sent; the batch is redelivered to whoever leads
+            await self._follow("lease expired while handling a batch")
+            raise NotLeader(f"{self.instance}: lease for site {self.site.site} expired before publishing")
         todo = self._unsaved
         for rec in step.changed:
             sid = rec.saga_id
