@@ -6,6 +6,7 @@ Flat public API::
     from powerguard.ckpt_agent import CheckpointAgent, verify_checkpoint
 """
 
+from ._acks import Saved
 from .agent import CheckpointAgent
 from .errors import CheckpointError, CommitError, CorruptCheckpoint, StepAgreementTimeout
 from .verify import verify_checkpoint
@@ -15,6 +16,7 @@ __all__ = [
     "CheckpointError",
     "CommitError",
     "CorruptCheckpoint",
+    "Saved",
     "StepAgreementTimeout",
     "verify_checkpoint",
 ]

@@ -4,6 +4,7 @@ checkpoint served, with the request and saga they answer and the rank that answe
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 from powerguard.schemas import (
@@ -16,6 +17,22 @@ from powerguard.schemas import (
 )
 
 log = logging.getLogger("powerguard.ckpt_agent")
+
+
+@dataclass
+class Saved:
+    """A durable checkpoint this rank took part in (what ``CheckpointAgent.save`` returns)."""
+
+    path: str  # the step directory
+    bytes: int  # bytes this rank wrote
+    digest: str  # xxh3-128 of this rank's manifest
+    write_s: float
+    commit_s: float
+    total_s: float
+    agree_s: float = 0.0  # waiting for every rank to agree on the step (power-event saves)
+
+    def durations(self) -> Durations:
+        return Durations(agree_s=self.agree_s, write_s=self.write_s, commit_s=self.commit_s, total_s=self.total_s)
 
 
 class _AckMixin:
@@ -31,9 +48,7 @@ class _AckMixin:
             "world_size": self.world_size,
         }
 
-    def _answer_durable(
-        self, requests: list[CheckpointRequestData], step: int, info: dict[str, Any], ctx: Any = None
-    ) -> None:
+    def _answer_durable(self, requests: list[CheckpointRequestData], step: int, info: Saved, ctx: Any = None) -> None:
         if self._bus is None or not requests:
             return
         self._bus.answer(
@@ -44,10 +59,10 @@ class _AckMixin:
                     **self._ack_fields(r),
                     step=step,
                     tier="local",
-                    path=info["path"],
-                    bytes=info["bytes"],
-                    digest=info["digest"],
-                    durations=Durations(**info["durations"]),
+                    path=info.path,
+                    bytes=info.bytes,
+                    digest=info.digest,
+                    durations=info.durations(),
                 ),
             ),
             ctx,

@@ -36,7 +36,7 @@ from powerguard.schemas import (
 
 from . import _layout as L
 from . import _spans
-from ._acks import _AckMixin
+from ._acks import Saved, _AckMixin
 from ._bus import BusThread, Request
 from ._hashing import HashingWriter
 from ._remote import RemoteCopier
@@ -336,8 +336,8 @@ class CheckpointAgent(_StateMixin, _AckMixin, _RestoreMixin):
                 return list(requests.values()), False
             finally:
                 self._saga_for_save = None
-            info["durations"]["agree_s"] = max(0.0, t_agree - first_seen)
-            span.set_attribute("powerguard.bytes", info["bytes"])
+            info.agree_s = max(0.0, t_agree - first_seen)
+            span.set_attribute("powerguard.bytes", info.bytes)
             self._answer_durable(list(requests.values()), step, info, ctx=_spans.inside(span))
         finally:
             span.end()
@@ -347,7 +347,7 @@ class CheckpointAgent(_StateMixin, _AckMixin, _RestoreMixin):
         return list(requests.values()), True
 
     # ------------------------------------------------------------------ saving
-    def save(self, step: int) -> dict[str, Any]:
+    def save(self, step: int) -> Saved:
         """Synchronous durable checkpoint of ``step`` on every rank (all ranks must call it)."""
         self._step = step
         t0 = time.perf_counter()
@@ -387,7 +387,7 @@ class CheckpointAgent(_StateMixin, _AckMixin, _RestoreMixin):
         err: BaseException | None,
         t0: float,
         t_write: float,
-    ) -> dict[str, Any]:
+    ) -> Saved:
         digest, nbytes, keyed = "", 0, None
         if ok:
             try:
@@ -431,12 +431,7 @@ class CheckpointAgent(_StateMixin, _AckMixin, _RestoreMixin):
         log.info(
             "rank %d: step %d durable in %s (%.1f MB, %.2fs)", self.rank, step, directory, nbytes / 1e6, t_end - t0
         )
-        return {
-            "path": directory,
-            "bytes": nbytes,
-            "digest": digest,
-            "durations": {"write_s": t_write - t0, "commit_s": t_end - t_write, "total_s": t_end - t0},
-        }
+        return Saved(directory, nbytes, digest, t_write - t0, t_end - t_write, t_end - t0)
 
     def _retain_in_background(self) -> None:
         """Old checkpoints are deleted off the critical path (rank 0, one at a time)."""
@@ -452,16 +447,11 @@ class CheckpointAgent(_StateMixin, _AckMixin, _RestoreMixin):
         self._retainer = threading.Thread(target=run, name="pg-ckpt-retain", daemon=True)
         self._retainer.start()
 
-    def _existing_info(self, directory: str, step: int, elapsed: float) -> dict[str, Any]:
+    def _existing_info(self, directory: str, step: int, elapsed: float) -> Saved:
         with open(os.path.join(directory, L.manifest_name(self.rank)), "rb") as f:
             body = f.read()
         files = json.loads(body)["files"]
-        return {
-            "path": directory,
-            "bytes": sum(f["size"] for f in files.values()),
-            "digest": L.digest_bytes(body),
-            "durations": {"write_s": 0.0, "commit_s": elapsed, "total_s": elapsed},
-        }
+        return Saved(directory, sum(f["size"] for f in files.values()), L.digest_bytes(body), 0.0, elapsed, elapsed)
 
     def _stable_storages(self) -> set[int]:
         """Storages that change only in ``optimizer.step()``: parameters and optimizer state."""
@@ -507,7 +497,7 @@ class CheckpointAgent(_StateMixin, _AckMixin, _RestoreMixin):
         directory = L.step_dir(self.local_root, self.job, step)
         try:
             info = self._commit(directory, step, writer, ok, err, t0, time.perf_counter())
-            self.stats["async_total_s"] = info["durations"]["total_s"]
+            self.stats["async_total_s"] = info.total_s
         except CheckpointError as exc:
             log.error("periodic checkpoint of step %d failed: %s", step, exc)
             self._last_local = time.monotonic()
