@@ -292,6 +292,22 @@ def test_pending_rederives_what_to_send_again():
     assert [c.key for c in saga.pending(d.rec, POLICY)] == ["s1/n1/power_on"]
 
 
+def test_a_resent_command_is_the_command_first_sent():
+    """pending() and the first send build commands with the same functions: keys and arguments."""
+    d = Drive()
+    d.power("A", True)
+    d.ack_all("j1")
+    first = d.power("A", True, runtime_s=50)  # the stop: job_stop and every shutdown
+    again = saga.pending(saga.SagaRecord.model_validate_json(d.rec.model_dump_json()), POLICY)
+    assert [(c.kind, c.key, c.args) for c in again] == [(c.kind, c.key, c.args) for c in first]
+    for n in ("n1", "n2"):
+        d.node(n, "off")
+    d.power("A", False)
+    first = d.advance(31)  # power-on of every node
+    again = saga.pending(d.rec, POLICY)
+    assert [(c.kind, c.key, c.args) for c in again] == [(c.kind, c.key, c.args) for c in first]
+
+
 def test_record_round_trips_through_json():
     d = Drive()
     d.power("A", True)

@@ -573,7 +573,7 @@ def _step(rec: SagaRecord, now: float, topo: Topology, policy: Policy, out: list
             nodes = set(plan.ranks.values())
             if all(rec.nodes[n].ready_at is not None for n in nodes if n in rec.nodes) and plan.restart_at is None:
                 plan.restart_at = now
-                _issue(rec, out, "job_restart", name, "restart", nodes=sorted(nodes))
+                _emit(rec, out, _job_command(rec, "job_restart", name))
         nodes_ready = all(p.ready_at is not None for p in rec.nodes.values() if p.power_on_at is not None)
         if nodes_ready and all(p.resumed_at is not None for p in rec.jobs.values()):
             _set(rec, S.RESUMED, now, "every job resumed")
@@ -727,11 +727,11 @@ def _shutdown(rec: SagaRecord, now: float, reason: str, out: list[Command], jobs
     targets = set(rec.at_risk)
     for name, plan in sorted(rec.jobs.items()):
         if set(plan.ranks.values()) & targets:
-            _issue(rec, out, "job_stop", name, "stop", nodes=sorted(set(plan.ranks.values())))
+            _emit(rec, out, _job_command(rec, "job_stop", name))
     by_node = rec.jobs_by_node()
     for node in sorted(targets):
         rec.nodes[node].shutdown_at = now
-        _issue(rec, out, "shutdown", node, "shutdown", jobs=by_node.get(node, []), reason=reason)
+        _emit(rec, out, _node_command(rec, "shutdown", node, by_node))
     if not targets:
         _set(rec, S.DOWN, now, "no node to shut down")
 
@@ -742,17 +742,33 @@ def _restore(rec: SagaRecord, now: float, out: list[Command]) -> None:
     for node, plan in sorted(rec.nodes.items()):
         if plan.shutdown_at is not None:
             plan.power_on_at = now
-            _issue(rec, out, "power_on", node, "power_on")
+            _emit(rec, out, _node_command(rec, "power_on", node))
+
+
+def _job_command(rec: SagaRecord, kind: Literal["job_stop", "job_restart"], job: str) -> Command:
+    """The stop or restart of a job on all its nodes: one builder for the first send and for
+    every re-send by :func:`pending`, so the two never differ."""
+    action = "stop" if kind == "job_stop" else "restart"
+    nodes = sorted(set(rec.jobs[job].ranks.values()))
+    return Command(kind=kind, key=command_key(rec.saga_id, job, action), target=job, args={"nodes": nodes})
+
+
+def _node_command(
+    rec: SagaRecord, kind: Literal["shutdown", "power_on"], node: str, by_node: dict[str, list[str]] | None = None
+) -> Command:
+    """A node's shutdown (with its jobs and the saga's reason) or power-on."""
+    key = command_key(rec.saga_id, node, kind)
+    if kind == "power_on":
+        return Command(kind=kind, key=key, target=node)
+    jobs = (by_node if by_node is not None else rec.jobs_by_node()).get(node, [])
+    return Command(kind=kind, key=key, target=node, args={"jobs": jobs, "reason": rec.shutdown_reason})
 
 
 def pending(rec: SagaRecord, policy: Policy) -> list[Command]:
     """Commands of the current phase whose result has not arrived: what a restarted
-    coordinator sends again (receivers deduplicate by idempotency key)."""
+    coordinator sends again (receivers deduplicate by idempotency key). Built by the same
+    functions as the first send."""
     out: list[Command] = []
-
-    def again(kind: CommandKind, target: str, action: str, **args: Any) -> None:
-        out.append(Command(kind=kind, key=command_key(rec.saga_id, target, action), target=target, args=args))
-
     if rec.state in (S.CHECKPOINTING, S.FINAL_CHECKPOINT):
         for _, p in sorted(rec.jobs.items()):
             if p.requested_at is not None and p.settled_at is None:
@@ -760,18 +776,18 @@ def pending(rec: SagaRecord, policy: Policy) -> list[Command]:
             if p.final is not None and p.final.settled_at is None:
                 out.append(ckpt_command(rec, p, final=True, policy=policy))
     elif rec.state == S.SHUTTING_DOWN:
-        for name, p in sorted(rec.jobs.items()):
+        for name in sorted(rec.jobs):
             if command_key(rec.saga_id, name, "stop") in rec.issued:
-                again("job_stop", name, "stop", nodes=sorted(set(p.ranks.values())))
+                out.append(_job_command(rec, "job_stop", name))
         by_node = rec.jobs_by_node()
         for node, p in sorted(rec.nodes.items()):
             if p.shutdown_at is not None and p.off_at is None:
-                again("shutdown", node, "shutdown", jobs=by_node.get(node, []), reason=rec.shutdown_reason)
+                out.append(_node_command(rec, "shutdown", node, by_node))
     elif rec.state == S.RESTORING:
         for node, p in sorted(rec.nodes.items()):
             if p.power_on_at is not None and p.ready_at is None:
-                again("power_on", node, "power_on")
+                out.append(_node_command(rec, "power_on", node))
         for name, p in sorted(rec.jobs.items()):
             if p.restart_at is not None and p.resumed_at is None:
-                again("job_restart", name, "restart", nodes=sorted(set(p.ranks.values())))
+                out.append(_job_command(rec, "job_restart", name))
     return out
