@@ -346,3 +346,16 @@ def test_outlook_uses_the_sagas_own_budget_rules():
     at_stop = POLICY.model_copy(update={"hold_policy": "checkpoint-at-stop"})
     o = saga.outlook({"A": saga.UpsView(on_battery=True, runtime_s=500.0)}, TOPO, at_stop, checkpoint_s=20.0)
     assert o.stop_at_runtime_s == 60 + 10 + at_stop.final_ckpt_factor * 20.0  # room for the final checkpoint
+
+
+def test_a_shrunk_deadline_is_sent_to_the_ranks():
+    """The battery budget shrinks the coordinator's deadline; the ranks hear it (the request
+    again, same request id, the earlier deadline), so neither side waits on the other."""
+    d = Drive()
+    (req,) = d.power("A", True, runtime_s=200)  # budget min(120, 200 - 60 - 10) = 120
+    assert req.args["deadline"] == d.now + 120
+    assert d.power("A", True, runtime_s=189) == []  # 1 s shorter: not worth a message
+    d.now += 1
+    (update,) = d.power("A", True, runtime_s=150)  # budget 80 s from now
+    assert update.kind == "ckpt_request" and update.args["request_id"] == req.args["request_id"]
+    assert update.args["deadline"] == d.now + 80 and update.key != req.key

@@ -202,9 +202,13 @@ class BusThread:
         event = received.event
         assert isinstance(event, CheckpointRequested)
         with self._lock:
-            if any(r.data.request_id == event.data.request_id for r in self.requests):
-                return  # a re-sent request
             if event.data.request_id in self.acked:
+                return
+            same = next((r for r in self.requests if r.data.request_id == event.data.request_id), None)
+            if same is not None:  # a re-send; with an earlier deadline when the battery shrank it
+                if event.data.deadline < same.data.deadline:
+                    same.data = event.data
+                    log.info("checkpoint %s: deadline moved to %s", event.data.request_id, event.data.deadline)
                 return
             self.request_seq += 1
             self.requests.append(

@@ -23,7 +23,7 @@ from __future__ import annotations
 import secrets
 from collections import defaultdict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
@@ -112,6 +112,7 @@ class CkptRound(BaseModel):
     world_size: int
     requested_at: float | None = None
     deadline: float | None = None
+    told_deadline: float | None = None  # the deadline the ranks were last sent
     acked: dict[int, int | None] = Field(default_factory=dict)  # rank -> step
     failed: dict[int, str] = Field(default_factory=dict)
     settled_at: float | None = None  # every rank answered, or the deadline passed
@@ -524,7 +525,7 @@ def _step(rec: SagaRecord, now: float, topo: Topology, policy: Policy, out: list
             _set(rec, S.CHECKPOINTING, now, f"{len(rec.jobs)} job(s) on {len(rec.at_risk)} node(s) at risk")
             return
     if state == S.CHECKPOINTING:
-        if _settle_rounds(rec, now, topo, policy):
+        if _settle_rounds(rec, now, topo, policy, out):
             missing = {j: p.missing for j, p in rec.jobs.items() if p.missing}
             if missing:
                 _set(
@@ -546,7 +547,7 @@ def _step(rec: SagaRecord, now: float, topo: Topology, policy: Policy, out: list
             _stop(rec, now, reason, topo, policy, out, jobs)
         return
     if state == S.FINAL_CHECKPOINT:
-        if _settle_rounds(rec, now, topo, policy):
+        if _settle_rounds(rec, now, topo, policy, out):
             _note_finals(rec)
             _shutdown(rec, now, rec.stop_reason or "stop", out, jobs)
         return
@@ -597,14 +598,26 @@ def _rounds(rec: SagaRecord) -> list[CkptRound]:
     return out
 
 
-def _settle_rounds(rec: SagaRecord, now: float, topo: Topology, policy: Policy) -> bool:
-    """Shrink open deadlines to the battery budget, settle rounds that are answered or past
-    their deadline; True when every round is settled."""
+DEADLINE_RESEND_S = 2.0  # a deadline shrunk by more than this is sent to the ranks again
+
+
+def _settle_rounds(rec: SagaRecord, now: float, topo: Topology, policy: Policy, out: list[Command]) -> bool:
+    """Shrink open deadlines to the battery budget (and tell the ranks: the request again,
+    same request id, the new deadline), settle rounds that are answered or past their
+    deadline; True when every round is settled."""
     budget = _budget_deadline(rec, now, topo, policy)  # the battery only ever shrinks a deadline
     open_rounds = [r for r in _rounds(rec) if r.settled_at is None]
     for r in open_rounds:
         if r.deadline is not None:
             r.deadline = min(r.deadline, budget)
+    for plan in rec.jobs.values():
+        for final, r in ((False, plan), (True, plan.final)):
+            if r is None or r.settled_at is not None or r.deadline is None or r.told_deadline is None:
+                continue
+            if r.deadline < r.told_deadline - DEADLINE_RESEND_S and now < r.deadline:
+                r.told_deadline = r.deadline
+                cmd = ckpt_command(rec, plan, final=final, policy=policy)
+                _emit(rec, out, replace(cmd, key=f"{cmd.key}.deadline-{int(r.deadline * 1000)}"))
     deadlines = [r.deadline for r in open_rounds if r.deadline]
     rec.deadline = max(deadlines) if deadlines else rec.deadline
     for r in open_rounds:
@@ -643,7 +656,7 @@ def _request_checkpoints(rec: SagaRecord, now: float, topo: Topology, policy: Po
     rec.deadline = deadline
     for _, plan in sorted(rec.jobs.items()):
         if plan.requested_at is None:
-            plan.requested_at, plan.deadline = now, deadline
+            plan.requested_at, plan.deadline, plan.told_deadline = now, deadline, deadline
             _emit(rec, out, ckpt_command(rec, plan, final=False, policy=policy))
 
 
@@ -672,6 +685,7 @@ def _stop(
                 world_size=plan.world_size,
                 requested_at=now,
                 deadline=now + budget,
+                told_deadline=now + budget,
             )
             _emit(rec, out, ckpt_command(rec, plan, final=True, policy=policy))
             asked += 1
