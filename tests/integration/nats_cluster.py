@@ -35,9 +35,9 @@ def nats_cluster(tmp_path: Path, size: int = 3):
         )
         for i in range(size)
     ]
-    for n in nodes:
-        n.start()
     try:
+        for n in nodes:
+            n.start()
         yield nodes
     finally:
         for n in nodes:
