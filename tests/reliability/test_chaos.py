@@ -5,6 +5,7 @@ against the campaign's invariants."""
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
 _spec = importlib.util.spec_from_file_location("chaos", Path(__file__).resolve().parents[2] / "bench" / "chaos.py")
 chaos = importlib.util.module_from_spec(_spec)
+sys.modules["chaos"] = chaos  # dataclasses look their module up while the class is made
 _spec.loader.exec_module(chaos)
 
 
