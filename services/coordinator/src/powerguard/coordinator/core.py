@@ -265,12 +265,10 @@ class SiteCore:
         if not self.open:
             more = Step()
             self._maybe_start(now, None, more)
-            for rec in list(self.open.values()):
+            for rec in self.open.values():  # the one just started, if any
                 step.changed.append(rec)
                 step.history_from[rec.saga_id] = 0
-                step.started += more.started
-                if rec.terminal:  # pragma: no cover - a saga cannot end in the tick that starts it
-                    del self.open[rec.saga_id]
+            step.started += more.started
             for sid, cmds in more.commands.items():
                 step.commands.setdefault(sid, []).extend(cmds)
         return step
