@@ -8,8 +8,12 @@ stream and the simulated devices. Writes bench/results/chaos.json.
     python bench/chaos.py --replay 17              # one run again, by its seed
 
 Faults: SIGKILL of the coordinator, power-control or ups-monitor (restarted 0.5-3 s later) in
-the hold, the shutdown or the restore; a nats-server restart; a BMC unreachable for a while;
-one training rank SIGKILLed in the hold; power flapping back during the hold; none.
+the hold, the shutdown or the restore; a nats-server restart; on a 3-node cluster (R3), SIGKILL of
+the node that leads the event stream; a BMC unreachable for a while; the UPS agent silent (SNMP
+timeouts) or answering out-of-range values (charge 255 %, load 999 %); one training rank
+SIGKILLed in the hold; the checkpoint disk full (a small tmpfs filled to the last byte) from the
+outage on; power flapping back during the hold; one service's wall clock off by 5-60 s from the
+start (libfaketime); none.
 
 Invariants (a violation names the run's seed):
   shutdown_after_acks   no node is told to shut down before every rank acked or the deadline passed
@@ -47,8 +51,15 @@ KINDS = (
     "bmc-down",
     "kill-rank",
     "flap",
+    "nats-leader-loss",
+    "ups-bad",
+    "disk-full",
+    "clock-offset",
 )
+FIRST_KINDS = KINDS[:8]  # what the campaign drew from before the last four were added (replay: --kinds first)
 PHASES = {"hold": ("holding", "checkpointed", "partial"), "shutdown": ("shutting_down",), "restore": ("restoring",)}
+AT_START = {"clock-offset"}  # present from the site's start: the table counts them apart
+SERVICES = ("coordinator", "power-control", "ups-monitor")
 POLICIES = ("checkpoint-at-stop", "pause", "continue")
 TERMINAL = ("done", "cancelled", "failed")
 
@@ -59,13 +70,22 @@ class Fault:
     phase: str
     delay_s: float  # how long the killed or unreachable part stays away
     target: str = ""
+    offset_s: float = 0.0  # clock-offset: how far the target's wall clock is off
 
     @classmethod
-    def draw(cls, rng: random.Random) -> Fault:
-        kind = rng.choice(KINDS)
-        phase = {"kill-rank": "hold", "flap": "hold", "none": "hold"}.get(kind) or rng.choice(list(PHASES))
+    def draw(cls, rng: random.Random, kinds: tuple[str, ...] = KINDS) -> Fault:
+        kind = rng.choice(kinds)
+        fixed = {"kill-rank": "hold", "flap": "hold", "none": "hold", "disk-full": "hold", "clock-offset": "start"}
+        phase = fixed.get(kind) or rng.choice(list(PHASES))
         target = f"node{rng.randint(1, 2)}" if kind == "bmc-down" else ""
-        return cls(kind, phase, round(rng.uniform(0.5, 3.0), 2), target)
+        delay = round(rng.uniform(0.5, 3.0), 2)
+        if kind == "ups-bad":
+            target = rng.choice(("silent", "garbage"))
+        offset = 0.0
+        if kind == "clock-offset":
+            target = rng.choice(SERVICES)
+            offset = round(rng.choice((-1, 1)) * rng.uniform(5.0, 60.0), 1)
+        return cls(kind, phase, delay, target, offset)
 
 
 @dataclass
@@ -78,20 +98,36 @@ class Run:
     saga_states: list[str] = field(default_factory=list)
     checkpoint_step: int | None = None
     restored_step: int | None = None
+    evidence: str = ""  # what the event stream shows of the fault (it took effect)
     wall_s: float = 0.0
 
 
-async def one(seed: int, work: Path, *, steps: int = 250) -> Run:
-    """One drill with one fault, drawn from ``seed``; returns what happened and what broke."""
+async def one(
+    seed: int, work: Path, *, steps: int = 250, kinds: tuple[str, ...] = KINDS, fault: Fault | None = None
+) -> Run:
+    """One drill with one fault, drawn from ``seed`` (or this ``fault``); returns what happened and what broke."""
     from powerguard.bus import Bus, BusNames
     from powerguard.schemas import CheckpointDurable, SagaStateChanged, ShutdownRequested
     from powerguard.sim.drill import _progress
     from powerguard.sim.site import SimSite, SiteOptions
 
     rng = random.Random(seed)
-    run = Run(seed=seed, policy=rng.choice(POLICIES), fault=Fault.draw(rng))
+    run = Run(seed=seed, policy=rng.choice(POLICIES), fault=Fault.draw(rng, kinds))
+    if fault is not None:
+        run.fault = fault
     t0 = time.monotonic()
-    site = SimSite(work, SiteOptions(seed=seed, steps=steps, hold_policy=run.policy))
+    f = run.fault
+    site = SimSite(
+        work,
+        SiteOptions(
+            seed=seed,
+            steps=steps,
+            hold_policy=run.policy,
+            nats_nodes=3 if f.kind == "nats-leader-loss" else 1,
+            clock_offset={f.target: f.offset_s} if f.kind == "clock-offset" else {},
+            ckpt_disk_mb=16 if f.kind == "disk-full" else 0,
+        ),
+    )
     events: list[tuple[float, object]] = []
     bus = None
     killed: set[str] = set()
@@ -116,8 +152,16 @@ async def one(seed: int, work: Path, *, steps: int = 250) -> Run:
             events.append((time.time(), ev))
 
     async def inject() -> None:
-        f = run.fault
         if f.kind in ("none", "flap"):
+            return
+        if f.kind in AT_START:
+            run.injected_at = "start"
+            return
+        if f.kind == "disk-full":  # from the moment power fails: the power checkpoint meets a full disk
+            run.injected_at = "on_battery"
+            site.fill_ckpt_disk()
+            await asyncio.sleep(f.delay_s * 3)
+            site.free_ckpt_disk()
             return
         await until(lambda: reached(*PHASES[f.phase]), 240, f"phase {f.phase} for the fault")
         run.injected_at = next((s for _, _, s in reversed(states())), None)
@@ -131,6 +175,22 @@ async def one(seed: int, work: Path, *, steps: int = 250) -> Run:
             site.nats.stop()
             await asyncio.sleep(f.delay_s)
             site.nats.start()
+        elif f.kind == "nats-leader-loss":
+            leader = await site.stream_leader()
+            leader.kill()
+            await asyncio.sleep(f.delay_s * 2)
+            leader.start()
+            try:
+                after = (await site.stream_leader()).extra_args[1]
+            except Exception as exc:  # evidence only: the drill and its invariants go on
+                after = f"unknown ({type(exc).__name__})"
+            run.evidence = f"stream leader {leader.extra_args[1]} killed; leader now {after}"
+        elif f.kind == "ups-bad" and f.target == "silent":
+            await site.ups_silent(f.delay_s * 3)
+        elif f.kind == "ups-bad":
+            site.ups_garbage(True)
+            await asyncio.sleep(f.delay_s * 3)
+            site.ups_garbage(False)
         elif f.kind == "bmc-down":
             site.kill(f"bmc-{f.target}")
             await asyncio.sleep(f.delay_s * 3)
@@ -141,7 +201,7 @@ async def one(seed: int, work: Path, *, steps: int = 250) -> Run:
     watcher = injector = None
     try:
         await site.start()
-        bus = await Bus.connect(site.nats.url, service="chaos", names=BusNames())
+        bus = await Bus.connect(site.nats_url, service="chaos", names=BusNames(), setup=False)
         watcher = asyncio.create_task(watch())
         await site.start_job()
         world = site.opts.nodes * site.opts.ranks_per_node
@@ -165,6 +225,8 @@ async def one(seed: int, work: Path, *, steps: int = 250) -> Run:
             await until(lambda: site.final.exists() and not site.job_running(), 300, "training to finish")
             await asyncio.sleep(1.5)  # late events: a redelivered one would start a saga now
             _check(run, site, events, states(), killed, t_fail, t_back, world, CheckpointDurable, ShutdownRequested)
+            if not run.evidence:
+                run.evidence = _evidence(f, events)
     except Exception as exc:  # a drill that cannot even run is a finding too
         run.violations.append(f"error: {type(exc).__name__}: {exc}")
     finally:
@@ -180,6 +242,24 @@ async def one(seed: int, work: Path, *, steps: int = 250) -> Run:
     run.saga_states = [s for _, _, s in states()]
     run.wall_s = round(time.monotonic() - t0, 1)
     return run
+
+
+def _evidence(f: Fault, events: list[tuple[float, object]]) -> str:
+    """What the event stream shows of a fault that leaves no process dead (it took effect)."""
+    from powerguard.schemas import CheckpointFailed, CommLost, NodeState, PowerEvent, SagaStateChanged
+
+    if f.kind == "ups-bad" and f.target == "garbage":
+        return f"{sum(isinstance(e, PowerEvent) and e.data.partial for _, e in events)} partial readings"
+    if f.kind == "ups-bad":
+        return f"{sum(isinstance(e, CommLost) for _, e in events)} comm_lost"
+    if f.kind == "disk-full":
+        failed = [e for _, e in events if isinstance(e, CheckpointFailed)]
+        return f"{len(failed)} ckpt.failed" + (f" ({failed[0].data.error[:80]})" if failed else "")
+    if f.kind == "clock-offset":
+        kind = {"coordinator": SagaStateChanged, "ups-monitor": PowerEvent, "power-control": NodeState}[f.target]
+        skew = sorted(e.time.timestamp() - t for t, e in events if isinstance(e, kind))
+        return f"{f.target}'s events stamped {skew[len(skew) // 2]:+.1f}s off" if skew else "no events"
+    return ""
 
 
 def _kill_a_rank(site) -> None:
@@ -240,35 +320,68 @@ def _check(run, site, events, states, killed, t_fail, t_back, world, Durable, Sh
         v.append(f"no_unplanned_exit: {', '.join(unplanned)} died")
 
 
-async def campaign(seeds: list[int], *, steps: int = 250, keep: Path | None = None) -> list[Run]:
+async def campaign(
+    seeds: list[int],
+    *,
+    steps: int = 250,
+    keep: Path | None = None,
+    kinds: tuple[str, ...] = KINDS,
+    fault: Fault | None = None,
+) -> list[Run]:
     runs = []
     for seed in seeds:
         with tempfile.TemporaryDirectory(prefix=f"pg-chaos-{seed}-") as tmp:
             work = Path(tmp)
-            r = await one(seed, work, steps=steps)
+            r = await one(seed, work, steps=steps, kinds=kinds, fault=fault)
             if r.violations and keep is not None:  # the site's logs, to read the failure later
                 import shutil
 
-                shutil.copytree(work, keep / f"seed-{seed}", dirs_exist_ok=True)
+                shutil.copytree(work, keep / f"seed-{seed}", dirs_exist_ok=True, ignore_dangling_symlinks=True)
         runs.append(r)
         print(json.dumps(asdict(r)), flush=True)
     return runs
 
 
-def summary(runs: list[Run]) -> dict:
+def summary(detail: list[dict]) -> dict:
+    """Runs (as dicts) counted by fault and phase, with every violation and its seed."""
     by_kind: dict[str, dict[str, int]] = {}
-    for r in runs:
-        k = by_kind.setdefault(r.fault.kind, {"runs": 0, "violations": 0})
+    for r in detail:
+        k = by_kind.setdefault(r["fault"]["kind"], {"runs": 0, "violations": 0})
         k["runs"] += 1
-        k["violations"] += bool(r.violations)
+        k["violations"] += bool(r["violations"])
     return {
-        "runs": len(runs),
-        "runs_with_violations": sum(bool(r.violations) for r in runs),
+        "runs": len(detail),
+        "runs_with_violations": sum(bool(r["violations"]) for r in detail),
         "by_fault": by_kind,
-        "by_phase": {p: sum(r.fault.phase == p for r in runs) for p in PHASES},
+        "by_phase": {p: sum(r["fault"]["phase"] == p for r in detail) for p in (*PHASES, "start")},
         "violations": [
-            {"seed": r.seed, "fault": asdict(r.fault), "violations": r.violations} for r in runs if r.violations
+            {"seed": r["seed"], "fault": r["fault"], "violations": r["violations"]} for r in detail if r["violations"]
         ],
+    }
+
+
+def merge(old: dict, detail: list[dict], sitting: dict) -> dict:
+    """This sitting's runs added to an earlier campaign's (a campaign of 100 drills need not be one
+    sitting); a run of the same seed drawn from the same kinds is replaced by the new one."""
+    sittings = old.get("sittings") or [
+        {"seeds": [r["seed"] for r in old.get("runs_detail", [])], "kinds": "first", "wall_s": old.get("wall_s", 0)}
+    ]
+    new = {r["seed"] for r in detail}
+    same = sitting["kinds"]
+    kept = [r for r in old.get("runs_detail", []) if r["seed"] not in new or _kinds_of(sittings, r) != same]
+    return _result(kept + detail, [*sittings, sitting])
+
+
+def _kinds_of(sittings: list[dict], run: dict) -> str:
+    return next((s["kinds"] for s in reversed(sittings) if run["seed"] in s["seeds"]), "all")
+
+
+def _result(detail: list[dict], sittings: list[dict]) -> dict:
+    return {
+        **summary(detail),
+        "wall_s": round(sum(s["wall_s"] for s in sittings), 1),
+        "sittings": sittings,
+        "runs_detail": detail,
     }
 
 
@@ -281,17 +394,18 @@ def table(result: dict) -> str:
         f"{result['runs']} drills, {result['runs_with_violations']} with a violation "
         f"({result['wall_s'] / 60:.0f} min, `bench/results/chaos.json`).",
         "",
-        "| fault | runs | in the hold | in the shutdown | in the restore | runs with a violation |",
-        "|---|---|---|---|---|---|",
+        "| fault | runs | in the hold | in the shutdown | in the restore | from the start | runs with a violation |",
+        "|---|---|---|---|---|---|---|",
     ]
     detail = result["runs_detail"]
     for kind in KINDS:
         mine = [r for r in detail if r["fault"]["kind"] == kind]
         if not mine:
             continue
-        by = {p: sum(r["fault"]["phase"] == p for r in mine) for p in PHASES}
+        by = {p: sum(r["fault"]["phase"] == p for r in mine) for p in (*PHASES, "start")}
         bad = sum(bool(r["violations"]) for r in mine)
-        lines.append(f"| {kind} | {len(mine)} | {by['hold']} | {by['shutdown']} | {by['restore']} | {bad} |")
+        cells = " | ".join(str(by[p]) for p in ("hold", "shutdown", "restore", "start"))
+        lines.append(f"| {kind} | {len(mine)} | {cells} | {bad} |")
     for v in result["violations"]:
         lines.append("")
         lines.append(
@@ -311,22 +425,61 @@ def main() -> None:
     p.add_argument("--runs", type=int, default=100, help="how many drills (default 100)")
     p.add_argument("--seed", type=int, default=1, help="the first seed; run i uses seed + i")
     p.add_argument("--replay", type=int, nargs="*", help="run exactly these seeds")
+    p.add_argument(
+        "--kinds",
+        default="all",
+        help="the faults to draw from: all (default), first (the first eight: replays the campaign's first "
+        "sitting, seeds 1-54), or a comma-separated list of fault kinds",
+    )
+    p.add_argument(
+        "--fault",
+        metavar="KIND,PHASE[,TARGET[,OFFSET_S]]",
+        help="run every seed with this fault instead of a drawn one (e.g. clock-offset,start,coordinator,-50)",
+    )
     p.add_argument("--steps", type=int, default=250, help="training steps of the job")
     p.add_argument("--keep", type=Path, help="copy the site of every failed run here")
     p.add_argument("--out", type=Path, default=OUT / "chaos.json")
+    p.add_argument("--merge", action="store_true", help="add this sitting's runs to those already in --out")
     p.add_argument("--render", type=Path, metavar="DOC", help="only write the table of --out into DOC")
     args = p.parse_args()
     if args.render:
         render(json.loads(args.out.read_text()), args.render)
         return
+    kinds = {"all": KINDS, "first": FIRST_KINDS}.get(args.kinds) or tuple(args.kinds.split(","))
+    unknown = set(kinds) - set(KINDS)
+    if unknown:
+        p.error(f"unknown fault kind(s) {sorted(unknown)}; known: {', '.join(KINDS)}")
+    fault = None
+    if args.fault:
+        kind, phase, *rest = args.fault.split(",")
+        if kind not in KINDS or phase not in (*PHASES, "start"):
+            p.error(f"--fault {args.fault!r}: kind one of {', '.join(KINDS)}; phase hold, shutdown, restore or start")
+        fault = Fault(kind, phase, 2.0, rest[0] if rest else "", float(rest[1]) if len(rest) > 1 else 0.0)
     seeds = args.replay or [args.seed + i for i in range(args.runs)]
     t0 = time.monotonic()
-    runs = asyncio.run(campaign(seeds, steps=args.steps, keep=args.keep))
-    result = {**summary(runs), "wall_s": round(time.monotonic() - t0, 1), "runs_detail": [asdict(r) for r in runs]}
+    runs = asyncio.run(campaign(seeds, steps=args.steps, keep=args.keep, kinds=kinds, fault=fault))
+    detail = [asdict(r) for r in runs]
+    sitting = {
+        "seeds": seeds,
+        "kinds": args.fault or args.kinds,
+        "commit": _commit(),
+        "wall_s": round(time.monotonic() - t0, 1),
+    }
+    if args.merge and args.out.exists():
+        result = merge(json.loads(args.out.read_text()), detail, sitting)
+    else:
+        result = _result(detail, [sitting])
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps({k: v for k, v in result.items() if k != "runs_detail"}, indent=2))
-    sys.exit(1 if result["runs_with_violations"] else 0)
+    print(json.dumps({k: v for k, v in result.items() if k not in ("runs_detail", "sittings")}, indent=2))
+    sys.exit(1 if any(r["violations"] for r in detail) else 0)
+
+
+def _commit() -> str:
+    import subprocess
+
+    out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    return out.stdout.strip() or "unknown"
 
 
 if __name__ == "__main__":

@@ -30,33 +30,18 @@ def worker(args: argparse.Namespace) -> None:
     import torch
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
-    from torch import nn
-    from torch.nn.parallel import DistributedDataParallel as DDP
+    from _state import barrier_timer, trained_state
 
     from powerguard.ckpt_agent import CheckpointAgent
 
     dist.init_process_group("gloo")
     rank = dist.get_rank()
-    # params + 2 AdamW moments = 3 x 4 bytes per parameter
     width = 4096
-    layers = max(1, round(args.size_gb * 1e9 / 12 / (width * width)))
-    torch.manual_seed(0)
-    model = nn.Sequential(*[nn.Linear(width, width, bias=False) for _ in range(layers)])
-    ddp = DDP(model)
-    opt = torch.optim.AdamW(ddp.parameters(), lr=1e-4)
-    ddp(torch.randn(2, width)).sum().backward()
-    opt.step()
+    _, ddp, opt, state_bytes = trained_state(args.size_gb, width, ddp=True)
     root = Path(args.dir)
     guard = CheckpointAgent(job="bench", model=ddp, optimizer=opt, local_dir=root / "durable", local_every_s=0, keep=1)
-    state_bytes = sum(p.numel() * 12 for p in model.parameters())
     group = dist.new_group(backend="gloo")
-
-    def timed(fn) -> float:
-        dist.barrier(group)
-        t0 = time.perf_counter()
-        fn()
-        dist.barrier(group)
-        return time.perf_counter() - t0
+    timed = barrier_timer(group)
 
     results: dict[str, list[float]] = {"dd_s": [], "plain_s": [], "durable_s": []}
     for rep in range(args.reps):
@@ -115,13 +100,14 @@ def worker(args: argparse.Namespace) -> None:
 
     base = statistics.median(boundary_and_step(150 + i) for i in range(4))
     slowdowns, blocked = [], []
-    for s in (200, 201):
+    for s in (200, 202):
         guard.local_every_s = 1e-9
         guard._last_local = 0.0
-        slowdowns.append(max(0.0, boundary_and_step(s) - base))
+        boundary_and_step(s)  # rank 0 says a periodic save is due; the agreement runs during this step
+        guard.local_every_s = 0
+        slowdowns.append(max(0.0, boundary_and_step(s + 1) - base))  # the boundary where the save starts
         # what blocked the training thread: starting the save + the optimizer step's wait for the copy
         blocked.append(guard.stats["async_stall_s"] + guard.stats.get("async_wait_s", 0.0))
-        guard.local_every_s = 0
         guard.wait()
     first_stall, stall = blocked
     # restore (verify + load) of the newest durable checkpoint

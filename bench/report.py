@@ -160,6 +160,62 @@ def main() -> None:
                 "`bench/checkpoint.py`",
             ),
         ]
+    if n := load("node_tier"):
+        rows += [
+            (
+                f"node-local save / shared-directory save ({n['nodes']} nodes, DDP, same state)",
+                "—",
+                f"{n['node_local_over_shared']} ({n['save_node_local_s']} vs {n['save_shared_s']} s; each node "
+                f"received {n['received_mb_per_node'][0]} MB of the others' files before COMMIT; {n['durability']})",
+                "`bench/node_tier.py`",
+            ),
+            (
+                "restore: own disk / one node wiped (from peers) / every disk wiped (remote tier)",
+                "—",
+                f"{n['restore_own_disk_s']} / {n['restore_from_peers_s']} / {n['restore_from_remote_s']} s",
+                "`bench/node_tier.py`",
+            ),
+        ]
+    if g := load("gpu_checkpoint"):
+        rows += [
+            (
+                f"staging {g['state_gb']} GB to host: reused{' pinned' if g['pinned'] else ''} buffers vs a fresh copy "
+                f"({g['device']})",
+                "—",
+                f"{g['staging_reused_buffers_gb_s']} vs {g['staging_fresh_copy_gb_s']} GB/s",
+                "`bench/gpu_checkpoint.py`",
+            ),
+            (
+                f"power checkpoint stall, {g['state_gb']} GB, one process ({g['device']})",
+                "—",
+                f"{g['power_checkpoint_stall_s']} s ({g['power_checkpoint_gb_s']} GB/s; "
+                f"at 8.5 GB: ~{g['stall_at_8_5_gb_s_extrapolated']} s on this disk)",
+                "`bench/gpu_checkpoint.py`",
+            ),
+        ]
+    if sb := load("step_boundary"):
+        cells = ", ".join(
+            f"{r['ranks']}: {r['pipelined']['p50_us']:.0f} vs {r['blocking']['p50_us']:.0f} µs" for r in sb["runs"]
+        )
+        rows.append(
+            (
+                "`guard.step()` blocking time, nothing due, p50 by world size (pipelined vs blocking agreement)",
+                "—",
+                f"{cells} ({sb['cores']} cores; p99 in `bench/results/step_boundary.json`)",
+                "`bench/step_boundary.py`",
+            )
+        )
+    if rp := load("ramp"):
+        rows.append(
+            (
+                f"restore of {rp['nodes']} dry-run nodes under a {rp['nodes_per_min']:.0f} nodes/min ramp: "
+                "time / what the ramp allows",
+                "1 ± 0.05",
+                f"{rp['ratio']} ({rp['first_power_on_to_last_ready_s']} s vs {rp['ramp_allows_s']} s; "
+                f"power-ons {rp['power_on_gap_p50_ms']} ms apart at the median)",
+                "`bench/ramp.py`",
+            )
+        )
     if r := load("drill_breakdown"):
         rows.append(
             (
@@ -243,7 +299,16 @@ Notes:
   outlets by 1 s; the job's own start-up (torchrun + `import torch`, 4 ranks on 2 cores) dominates
   the rest. The outage timeline of the last drill: `bench/results/drill.timeline.png`.
 
-No GPU was lent to this project's sessions so far, so GPU→host staging has not been measured.
+* Node-local tier: the three "nodes" share this machine's one disk and loopback, so the
+  node-local save writes the state three times on one disk and copies it between processes at
+  memory speed; on real nodes each NVMe writes in parallel and the copy runs at the
+  interconnect's speed. With DDP a node-local commit carries (nodes-1) copies of the state over
+  the network (DCP spreads the replicated tensors over the ranks, and a node's restore reads
+  them all); the remote tier here is `file://` on the same disk (page cache), hence its speed.
+
+No GPU was lent to this project's sessions so far: `bench/gpu_checkpoint.py` ran on the CPU
+(host-to-host staging, the state on this virtual disk); on a lent GPU it runs at one node's
+8.5 GB with pinned buffers (`python bench/gpu_checkpoint.py`).
 """
     text += hold_section()
     (ROOT / "docs" / "performance.md").write_text(text)

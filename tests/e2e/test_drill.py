@@ -57,6 +57,9 @@ def test_outage_checkpoints_shuts_down_restores_and_resumes_bit_exact(tmp_path):
     assert r.returncode == 0, r.stdout[-3000:]
     assert report["hold_policy"] == "checkpoint-at-stop"  # the default
     assert report["rpo_steps"] == 0 and report["bit_exact"] is True
+    # each simulated node's own checkpoint disk; DDP: both nodes hold every file, so either may be lost
+    assert report["local_scope"] == "node" and report["durability"]
+    assert all(levels == ["replicated:1"] for levels in report["durability"].values()), report["durability"]
     assert report["nodes_powered_off"] == 2 and report["nodes_on_at_end"] == 2
     assert report["saga_states"][-4:] == ["down", "restoring", "resumed", "done"]
     assert "final_checkpoint" in report["saga_states"]

@@ -7,34 +7,13 @@ import contextlib
 import time
 from pathlib import Path
 
-from powerguard.bus import Bus, BusNames, EmbeddedNats
+from powerguard.bus import Bus, BusNames, embedded_cluster
 from powerguard.bus.names import StreamLimits
-from tests.integration.ups.nut_peer import free_ports
 
 
 @contextlib.contextmanager
 def nats_cluster(tmp_path: Path, size: int = 3):
-    found = free_ports(2 * size)
-    ports, routes = found[:size], found[size:]
-    route_urls = ",".join(f"nats://127.0.0.1:{p}" for p in routes)
-    nodes = [
-        EmbeddedNats(
-            port=ports[i],
-            store_dir=tmp_path / f"n{i}",
-            ready_timeout=20,
-            extra_args=[
-                "--server_name",
-                f"n{i}",
-                "--cluster_name",
-                "pg",
-                "--cluster",
-                f"nats://127.0.0.1:{routes[i]}",
-                "--routes",
-                route_urls,
-            ],
-        )
-        for i in range(size)
-    ]
+    nodes = embedded_cluster(tmp_path, size)
     try:
         for n in nodes:
             n.start()

@@ -169,6 +169,43 @@ async def test_connect_to_nothing_fails_clearly():
         await Bus.connect("nats://127.0.0.1:1", service="x", connect_timeout=1.0)
 
 
+async def test_a_connect_whose_setup_fails_leaves_no_connection_behind(tmp_path):
+    """A service retrying Bus.connect while JetStream is not ready (a cluster electing its meta
+    leader) must not pile up clients that reconnect forever: the failed attempt closes its own."""
+    import json
+    import urllib.request
+
+    from powerguard.bus import BusError, find_nats_server, free_ports
+
+    port, monitor = free_ports(2)
+    server = await asyncio.create_subprocess_exec(  # no JetStream: the stream cannot be set up
+        find_nats_server(),
+        *("-a", "127.0.0.1", "-p", str(port), "-m", str(monitor)),
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.DEVNULL,
+    )
+    try:
+
+        def connections() -> int:
+            with urllib.request.urlopen(f"http://127.0.0.1:{monitor}/connz", timeout=2) as r:
+                return json.loads(r.read())["num_connections"]
+
+        for _ in range(100):
+            try:
+                connections()
+                break
+            except OSError:
+                await asyncio.sleep(0.1)
+        for _ in range(3):
+            with pytest.raises(BusError):
+                await Bus.connect(f"nats://127.0.0.1:{port}", service="x", connect_timeout=5.0)
+        await asyncio.sleep(0.5)
+        assert connections() == 0
+    finally:
+        server.terminate()
+        await server.wait()
+
+
 async def test_subscriber_survives_a_server_restart(tmp_path):
     server = EmbeddedNats(store_dir=tmp_path).start()
     names = BusNames.isolated()

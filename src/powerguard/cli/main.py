@@ -183,7 +183,19 @@ def status(
         err.print("no open sagas" if not show_all else "no sagas")
         return
     table = Table(title="outage sagas")
-    for col in ("saga", "state", "acks", "budget left", "on battery", "at risk", "hold", "work lost", "age", "reason"):
+    for col in (
+        "saga",
+        "state",
+        "acks",
+        "budget left",
+        "on battery",
+        "at risk",
+        "hold",
+        "work lost",
+        "restore",
+        "age",
+        "reason",
+    ):
         table.add_column(col)
     for r in rows:
         budget = "-" if r["budget_left_s"] is None else f"{r['budget_left_s']:.0f}s"
@@ -196,10 +208,20 @@ def status(
             ",".join(r["nodes_at_risk"]),
             "-" if r["hold_s"] is None else f"{r['hold_s']:.0f}s",
             _work_lost(r),
+            _restore_cell(r.get("restore")),
             f"{r['age_s']:.0f}s",
             r["reason"] or "",
         )
     Console().print(table)
+
+
+def _restore_cell(r: dict | None) -> str:
+    if not r:
+        return "-"
+    cell = f"{r['ready']}/{r['asked']} ready"
+    if r["in_ramp"]:
+        cell += f", {r['in_ramp']} in the ramp ({r['ramp']})"
+    return cell
 
 
 @schemas_app.command("export")

@@ -77,7 +77,7 @@ def _describe(e: Envelope) -> tuple[str, str] | None:
     if isinstance(e, SagaStateChanged):
         return "saga", f"coordinator: saga {d.state.value}" + (f" ({d.reason})" if d.reason else "")
     if isinstance(e, CheckpointDurable):
-        return "checkpoint", f"rank {d.rank}: checkpoint step {d.step} durable ({d.bytes / 1e6:.1f} MB)"
+        return "checkpoint", f"rank {d.rank}: checkpoint step {d.step} durable, {d.durability} ({d.bytes / 1e6:.1f} MB)"
     if isinstance(e, CheckpointFailed):
         return "checkpoint", f"rank {d.rank}: checkpoint FAILED: {d.error}"
     if isinstance(e, NodeState):
@@ -306,7 +306,8 @@ def _report(
     resumed = obs.of(JobResumed, lambda e: e.data.job == job and e.data.step is not None)
     saga = obs.of(SagaStateChanged)
     restored_step = resumed[-1][1].data.step if resumed else None
-    acked_steps = sorted({e.data.step for _, e in obs.of(CheckpointDurable, lambda e: e.data.job == job)})
+    durable = obs.of(CheckpointDurable, lambda e: e.data.job == job)
+    acked_steps = sorted({e.data.step for _, e in durable})
     return {
         "scenario": scenario,
         "hold_policy": site.opts.hold_policy,
@@ -322,6 +323,10 @@ def _report(
         "checkpoint_step": acked_steps[0] if acked_steps else None,
         "final_checkpoint_step": acked_steps[-1] if len(acked_steps) > 1 else None,
         "restored_step": restored_step,
+        "local_scope": site.opts.local_scope,
+        "durability": {
+            str(step): sorted({e.data.durability for _, e in durable if e.data.step == step}) for step in acked_steps
+        },
         "restarted": restored_step is not None,
         "nodes_on_at_end": sum(site.node_on(n) for n in site.node_names),
         "events": len(obs.events),

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import yaml
 
-from powerguard.bus import EmbeddedNats
+from powerguard.bus import EmbeddedNats, embedded_cluster
 
 from .otlp import OtlpReceiver
 from .pdu import SimPdu
@@ -36,6 +36,15 @@ SECRETS = {
     "PG_DEMO_BMC_USER": "admin",
     "PG_DEMO_BMC_PASSWORD": "demo-bmc-pw",
 }
+
+
+def _faketime() -> str:
+    """libfaketime (Debian's ``libfaketime``), to run one process with its clock off."""
+    for d in ("/usr/lib/x86_64-linux-gnu/faketime", "/usr/lib/aarch64-linux-gnu/faketime", "/usr/lib/faketime"):
+        lib = Path(d) / "libfaketimeMT.so.1"
+        if lib.exists():
+            return str(lib)
+    raise RuntimeError("a clock offset needs libfaketime: apt-get install libfaketime")
 
 
 def _free_udp_port() -> int:
@@ -58,6 +67,10 @@ class SiteOptions:
     max_on_battery_s: float = 6.0  # the hold: the site shuts down after this long on battery (wall seconds)
     hold_policy: str = "checkpoint-at-stop"
     job: str = "demo-train"
+    nats_nodes: int = 1  # 3: a JetStream cluster on loopback (R3 stream and buckets)
+    clock_offset: dict[str, float] = field(default_factory=dict)  # service -> seconds its clock is off (libfaketime)
+    ckpt_disk_mb: int = 0  # > 0: the checkpoint directory is a tmpfs this small (root only), to fill up
+    local_scope: str = "node"  # each simulated node's own checkpoint disk (ckpt/<node>), or "shared"
 
 
 @dataclass
@@ -72,7 +85,8 @@ class SimSite:
         self.battery = Battery(load=self._load, speed=self.opts.speed)
         self.pdu = SimPdu(self.opts.nodes)
         self.receiver = OtlpReceiver()
-        self.nats: EmbeddedNats | None = None
+        self.nats: EmbeddedNats | None = None  # the (first) server
+        self.nats_nodes: list[EmbeddedNats] = []
         self.procs: dict[str, subprocess.Popen] = {}
         self.argv: dict[str, list[str]] = {}
         self.agents: list = []
@@ -80,6 +94,8 @@ class SimSite:
         self.final = self.workdir / "final.pt"
         self.site_file = self.workdir / "site.yaml"
         self.otlp_url = ""
+        self.ckpt_dir = self.workdir / "ckpt"
+        self._ups_port = 0
 
     # ------------------------------------------------------------ the physical site
     def node_on(self, node: str) -> bool:
@@ -104,13 +120,106 @@ class SimSite:
         """Mains power fails (False) or returns (True)."""
         self.battery.set_on_battery(not on)
 
+    @property
+    def nats_url(self) -> str:
+        return ",".join(n.url for n in self.nats_nodes)
+
+    # ------------------------------------------------------------ faults
+    async def stream_leader(self, timeout_s: float = 20.0) -> EmbeddedNats:
+        """The server that leads the event stream (a cluster's; the only one otherwise). A cluster
+        that is electing one answers late or not at all: asked again until ``timeout_s``."""
+        import asyncio
+
+        from powerguard.bus import Bus, BusNames
+
+        named = {f"n{i}": n for i, n in enumerate(self.nats_nodes)}  # embedded_cluster's server names
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                bus = await Bus.connect(self.nats_url, service="sim-probe", names=BusNames(), setup=False)
+                try:
+                    info = await bus.js.stream_info(bus.names.stream)
+                finally:
+                    await bus.close()
+                leader = info.cluster.leader if info.cluster else None
+                if leader in named or len(self.nats_nodes) == 1:
+                    return named.get(leader or "", self.nats_nodes[0])
+            except Exception:
+                if time.monotonic() > deadline:
+                    raise
+            if time.monotonic() > deadline:
+                return self.nats_nodes[0]
+            await asyncio.sleep(0.5)
+
+    def ups_garbage(self, on: bool) -> None:
+        """The UPS's agent answers with out-of-range values (charge 255 %, load 999 %) or, again, sane ones."""
+        self.battery.garbage = on
+
+    async def ups_silent(self, seconds: float) -> None:
+        """The UPS's agent stops answering for ``seconds`` (then comes back on its port)."""
+        import asyncio
+
+        ups = self.agents[0]
+        ups.stop()
+        await asyncio.sleep(seconds)
+        self.agents[0] = ups_agent(self.battery)
+        await self.agents[0].start("127.0.0.1", self._ups_port)
+
+    def fill_ckpt_disk(self) -> None:
+        """Fill the checkpoint filesystem (``ckpt_disk_mb``) to the last byte."""
+        ballast = self.ckpt_dir / ".ballast"
+        with contextlib.suppress(OSError), open(ballast, "ab") as f:
+            block = b"\0" * (1 << 16)
+            while True:
+                f.write(block)
+                f.flush()
+
+    def free_ckpt_disk(self) -> None:
+        (self.ckpt_dir / ".ballast").unlink(missing_ok=True)
+
     # ------------------------------------------------------------ lifecycle
+    async def _start_nats(self) -> None:
+        if self.opts.nats_nodes > 1:
+            self.nats_nodes = embedded_cluster(self.workdir / "nats", self.opts.nats_nodes)
+        else:
+            self.nats_nodes = [EmbeddedNats(store_dir=self.workdir / "nats")]
+        for n in self.nats_nodes:
+            n.start()
+        self.nats = self.nats_nodes[0]
+        if len(self.nats_nodes) > 1:  # the services start once JetStream has a meta leader; R3 streams now
+            import asyncio
+
+            from powerguard.bus import Bus, BusNames
+            from powerguard.bus.names import StreamLimits
+
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    bus = await Bus.connect(
+                        self.nats_url, service="sim-setup", names=BusNames(), limits=StreamLimits(replicas=3)
+                    )
+                    await bus.close()
+                    break
+                except Exception:
+                    if time.monotonic() > deadline:
+                        raise
+                    await asyncio.sleep(0.5)
+
+    def _mount_ckpt_disk(self) -> None:
+        self.ckpt_dir.mkdir(parents=True, exist_ok=True)
+        if self.opts.ckpt_disk_mb > 0:
+            subprocess.run(
+                ["mount", "-t", "tmpfs", "-o", f"size={self.opts.ckpt_disk_mb}m", "pg-ckpt", str(self.ckpt_dir)],
+                check=True,
+                capture_output=True,
+            )
+
     async def start(self) -> None:
-        self.nats = EmbeddedNats(store_dir=self.workdir / "nats")
-        self.nats.start()
+        await self._start_nats()
+        self._mount_ckpt_disk()
         self.otlp_url = await self.receiver.start()
         ups = ups_agent(self.battery)
-        ups_port = await ups.start()
+        ups_port = self._ups_port = await ups.start()
         pdu = self.pdu.agent()
         pdu_port = await pdu.start()
         self.agents = [ups, pdu]
@@ -151,14 +260,14 @@ class SimSite:
                     "--config",
                     str(self.site_file),
                     "--nats-url",
-                    self.nats.url,
+                    self.nats_url,
                     "--http-port",
                     "0",
                 ],
             )
 
     def _env(self, service: str) -> dict[str, str]:
-        return {
+        env = {
             **os.environ,
             **SECRETS,
             "OTEL_EXPORTER_OTLP_ENDPOINT": self.otlp_url,
@@ -167,6 +276,12 @@ class SimSite:
             "OTEL_SERVICE_NAME": f"powerguard-{service}",
             "PYTHONUNBUFFERED": "1",
         }
+        if len(self.nats_nodes) > 1:
+            env["POWERGUARD_NATS_REPLICAS"] = str(len(self.nats_nodes))
+        offset = self.opts.clock_offset.get(service)
+        if offset:  # this process's wall clock is off; its monotonic clock is not (as with a bad NTP)
+            env.update(LD_PRELOAD=_faketime(), FAKETIME=f"{offset:+.0f}s", FAKETIME_DONT_FAKE_MONOTONIC="1")
+        return env
 
     def _spawn(self, name: str, argv: list[str]) -> None:
         self.argv[name] = argv
@@ -240,9 +355,10 @@ class SimSite:
         ]
         if nats:
             assert self.nats is not None
+            argv += ["--local-scope", o.local_scope]
             argv += [
                 "--nats-url",
-                self.nats.url,
+                self.nats_url,
                 "--nodes",
                 ",".join(self.node_names),
                 "--progress",
@@ -271,7 +387,8 @@ class SimSite:
         launch = [sys.executable, "-m", "powerguard.sim.launch"]
         for n in self.node_names:
             launch += ["--node-state", str(self.bmc_state[n])]
-        job_argv = [*launch, "--", *self._train_argv(out=self.final, local_dir=self.workdir / "ckpt", nats=True)]
+        local = self.ckpt_dir / "{node}" if o.local_scope == "node" else self.ckpt_dir
+        job_argv = [*launch, "--", *self._train_argv(out=self.final, local_dir=local, nats=True)]
         cred = {"username": {"env": "PG_DEMO_BMC_USER"}, "password": {"env": "PG_DEMO_BMC_PASSWORD"}}
         return {
             "site": "demo",
@@ -361,5 +478,10 @@ class SimSite:
         for a in self.agents:
             a.stop()
         await self.receiver.stop()
-        if self.nats is not None:
-            self.nats.stop()
+        for n in self.nats_nodes:
+            n.stop()
+        self._unmount_ckpt_disk()
+
+    def _unmount_ckpt_disk(self) -> None:
+        if self.opts.ckpt_disk_mb > 0:
+            subprocess.run(["umount", "-l", str(self.ckpt_dir)], check=False, capture_output=True)

@@ -38,14 +38,22 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--job", required=True)
     p.add_argument("--steps", type=int, default=100)
-    p.add_argument("--local-dir", required=True)
+    p.add_argument("--local-dir", required=True, help="local tier root; {node} becomes the rank's node name")
     p.add_argument("--remote-url")
+    p.add_argument(
+        "--local-scope",
+        choices=["shared", "node"],
+        default="shared",
+        help="local tier: one shared directory, or each node's own disk (with peer replicas)",
+    )
+    p.add_argument("--replicas", type=int, default=1, help="node scope: peer nodes holding a copy of each node's files")
     p.add_argument("--nats-url")
     p.add_argument("--prefix", default="pg")
     p.add_argument("--stream", default="PG_EVENTS")
     p.add_argument("--agents-bucket", default="pg_agents")
     p.add_argument("--node", default=os.environ.get("POWERGUARD_NODE"))
     p.add_argument("--nodes", help="n1,n2: ranks are spread over these nodes in order (simulated multi-node)")
+    p.add_argument("--reshard", action="store_true", help="resume a checkpoint of more ranks (not bit-exact)")
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--width", type=int, default=64)
     p.add_argument("--samples", type=int, default=512)
@@ -103,18 +111,22 @@ def main(argv: list[str] | None = None) -> int:
         data, batch_size=args.batch, sampler=sampler, generator=torch.Generator().manual_seed(args.seed)
     )
     names = BusNames(prefix=args.prefix, stream=args.stream, agents=args.agents_bucket)
+    node = (
+        args.nodes.split(",")[rank * len(args.nodes.split(",")) // dist.get_world_size()] if args.nodes else args.node
+    )
     guard = CheckpointAgent(
         job=args.job,
         model=ddp,
         optimizer=opt,
         scheduler=sched,
-        local_dir=args.local_dir,
+        local_dir=args.local_dir.format(node=node or "node"),  # a simulated node's own disk: ".../{node}"
         remote_url=args.remote_url,
+        local_scope=args.local_scope,
+        replicas=args.replicas,
+        reshard=args.reshard,
         nats_url=args.nats_url,
         names=names,
-        node=args.nodes.split(",")[rank * len(args.nodes.split(",")) // dist.get_world_size()]
-        if args.nodes
-        else args.node,
+        node=node,
         local_every_s=args.local_every_s,
         remote_every_s=args.remote_every_s,
         http_port=args.http_port,

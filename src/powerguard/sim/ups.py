@@ -38,6 +38,7 @@ class Battery:
     recharge_pct_per_s: float = 0.05
     low_battery_pct: float = 10.0
     on_battery: bool = False
+    garbage: bool = False  # the agent reports out-of-range values (a fault drill)
     since: float = field(default_factory=time.monotonic)
     _t: float = field(default_factory=time.monotonic)
 
@@ -79,19 +80,27 @@ def ups_agent(battery: Battery, *, community: str = "public", input_v: float = 2
     a = SnmpAgent(community=community)
     b = battery
     integer, gauge, ticks = rfc1902.Integer32, rfc1902.Gauge32, rfc1902.TimeTicks
+    # while ``garbage``: charge 255 % and load 999 % (a broken agent's out-of-range readings)
+
+    def charge() -> int:
+        return 255 if b.garbage else round(b.charge_pct)
+
+    def load() -> int:
+        return 999 if b.garbage else round(b.load())
+
     # RFC 1628 UPS-MIB
     a.scalar(f"{UPS_MIB}.2.1.0", integer, lambda: 3 if b.low else 2)  # upsBatteryStatus
     a.scalar(f"{UPS_MIB}.2.2.0", integer, lambda: b.seconds_on_battery)  # upsSecondsOnBattery
     a.scalar(f"{UPS_MIB}.2.3.0", integer, lambda: int(b.runtime_s // 60))  # upsEstimatedMinutesRemaining
-    a.scalar(f"{UPS_MIB}.2.4.0", integer, lambda: round(b.charge_pct))  # upsEstimatedChargeRemaining
+    a.scalar(f"{UPS_MIB}.2.4.0", integer, charge)  # upsEstimatedChargeRemaining
     a.scalar(f"{UPS_MIB}.3.3.1.3.1", integer, lambda: 0 if b.on_battery else round(input_v))  # upsInputVoltage
     a.scalar(f"{UPS_MIB}.4.1.0", integer, lambda: 5 if b.on_battery else 3)  # upsOutputSource
-    a.scalar(f"{UPS_MIB}.4.4.1.5.1", integer, lambda: round(b.load()))  # upsOutputPercentLoad
+    a.scalar(f"{UPS_MIB}.4.4.1.5.1", integer, load)  # upsOutputPercentLoad
     # APC PowerNet (runtime in TimeTicks: better than UPS-MIB's whole minutes)
     a.scalar(f"{APC}.2.1.1.0", integer, lambda: 3 if b.low else 2)  # upsBasicBatteryStatus
-    a.scalar(f"{APC}.2.2.1.0", gauge, lambda: round(b.charge_pct))  # upsAdvBatteryCapacity
+    a.scalar(f"{APC}.2.2.1.0", gauge, charge)  # upsAdvBatteryCapacity
     a.scalar(f"{APC}.2.2.3.0", ticks, lambda: int(b.runtime_s * 100))  # upsAdvBatteryRunTimeRemaining
     a.scalar(f"{APC}.3.2.1.0", gauge, lambda: 0 if b.on_battery else round(input_v))  # upsAdvInputLineVoltage
     a.scalar(f"{APC}.4.1.1.0", integer, lambda: 3 if b.on_battery else 2)  # upsBasicOutputStatus
-    a.scalar(f"{APC}.4.2.3.0", gauge, lambda: round(b.load()))  # upsAdvOutputLoad
+    a.scalar(f"{APC}.4.2.3.0", gauge, load)  # upsAdvOutputLoad
     return a

@@ -92,6 +92,29 @@ async def test_request_checkpoints_both_ranks_at_one_step_and_acks(bus, nats_ser
     assert sum(a.data.bytes for a in got) > 0 and all(a.data.durations.total_s > 0 for a in got)
 
 
+async def test_the_remote_copy_raises_every_ranks_ack_to_durability_remote(bus, nats_server, tmp_path):
+    acks = bus.subscribe(CheckpointDurable, deliver="all")
+    await acks.start()
+    remote = f"file://{tmp_path / 'nas'}"
+    t = await Trainer(
+        tmp_path, "jrem", nats_url=nats_server.url, names=bus.names, steps=100_000, step_sleep=0.02, remote_url=remote
+    ).start()
+    try:
+        await registered(bus, "jrem")
+        await request(bus, "jrem")
+        got = await answers(acks, 4)  # each rank's local ack, then rank 0 raises both to remote
+    finally:
+        await t.kill()
+        await acks.aclose()
+    local = [a.data for a in got if a.data.durability == "local"]
+    raised = [a.data for a in got if a.data.durability == "remote"]
+    assert {a.rank for a in local} == {a.rank for a in raised} == {0, 1}
+    assert {a.data.step for a in got} == {local[0].step} and {a.data.request_id for a in got} == {"req-1"}
+    assert all(a.tier == "remote" and a.path.startswith(str(tmp_path / "nas")) for a in raised)
+    assert {a.rank: a.digest for a in local} == {a.rank: a.digest for a in raised}  # the same manifests
+    assert verify_checkpoint(raised[0].path)["step"] == local[0].step
+
+
 async def test_bit_exact_resume_after_sigkill_right_after_the_ack(bus, nats_server, tmp_path):
     reference = tmp_path / "a.pt"
     await run(tmp_path / "A", "jexact", steps=STEPS, out=reference)

@@ -13,8 +13,8 @@ import tarfile
 import time
 from pathlib import Path
 
+from powerguard.bus import free_ports
 from tests.conftest import require_binary
-from tests.integration.ups.nut_peer import free_ports
 
 from .peers import _spawn, stop
 

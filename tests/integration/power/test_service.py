@@ -8,7 +8,7 @@ import itertools
 
 import pytest
 
-from powerguard.schemas import PowerActionDone, PowerActionFailed
+from powerguard.schemas import NodeState, PowerActionDone, PowerActionFailed
 
 from .helpers import Recorder, creds, power_on, service, shutdown, site
 
@@ -187,5 +187,27 @@ async def test_a_command_left_running_is_resumed_at_start(make_bus, make_bmc, mo
         await pc.idle()
         assert bmc.power == "off"
         assert (await ledger.get("saga-1/n1/shutdown"))["status"] == "done"
+    finally:
+        await pc.stop()
+
+
+async def test_power_on_ramp_spaces_the_restore_as_the_bmcs_see_it(make_bus, make_bmc, monkeypatch):
+    """A ramp of 60 nodes/min (one a second) over 4 nodes that could all start in one batch: the
+    BMCs are asked to power on at least 1 s apart, and the waiting nodes say why."""
+    cred = creds(monkeypatch)
+    bmcs = {n: make_bmc(n, boot_delay=0.2, power="off") for n in ("n1", "n2", "n3", "n4")}
+    cfg = site([bmc_node(n, b, cred) for n, b in bmcs.items()], max_parallel_power_on=4, ramp={"nodes_per_min": 60})
+    bus = await make_bus("power-control")
+    rec = await Recorder().start(bus)
+    pc = await service(bus, cfg)
+    try:
+        for n in bmcs:
+            await bus.publish(power_on(n))
+        await rec.wait(lambda: all("ready" in rec.states(n) for n in bmcs), what="every node ready")
+        asked = sorted(bmcs[n].events("command on")[-1][0] for n in bmcs)
+        assert all(b - a >= 0.95 for a, b in itertools.pairwise(asked)), asked  # the BMCs' own clock
+        waiting = [e.data.detail for e in rec.of(NodeState) if "power-on ramp" in (e.data.detail or "")]
+        assert len(waiting) >= 2  # nodes the ramp holds back say for how long
+        assert not rec.of(PowerActionFailed)
     finally:
         await pc.stop()

@@ -17,19 +17,6 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def free_ports(n: int) -> list[int]:
-    """``n`` distinct free ports: all bound at once, so two calls cannot hand out one port twice
-    (a node whose client and route ports collided would die at start)."""
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
 class NutServer:
     def __init__(self, tmp: Path, *, ups: str = "ups1", status: str = "OL CHRG") -> None:
         self.upsd = require_binary("upsd", "nut-server") if not os.path.exists("/lib/nut/upsd") else "/lib/nut/upsd"

@@ -88,8 +88,8 @@ class Drive:
             out += self.ack(job, r)
         return out
 
-    def node(self, node: str, state: str) -> list[Command]:
-        return self._feed(NodeReport(node=node, state=state))
+    def node(self, node: str, state: str, detail: str | None = None) -> list[Command]:
+        return self._feed(NodeReport(node=node, state=state, detail=detail))
 
     def resumed(self, job: str, step: int = 101) -> list[Command]:
         return self._feed(Resumed(job=job, step=step))

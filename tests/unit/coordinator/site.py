@@ -67,7 +67,9 @@ class Site:
         data = PowerData(site="dc1", ups=ups, on_battery=on_battery, runtime_s=runtime_s, charge_pct=charge_pct, **kw)
         return cls(time=at(self.now - age_s), data=data)
 
-    def ack(self, saga_id: str, job: str, rank: int, *, round: str = "ckpt", step: int = 101) -> CheckpointDurable:
+    def ack(
+        self, saga_id: str, job: str, rank: int, *, round: str = "ckpt", step: int = 101, durability: str = "local"
+    ) -> CheckpointDurable:
         return CheckpointDurable(
             data=CheckpointDurableData(
                 request_id=f"{saga_id}/{job}/{round}",
@@ -78,6 +80,7 @@ class Site:
                 path="/ckpt",
                 bytes=1,
                 digest="0" * 32,
+                durability=durability,
             )
         )
 
@@ -86,8 +89,8 @@ class Site:
         return [self.ack(saga_id, job, r, **kw) for r in range(rec.jobs[job].world_size)]
 
     @staticmethod
-    def node(node: str, state: str, saga_id: str | None) -> NodeState:
-        return NodeState(data=NodeStateData(node=node, state=state, saga_id=saga_id))
+    def node(node: str, state: str, saga_id: str | None, detail: str | None = None) -> NodeState:
+        return NodeState(data=NodeStateData(node=node, state=state, saga_id=saga_id, detail=detail))
 
     @staticmethod
     def resumed(job: str, saga_id: str | None, step: int = 101) -> JobResumed:

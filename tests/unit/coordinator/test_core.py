@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from powerguard.schemas import JobData, JobRestarted, LowBattery, PowerActionFailed, PowerData, PowerResultData
 
+from .harness import POLICY
 from .site import Site, at
 
 
@@ -87,6 +88,14 @@ def test_a_failed_power_off_is_recorded_with_its_reason():
     assert rec.state.value == "down" and rec.nodes["n1"].error == "BMC unreachable"
 
 
+def restore_started(s: Site) -> None:
+    shut_down(s)
+    s.send(s.node("n1", "off", "s1"), s.node("n2", "off", "s1"))
+    s.send(s.power("A", False))
+    s.advance(s.policy.restore_stable_s + 1)
+    assert s.core.open["s1"].state.value == "restoring"
+
+
 def restore(s: Site) -> None:
     shut_down(s)
     s.send(s.node("n1", "off", "s1"), s.node("n2", "off", "s1"))
@@ -140,3 +149,29 @@ def test_a_resume_naming_an_older_outage_counts_for_the_saga_restoring_the_job()
     restore(s)
     s.send(s.resumed("j1", "dc1-20250101T000000-abcd"))
     assert "s1" not in s.core.open and s.steps[-1].changed[0].state.value == "done"
+
+
+def test_a_required_durability_holds_the_shutdown_until_the_acks_reach_it_or_the_deadline():
+    s = Site(policy=POLICY.model_copy(update={"require_durability": "replicated"}))
+    s.send(s.power("A", True))
+    s.send(*s.acks("s1", "j1"))  # durable on each node's own disk only
+    plan = s.core.open["s1"].jobs["j1"]
+    assert plan.settled_at is None and plan.short == [0, 1, 2, 3]  # acked, not yet replicated: still waiting
+    s.send(*s.acks("s1", "j1", durability="replicated:1"))  # the replicas are on a peer now
+    assert plan.settled_at is not None and plan.short == [] and plan.complete
+    s2 = Site(policy=POLICY.model_copy(update={"require_durability": "remote"}))
+    s2.send(s2.power("A", True))
+    s2.send(*s2.acks("s1", "j1", durability="replicated:2"))
+    assert s2.core.open["s1"].jobs["j1"].settled_at is None  # replicas are not the remote tier
+    s2.advance(POLICY.ckpt_timeout_s + 1)  # the deadline settles it: the battery bounds the wait
+    p2 = s2.core.open["s1"].jobs["j1"]
+    assert p2.settled_at is not None and p2.short == [0, 1, 2, 3] and p2.missing == []
+
+
+def test_a_node_held_by_the_power_on_ramp_is_recorded_from_its_state_event():
+    s = Site()
+    restore_started(s)
+    s.send(s.node("n1", "off", "s1", "power-on ramp: starts in 3.0s"))
+    assert s.core.open["s1"].nodes["n1"].waiting == "power-on ramp: starts in 3.0s"
+    s.send(s.node("n1", "ready", "s1"))
+    assert s.core.open["s1"].nodes["n1"].waiting is None

@@ -252,6 +252,28 @@ def test_restore_waits_for_stable_power_and_charge_then_restarts_and_resumes():
     assert figures.rto_s(d.rec) == pytest.approx(35.0)
 
 
+def test_nodes_held_back_by_the_power_on_ramp_show_in_the_status():
+    from powerguard.coordinator.status import summarize
+
+    d = Drive()
+    _to_down(d)
+    d.advance(100)
+    d.power("A", False, charge_pct=90)
+    d.advance(31)
+    assert d.state == "restoring"
+    d.node("n2", "off", "power-on ramp: starts in 4.0s")  # power-control's word while the ramp holds n2
+    d.node("n1", "ready")
+    assert summarize(d.rec, now=d.now)["restore"] == {
+        "asked": 2,
+        "ready": 1,
+        "in_ramp": 1,
+        "ramp": "power-on ramp: starts in 4.0s",
+    }
+    d.node("n2", "ready")
+    assert summarize(d.rec, now=d.now)["restore"]["in_ramp"] == 0
+    assert d.rec.nodes["n2"].off_at is not None and d.rec.nodes["n2"].ready_at is not None
+
+
 def test_restore_timeout_fails_with_a_reason():
     d = Drive()
     _to_down(d)

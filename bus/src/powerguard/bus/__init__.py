@@ -9,7 +9,7 @@ setup, OTel propagation, an embedded broker and the service runner.
 
 from .client import BatchHandler, Bus, Handler
 from .consumer import BatchConsumer, Consumer, Received, Subscription
-from .embedded import EmbeddedNats, find_nats_server
+from .embedded import EmbeddedNats, embedded_cluster, find_nats_server, free_ports
 from .errors import BusError, CasConflict, ConnectError, EmbeddedServerError, PublishError, SetupError
 from .kv import Kv, KvEntry
 from .names import BusNames, StreamLimits
@@ -25,6 +25,8 @@ __all__ = [
     "ConnectError",
     "Consumer",
     "EmbeddedNats",
+    "embedded_cluster",
+    "free_ports",
     "EmbeddedServerError",
     "Handler",
     "Kv",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import time
@@ -161,7 +162,12 @@ class Bus:
         bus._closing = closing
         bus._reconnected = reconnected
         if setup:
-            await bus.setup()
+            try:
+                await bus.setup()
+            except BaseException:  # a caller that retries must not leave this connection reconnecting forever
+                with contextlib.suppress(Exception):
+                    await bus.close()
+                raise
         return bus
 
     @property
@@ -186,10 +192,13 @@ class Bus:
 
     async def close(self) -> None:
         self._closing[0] = True
-        for consumer in list(self._consumers):
-            await consumer.stop()
-        if not self.nc.is_closed:
-            await self.nc.close()
+        try:
+            for consumer in list(self._consumers):
+                with contextlib.suppress(Exception):  # a consumer the server lost: the connection still closes
+                    await consumer.stop()
+        finally:
+            if not self.nc.is_closed:
+                await self.nc.close()
 
     # setup --------------------------------------------------------------------
     async def setup(self, *, update: bool = False) -> None:

@@ -176,3 +176,42 @@ class EmbeddedNats:
 
     def __exit__(self, *exc: object) -> None:
         self.cleanup()
+
+
+def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
+    """``n`` distinct free TCP ports: all bound at once, so two calls cannot hand out one port
+    twice (a node whose client and route ports collided would die at start)."""
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind((host, 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def embedded_cluster(store_dir: str | Path, size: int = 3, *, name: str = "pg") -> list[EmbeddedNats]:
+    """``size`` nats-servers (``n0``, ``n1``, ...) routed into one JetStream cluster on loopback,
+    not started: ``for n in nodes: n.start()``; each restarts on its own ports and store dir."""
+    found = free_ports(2 * size)
+    ports, routes = found[:size], found[size:]
+    route_urls = ",".join(f"nats://127.0.0.1:{p}" for p in routes)
+    return [
+        EmbeddedNats(
+            port=ports[i],
+            store_dir=Path(store_dir) / f"n{i}",
+            ready_timeout=20,
+            extra_args=[
+                "--server_name",
+                f"n{i}",
+                "--cluster_name",
+                name,
+                "--cluster",
+                f"nats://127.0.0.1:{routes[i]}",
+                "--routes",
+                route_urls,
+            ],
+        )
+        for i in range(size)
+    ]

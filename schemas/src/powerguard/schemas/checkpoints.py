@@ -89,6 +89,13 @@ class CheckpointDurableData(CheckpointAckData):
     bytes: int = Field(ge=0, description="Bytes this rank wrote")
     durations: Durations = Field(default_factory=Durations)
     digest: str = Field(description="xxh3-128 of this rank's manifest")
+    durability: str = Field(
+        default="local",
+        pattern=r"^(local|replicated:[0-9]{1,5}|remote)$",
+        description="What the committed checkpoint survives: local (the tier's one copy: a shared directory, "
+        "or a node's own disk), replicated:k (every file of the job is also on k other nodes' disks, so any "
+        "k nodes may be lost), remote (also on the remote tier)",
+    )
 
 
 class CheckpointFailedData(CheckpointAckData):

@@ -3,7 +3,9 @@ checkpoint served, with the request and saga they answer and the rank that answe
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,6 +17,9 @@ from powerguard.schemas import (
     CheckpointRequestData,
     Durations,
 )
+
+from . import _layout as L
+from .errors import CheckpointError
 
 log = logging.getLogger("powerguard.ckpt_agent")
 
@@ -30,6 +35,7 @@ class Saved:
     commit_s: float
     total_s: float
     agree_s: float = 0.0  # waiting for every rank to agree on the step (power-event saves)
+    durability: str = "local"  # local | replicated:k (node scope: every file on k+1 nodes' disks)
 
     def durations(self) -> Durations:
         return Durations(agree_s=self.agree_s, write_s=self.write_s, commit_s=self.commit_s, total_s=self.total_s)
@@ -63,6 +69,7 @@ class _AckMixin:
                     bytes=info.bytes,
                     digest=info.digest,
                     durations=info.durations(),
+                    durability=info.durability,
                 ),
             ),
             ctx,
@@ -82,3 +89,38 @@ class _AckMixin:
             ),
             ctx,
         )
+
+    def _answer_remote(self, step: int, url: str) -> None:
+        """The requests answered with ``step`` are now on the remote tier too: a second ack per
+        rank (rank 0 speaks for all: the copy holds every rank's files) raises their durability
+        to ``remote``. Runs on the remote copier's thread."""
+        requests = self._remote_waiting.pop(step, [])
+        if self._bus is None or not requests:
+            return
+        directory = L.step_dir(self.local_root, self.job, step)
+        try:
+            commit = L.read_commit(self._local_fs, directory)
+            sizes = {}
+            for rank in commit["manifests"]:
+                with open(os.path.join(directory, L.manifest_name(int(rank))), "rb") as f:
+                    sizes[int(rank)] = sum(int(x["size"]) for x in json.loads(f.read())["files"].values())
+        except (OSError, ValueError, KeyError, CheckpointError) as exc:
+            log.warning("step %d reached %s but its acks could not be raised: %s", step, url, exc)
+            return
+        for r in requests:
+            for rank, digest in sorted(commit["manifests"].items()):
+                self._bus.publish_nowait(
+                    CheckpointDurable(
+                        source=self._bus.source,
+                        data=CheckpointDurableData(
+                            **{**self._ack_fields(r), "rank": int(rank)},
+                            step=step,
+                            tier="remote",
+                            path=url,
+                            bytes=sizes.get(int(rank), 0),
+                            digest=digest,
+                            durability="remote",
+                        ),
+                    )
+                )
+        log.info("step %d on the remote tier: acks raised to durability remote", step)

@@ -9,6 +9,7 @@ import os
 import queue
 import threading
 import time
+from collections.abc import Callable
 
 from . import _layout as L
 
@@ -28,6 +29,7 @@ class RemoteCopier:
         self.errors: list[str] = []
         self._queue: queue.Queue[int | None] = queue.Queue()
         self._queued: set[int] = set()
+        self.on_copied: Callable[[int, str], None] | None = None  # after a copy is committed remotely
         self._thread = threading.Thread(target=self._run, name="pg-ckpt-remote", daemon=True)
         self._thread.start()
 
@@ -69,7 +71,9 @@ class RemoteCopier:
     def _run(self) -> None:
         while (step := self._queue.get()) is not None:
             try:
-                self.copy(step)
+                url = self.copy(step)
+                if self.on_copied is not None:
+                    self.on_copied(step, url)
             except Exception as exc:
                 log.error("remote copy of step %d failed: %s", step, exc)
                 self.errors.append(f"step {step}: {exc}")

@@ -40,6 +40,11 @@ class _RestoreMixin:
 
     def _restore(self) -> int:
         candidates = self._gather(self._candidates() if self.rank == 0 else None)[0]
+        if self.local_scope == "node":  # every node's own disk (and its peers') first, then the remote tier
+            got = self._restore_from_nodes()
+            if got is not None:
+                return got
+            candidates = [c for c in candidates if c[0] == "remote"]
         for tier, url, _step in candidates:
             fs, path = L.fs_for(url)
             reason = self._verify(fs, path)
@@ -82,8 +87,7 @@ class _RestoreMixin:
         try:
             commit = L.read_commit(fs, path)
             L.authenticate(commit, self._key, path)
-            if commit.get("world_size") != self.world_size:
-                raise CorruptCheckpoint(f"written by {commit.get('world_size')} ranks, this job has {self.world_size}")
+            self._check_world(commit)
             files = L.manifest_files(fs, path, commit, self._key)
             names = sorted(files)[self.rank :: self.world_size]
             L.verify_files(fs, path, files, names, self._key)
@@ -93,6 +97,28 @@ class _RestoreMixin:
             reason = str(exc)
         reasons = [r for r in self._gather(reason) if r]
         return "; ".join(reasons) if reasons else None
+
+    def _check_world(self, commit: dict) -> None:
+        """A checkpoint of another world size is refused, unless ``reshard`` and it had more ranks."""
+        written = commit.get("world_size")
+        if written == self.world_size:
+            return
+        if self.reshard and isinstance(written, int) and written > self.world_size:
+            log.warning(
+                "rank %d: checkpoint written by %d ranks, resharded to %d (not a bit-exact resume: %s)",
+                self.rank,
+                written,
+                self.world_size,
+                "model and optimizer are resharded by DCP; rank r keeps old rank r's RNG and rank state; "
+                "the data order changes with the world size",
+            )
+            return
+        hint = (
+            "; reshard=True resumes on fewer ranks (not bit-exact)"
+            if isinstance(written, int) and written > self.world_size
+            else ""
+        )
+        raise CorruptCheckpoint(f"written by {written} ranks, this job has {self.world_size}{hint}")
 
     def report_resumed(self) -> None:
         """Announce ``job.resumed`` once (rank 0), after the first step following a restore."""

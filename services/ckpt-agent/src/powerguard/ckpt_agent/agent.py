@@ -39,6 +39,8 @@ from . import _spans
 from ._acks import Saved, _AckMixin
 from ._bus import BusThread, Request
 from ._hashing import HashingWriter
+from ._node_tier import _NodeTierMixin
+from ._nodes import Topology
 from ._remote import RemoteCopier
 from ._restore import _RestoreMixin
 from ._staging import ReusingStager, partition_replicated
@@ -47,17 +49,28 @@ from .errors import CheckpointError, CommitError, StepAgreementTimeout
 
 log = logging.getLogger("powerguard.ckpt_agent")
 
+CLOSE_AGREEMENT_WAIT_S = 2.0  # close(): how long the last boundary's agreement may still take
+REPLICA_TIMEOUT_S = 120.0  # a peer that stops answering ends that replication (the local commit stands)
 AGREE_FLOOR_S = 10.0  # the others reach a step boundary within a step: wait at least this long
 
 
-class CheckpointAgent(_StateMixin, _AckMixin, _RestoreMixin):
+class CheckpointAgent(_StateMixin, _AckMixin, _RestoreMixin, _NodeTierMixin):
     """One per rank. ``torch.distributed`` must be initialized first (or run single-process).
 
     Keyword-only arguments:
       job, model, optimizer, scheduler: what to checkpoint (DDP and FSDP2 models work).
       extra_state: job-wide extras (``Stateful`` objects or plain values), saved once.
       rank_state: per-rank extras (e.g. a data loader position), saved under a per-rank key.
-      local_dir: local tier root (must be the same path, visible to every rank of the job).
+      local_dir: local tier root. ``local_scope="shared"`` (default): one directory every rank of
+        the job sees. ``"node"``: each node's own disk (NVMe); every node keeps a checkpoint it
+        can restore from by itself, plus replicas of ``replicas`` other nodes' files.
+      local_scope: ``"shared"`` or ``"node"`` (see local_dir).
+      replicas: node scope: how many other nodes keep a copy of each node's files (default 1).
+      pipelined_agreement: start the step agreement at one boundary and read it at the next (off
+        the training thread's path; experimental, see the README). Default: agree at each boundary.
+      reshard: restore a checkpoint written by more ranks than this job has (a node that stayed
+        dead): DCP reshards model and optimizer; rank r keeps old rank r's RNG and rank state;
+        not a bit-exact resume (the data order changes with the world size). Default: refused.
       remote_url: optional fsspec URL of the remote tier (``file:///nas/ckpt``, ``s3://...``).
       nats_url / names: the bus (None: no bus; checkpoints are periodic or explicit only).
       nats_creds: this job's NATS credential (``powerguard creds issue --job JOB``; default: env
@@ -107,7 +120,15 @@ class CheckpointAgent(_StateMixin, _AckMixin, _RestoreMixin):
         hold_policy: HoldPolicy | None = None,
         pause_poll_s: float = 0.2,
         checksum_key_file: str | os.PathLike | None = None,
+        local_scope: str = "shared",
+        replicas: int = 1,
+        reshard: bool = False,
+        pipelined_agreement: bool = False,
     ) -> None:
+        if local_scope not in ("shared", "node"):
+            raise ValueError(f"local_scope must be 'shared' or 'node', not {local_scope!r}")
+        if replicas < 0:
+            raise ValueError("replicas must be at least 0")
         if keep < 1 or keep_remote < 1:
             raise ValueError("keep and keep_remote must be at least 1")
         if sync_every_n_steps < 1:
@@ -138,10 +159,24 @@ class CheckpointAgent(_StateMixin, _AckMixin, _RestoreMixin):
         self._save_group = dist.new_group(backend="gloo") if self.distributed else None
         self._local_fs, _ = L.fs_for(self.local_root)
         self.node = node or socket.gethostname().split(".")[0]
+        self.local_scope, self.replicas, self.reshard = local_scope, replicas, reshard
+        # node scope: which node each rank is on, and a group for replication (leaders, background)
+        self._topo = Topology(tuple(self._gather(self.node)))
+        self._replica_group = (
+            dist.new_group(backend="gloo", timeout=timedelta(seconds=REPLICA_TIMEOUT_S))
+            if self.distributed and local_scope == "node"
+            else None
+        )
+        self._replicator: threading.Thread | None = None
+        self.replicated: tuple[str, bool, list[str]] | None = None  # (directory, complete, problems), last one
         self.last_committed_step: int | None = None
         self._last_local = time.monotonic()
         self._step = 0
         self._boundary = 0
+        # the agreement started at the last boundary, read at the next: (work, flags, pending request)
+        self._inflight: tuple[Any, torch.Tensor, Request | None] | None = None
+        # the agreement started at one boundary and read at the next (opt-in: see the README's Limits)
+        self._pipelined = pipelined_agreement
         self._async: tuple[int, Future, HashingWriter, float] | None = None
         overlap = overlap_staging and optimizer is not None
         # weak references only: a cycle through the stager or the optimizer would keep the agent and
@@ -187,6 +222,8 @@ class CheckpointAgent(_StateMixin, _AckMixin, _RestoreMixin):
         self._remote = None
         if remote_url and self.rank == 0:
             self._remote = RemoteCopier(self.local_root, remote_url, job=job, keep=keep_remote, every_s=remote_every_s)
+            self._remote.on_copied = self._answer_remote
+        self._remote_waiting: dict[int, list[CheckpointRequestData]] = {}  # step -> requests to ack "remote"
 
     # ------------------------------------------------------------------ collectives
     def _barrier_ok(self, ok: bool, timeout_s: float | None = None) -> bool:
@@ -218,7 +255,10 @@ class CheckpointAgent(_StateMixin, _AckMixin, _RestoreMixin):
 
     # ------------------------------------------------------------------ training loop hook
     def step(self, step: int) -> None:
-        """Call after each optimizer step with that step's number. Cheap when nothing is due.
+        """Call after each optimizer step with that step's number. Cheap when nothing is due. With
+        ``pipelined_agreement=True`` the ranks' agreement is an all-reduce started at one boundary
+        and read at the next (it runs while the step trains), so a request is acted on at the
+        boundary after the one where a rank first reports it, by every rank at that same step.
 
         When the coordinator asks for a checkpoint followed by a pause (the ``pause`` hold policy,
         or the final checkpoint before a shutdown), this call does not return until the ranks are
@@ -236,30 +276,57 @@ class CheckpointAgent(_StateMixin, _AckMixin, _RestoreMixin):
         self._boundary += 1
         if self._boundary % self.sync_every_n_steps:
             return
-        pending = self._bus.pending() if self._bus is not None else None
-        periodic = (
-            self.rank == 0 and self.local_every_s > 0 and time.monotonic() - self._last_local >= self.local_every_s
-        )
-        async_busy = self._async is not None and not self._async[1].done()
-        flags = torch.tensor(
-            [1 if pending else 0, 1 if periodic else 0, 1 if async_busy else 0, 1 if self._async is not None else 0],
-            dtype=torch.int64,
-        )
-        if self.distributed:
-            # a request bounds how long this rank waits for the others at the boundary, but never
-            # below AGREE_FLOOR_S: a deadline that has passed (low battery) means "checkpoint now",
-            # not an exception in the training loop
+        if not self.distributed:
+            self._act(step, self._flags(), self._bus.pending() if self._bus is not None else None)
+            return
+        if not self._pipelined:  # agree and act at this very boundary (benchmarks compare the two)
+            pending = self._bus.pending() if self._bus is not None else None
+            self._inflight = (
+                dist.all_reduce(
+                    flags := self._flags(pending), op=dist.ReduceOp.MAX, group=self._agree_group, async_op=True
+                ),
+                flags,
+                pending,
+            )
+        # The agreement runs off the training thread's critical path: what the ranks said at the
+        # last boundary was all-reduced during the step just trained; act on it now (every rank
+        # acts on the same flags, so every rank checkpoints this same step), then start the next.
+        prev, self._inflight = self._inflight, None
+        if prev is not None:
+            work, flags, pending = prev
+            # a request bounds how long this rank waits for the others, but never below
+            # AGREE_FLOOR_S: a deadline that has passed (low battery) means "checkpoint now"
             timeout = max(AGREE_FLOOR_S, pending.deadline_ts - time.time()) if pending else self.agree_timeout_s
             try:
-                self._wait(
-                    dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self._agree_group, async_op=True), timeout
-                )
+                self._wait(work, timeout)
             except StepAgreementTimeout as exc:
                 if pending is not None:
                     self._answer_failed([pending.data], exc)
                 raise
+            self._act(step, flags, self._bus.pending() if self._bus is not None else None)
+            if not self._pipelined:
+                return
+        pending = self._bus.pending() if self._bus is not None else None
+        flags = self._flags(pending)
+        work = dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self._agree_group, async_op=True)
+        self._inflight = (work, flags, pending)
+
+    def _flags(self, pending: Request | None = None) -> torch.Tensor:
+        """What this rank wants at a boundary: a request pending, a periodic save due (rank 0's
+        clock), a periodic save still writing, a periodic save to commit."""
+        periodic = (
+            self.rank == 0 and self.local_every_s > 0 and time.monotonic() - self._last_local >= self.local_every_s
+        )
+        async_busy = self._async is not None and not self._async[1].done()
+        return torch.tensor(
+            [1 if pending else 0, 1 if periodic else 0, 1 if async_busy else 0, 1 if self._async is not None else 0],
+            dtype=torch.int64,
+        )
+
+    def _act(self, step: int, flags: torch.Tensor, pending: Request | None) -> None:
+        """Do what the agreed ``flags`` say, at this step, on every rank alike."""
         want_request, want_periodic, any_busy, any_async = (bool(x) for x in flags.tolist())
-        if any_async and not any_busy:
+        if any_async and not any_busy and self._async is not None:  # (``wait()`` may have finished it since)
             self._finish_async()
         if want_request:
             requests, ok = self._checkpoint_for_requests(step, pending)
@@ -310,6 +377,8 @@ class CheckpointAgent(_StateMixin, _AckMixin, _RestoreMixin):
         t_agree = time.time()
         gathered = self._gather([(pending.data, pending.traceparent)] if pending else [])
         requests = {data.request_id: data for rs in gathered for data, _ in rs}
+        if not requests:  # agreed on a request that every rank has answered since (pipelined agreement)
+            return [], False
         first_seen = pending.received if pending else t_agree
         span = _spans.start(
             f"checkpoint {self.job}",
@@ -343,7 +412,10 @@ class CheckpointAgent(_StateMixin, _AckMixin, _RestoreMixin):
             span.end()
         if self._remote is not None:
             deadlines = [r.deadline.timestamp() for r in requests.values()]
-            self._remote.copy_if_time_allows(step, min(deadlines) if deadlines else None)
+            if self._bus is not None:
+                self._remote_waiting[step] = list(requests.values())  # raised to "remote" once copied
+            if not self._remote.copy_if_time_allows(step, min(deadlines) if deadlines else None):
+                self._remote_waiting.pop(step, None)
         return list(requests.values()), True
 
     # ------------------------------------------------------------------ saving
@@ -353,7 +425,7 @@ class CheckpointAgent(_StateMixin, _AckMixin, _RestoreMixin):
         t0 = time.perf_counter()
         directory = L.step_dir(self.local_root, self.job, step)
         committed, problem = False, None
-        if self.rank == 0:
+        if self._node_leader:
             try:
                 if os.path.isdir(directory) and not os.path.exists(os.path.join(directory, L.COMMIT)):
                     log.warning("removing uncommitted leftover %s", directory)
@@ -361,8 +433,12 @@ class CheckpointAgent(_StateMixin, _AckMixin, _RestoreMixin):
                 os.makedirs(directory, exist_ok=True)
                 committed = os.path.exists(os.path.join(directory, L.COMMIT))
             except OSError as exc:  # every rank must hear it: the others would wait in DCP's collectives
-                problem = f"rank 0: cannot prepare {directory}: {exc}"
-        committed, problem = self._gather((committed, problem))[0]
+                problem = f"rank {self.rank} (node {self.node}): cannot prepare {directory}: {exc}"
+        else:
+            committed = True  # only the leaders' answers count
+        answers = self._gather((committed, problem))
+        committed = all(c for c, _ in answers)
+        problem = "; ".join(p for _, p in answers if p)
         if problem:
             raise CommitError(problem)
         if committed:  # this exact step is already durable (e.g. a periodic save of the same step)
@@ -396,10 +472,28 @@ class CheckpointAgent(_StateMixin, _AckMixin, _RestoreMixin):
                 )
             except OSError as exc:
                 ok, err = False, exc
-        results = self._gather((self.rank, ok, digest, repr(err) if err else None, keyed))
-        failures = [f"rank {r}: {e}" for r, good, _, e, _ in results if not good]
+        body = meta = None
+        if ok and self.local_scope == "node":  # every node stores every manifest and the metadata
+            try:
+                with open(os.path.join(directory, L.manifest_name(self.rank)), "rb") as f:
+                    body = f.read()
+                if self.rank == 0:
+                    with open(os.path.join(directory, ".metadata"), "rb") as f:
+                        meta = f.read()
+            except OSError as exc:
+                ok, err = False, exc
+        results = self._gather((self.rank, ok, digest, repr(err) if err else None, keyed, body, meta))
+        failures = [f"rank {r}: {e}" for r, good, _, e, *_ in results if not good]
         if failures:
             raise CommitError(f"checkpoint {directory} not committed: {'; '.join(failures)}")
+        if self.local_scope == "node":
+            extra = {"saga_id": self._saga_for_save} if self._saga_for_save else None
+            if not self._commit_on_every_node(directory, step, results, extra):
+                raise CommitError(f"not every node could write COMMIT in {directory}")
+            self._replicate_in_background(directory, results)
+            saved = self._committed(directory, step, nbytes, digest, t0, t_write)
+            saved.durability = self._durability
+            return saved
         committed = True
         if self.rank == 0:
             try:
@@ -410,11 +504,11 @@ class CheckpointAgent(_StateMixin, _AckMixin, _RestoreMixin):
                     directory,
                     step=step,
                     world_size=self.world_size,
-                    digests={r: d for r, _, d, _, _ in results},
+                    digests={r: d for r, _, d, *_ in results},
                     metadata_digest=L.digest_bytes(meta),
                     extra={"saga_id": self._saga_for_save} if self._saga_for_save else None,
                     key=self._key,
-                    keyed_manifests={r: k for r, _, _, _, k in results} if self._key is not None else None,
+                    keyed_manifests={r: k for r, _, _, _, k, *_ in results} if self._key is not None else None,
                     metadata=meta,
                 )
                 self._retain_in_background()
@@ -423,6 +517,9 @@ class CheckpointAgent(_StateMixin, _AckMixin, _RestoreMixin):
                 committed = False
         if not self._barrier_ok(committed):
             raise CommitError(f"rank 0 could not write COMMIT in {directory}")
+        return self._committed(directory, step, nbytes, digest, t0, t_write)
+
+    def _committed(self, directory: str, step: int, nbytes: int, digest: str, t0: float, t_write: float) -> Saved:
         t_end = time.perf_counter()
         self.last_committed_step = step
         self._last_local = time.monotonic()
@@ -511,6 +608,12 @@ class CheckpointAgent(_StateMixin, _AckMixin, _RestoreMixin):
     # ------------------------------------------------------------------ shutdown
     def close(self) -> None:
         """Finish a periodic save in flight, stop the remote copier, deregister."""
+        if self._inflight is not None:  # the last boundary's agreement: finished unless a peer stopped first
+            work, self._inflight = self._inflight[0], None
+            try:  # a stop (SIGTERM) reaches the ranks at different steps: never hold the stop up for it
+                self._wait(work, CLOSE_AGREEMENT_WAIT_S)
+            except StepAgreementTimeout:
+                log.info("rank %d: the last step agreement was left unfinished (a peer stopped first)", self.rank)
         try:
             self.wait()
         finally:
@@ -524,6 +627,16 @@ class CheckpointAgent(_StateMixin, _AckMixin, _RestoreMixin):
                 self._bus.close()
             if self._retainer is not None:
                 self._retainer.join(30)
+            if self._replicator is not None and not self.wait_replicated(60):
+                log.warning("rank %d: replication still running at close: the peers' copy may be short", self.rank)
+
+    def wait_replicated(self, timeout_s: float | None = None) -> bool:
+        """Node scope: wait until the last checkpoint's replication to the peers ended; True when it
+        ended (``replicated`` then says whether it was complete)."""
+        if self._replicator is None:
+            return True
+        self._replicator.join(timeout_s)
+        return not self._replicator.is_alive()
 
     def __enter__(self) -> CheckpointAgent:
         return self

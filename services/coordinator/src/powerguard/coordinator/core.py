@@ -216,9 +216,12 @@ class SiteCore:
         if isinstance(ev, CheckpointDurable | CheckpointFailed):
             ok = isinstance(ev, CheckpointDurable)
             error = None if ok else d.error
-            return Ack(job=d.job, rank=d.rank, request_id=d.request_id, step=d.step, ok=ok, error=error)
+            level = d.durability if ok else "local"
+            return Ack(
+                job=d.job, rank=d.rank, request_id=d.request_id, step=d.step, ok=ok, error=error, durability=level
+            )
         if isinstance(ev, NodeState):
-            return NodeReport(node=d.node, state=d.state) if d.node in rec.nodes else None
+            return NodeReport(node=d.node, state=d.state, detail=d.detail) if d.node in rec.nodes else None
         if isinstance(ev, PowerActionFailed):
             kind = "failed_on" if d.action == "on" else "failed_off"
             return NodeReport(node=d.node, state=kind, detail=d.error) if d.node in rec.nodes else None

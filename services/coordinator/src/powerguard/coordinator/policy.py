@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field
 
 from powerguard.schemas import HoldPolicy
@@ -25,6 +27,12 @@ class Policy(BaseModel):
         description="What jobs do during the hold (a job's registration overrides it): checkpoint-at-stop "
         "(train on, final checkpoint before the shutdown), pause (wait after the power checkpoint until power "
         "returns or the stop), continue (train on; what is trained after the checkpoint is lost at the stop)",
+    )
+    require_durability: Literal["local", "replicated", "remote"] = Field(
+        default="local",
+        description="What a rank's checkpoint must survive before the shutdown proceeds: local (its tier's one "
+        "copy), replicated (also another node's disk: node-local tier), remote (the remote tier). Bounded by the "
+        "battery: at the deadline the shutdown proceeds and the record names the ranks that fell short",
     )
     final_ckpt_factor: float = Field(
         default=2.0,

@@ -59,6 +59,7 @@ class Ack:
     step: int | None = None
     ok: bool = True
     error: str | None = None
+    durability: str = "local"  # local | replicated:k | remote (a later ack of the same rank may raise it)
 
 
 @dataclass(frozen=True)
@@ -116,14 +117,21 @@ class CkptRound(BaseModel):
     acked: dict[int, int | None] = Field(default_factory=dict)  # rank -> step
     failed: dict[int, str] = Field(default_factory=dict)
     settled_at: float | None = None  # every rank answered, or the deadline passed
+    levels: dict[int, str] = Field(default_factory=dict)  # rank -> the best durability it reported
+    require: str = "local"  # the durability every rank must reach before the round counts answered
 
     @property
     def missing(self) -> list[int]:
         return [r for r in range(self.world_size) if r not in self.acked]
 
     @property
+    def short(self) -> list[int]:
+        """Ranks that acked, below the required durability (still waited for until the deadline)."""
+        return [r for r in self.acked if not meets(self.levels.get(r, "local"), self.require)]
+
+    @property
     def answered(self) -> bool:
-        return all(r in self.acked or r in self.failed for r in range(self.world_size))
+        return all(r in self.failed or (r in self.acked and r not in self.short) for r in range(self.world_size))
 
     @property
     def step(self) -> int | None:
@@ -141,6 +149,22 @@ class CkptRound(BaseModel):
         if not self.complete or self.requested_at is None:
             return None
         return self.settled_at - self.requested_at
+
+
+def meets(level: str, require: str) -> bool:
+    """Whether an ack's durability satisfies a requirement: replicated is met by replicated:k>=1
+    or remote; remote only by remote; local by anything."""
+    if require == "local":
+        return True
+    if require == "remote":
+        return level == "remote"
+    return level == "remote" or (level.startswith("replicated:") and level != "replicated:0")
+
+
+def _strength(level: str) -> int:
+    if level == "remote":
+        return 1 << 30
+    return int(level.split(":", 1)[1]) if level.startswith("replicated:") and level[11:].isdigit() else 0
 
 
 class JobPlan(CkptRound):
@@ -180,6 +204,7 @@ class NodePlan(BaseModel):
     power_on_at: float | None = None
     ready_at: float | None = None
     error: str | None = None
+    waiting: str | None = None  # why a node to restore is still off (power-control's ramp)
 
 
 class Transition(BaseModel):
@@ -286,7 +311,7 @@ def handle(
                 _observe(rec, inp, now)
                 _settle(rec, now, topo, policy, jobs, out)  # power readings count one by one, in order
             case Ack():
-                _ack(rec, inp, now)
+                _ack(rec, inp, now, policy.require_durability)
             case NodeReport():
                 _node_report(rec, inp, now)
             case Resumed():
@@ -357,7 +382,7 @@ def _observe(rec: SagaRecord, p: Power, now: float) -> None:
         rec.drill = False  # a real outage during a drill: from now on the commands are real
 
 
-def _ack(rec: SagaRecord, a: Ack, now: float) -> None:
+def _ack(rec: SagaRecord, a: Ack, now: float, require: str = "local") -> None:
     plan = rec.jobs.get(a.job)
     if plan is None or not 0 <= a.rank < plan.world_size or a.request_id is None:
         return  # an ack must answer a request this saga issued
@@ -366,9 +391,12 @@ def _ack(rec: SagaRecord, a: Ack, now: float) -> None:
         rnd = plan.final
     if rnd is None or rnd.requested_at is None or rnd.settled_at is not None:
         return  # not ours, not sent yet, or late: the deadline decided already
+    rnd.require = require
     if a.ok:
         rnd.acked[a.rank] = a.step
         rnd.failed.pop(a.rank, None)
+        if _strength(a.durability) >= _strength(rnd.levels.get(a.rank, "local")):
+            rnd.levels[a.rank] = a.durability  # a later ack raises the level (replicas, the remote copy)
     elif a.rank not in rnd.acked:
         rnd.failed[a.rank] = a.error or "failed"
     if rnd.answered:
@@ -382,8 +410,10 @@ def _node_report(rec: SagaRecord, r: NodeReport, now: float) -> None:
     if r.state in ("off", "failed_off") and plan.shutdown_at is not None and plan.off_at is None:
         plan.off_at = now
         plan.error = r.detail if r.state == "failed_off" else None
+    elif r.state == "off" and plan.power_on_at is not None and plan.ready_at is None:
+        plan.waiting = r.detail  # e.g. "power-on ramp: starts in 42.0s"
     elif r.state == "ready" and plan.power_on_at is not None and plan.ready_at is None:
-        plan.ready_at = now
+        plan.ready_at, plan.waiting = now, None
     elif r.state == "failed_on" and plan.power_on_at is not None:
         plan.error = r.detail or "power on failed"
 

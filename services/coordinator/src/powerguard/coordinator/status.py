@@ -11,6 +11,20 @@ from .saga import SagaRecord
 from .store import SagaStore
 
 
+def _restore(rec: SagaRecord) -> dict | None:
+    """Nodes asked to power on, ready, and held back by the power-on ramp (None before the restore)."""
+    asked = [p for p in rec.nodes.values() if p.power_on_at is not None]
+    if not asked:
+        return None
+    waiting = [p for p in asked if p.ready_at is None and p.waiting]
+    return {
+        "asked": len(asked),
+        "ready": sum(p.ready_at is not None for p in asked),
+        "in_ramp": len(waiting),
+        "ramp": waiting[-1].waiting if waiting else None,
+    }
+
+
 def summarize(rec: SagaRecord, now: float | None = None) -> dict:
     now = time.time() if now is None else now
     acked, expected = rec.acks()
@@ -27,6 +41,7 @@ def summarize(rec: SagaRecord, now: float | None = None) -> dict:
         "ups_on_battery": rec.on_battery,
         "nodes_at_risk": rec.at_risk,
         "missing": {j: p.missing for j, p in rec.jobs.items() if p.missing and p.settled_at is not None},
+        "restore": _restore(rec),
         "started": rec.created_at,
         "age_s": round(now - rec.created_at, 1),
         "trace_id": rec.trace_id,

@@ -9,6 +9,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from powerguard.schemas import SecretRef
 from powerguard.snmp import SnmpCredentials
 
+from .ramp import RampSettings
+
 
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -34,6 +36,10 @@ class PowerControlSettings(_Model):
     outlets_off_on_shutdown: bool = Field(default=False, description="Switch PDU outlets off after the node is off")
     max_parallel_power_on: int = Field(default=4, ge=1, description="BMC power-on batch size")
     batch_interval_s: float = Field(default=0.0, ge=0, description="Pause between two power-on batches")
+    ramp: RampSettings = Field(
+        default_factory=RampSettings,
+        description="Power-on ramp: nodes or kW per minute for the site, nodes per minute per PDU (default none)",
+    )
     gather_s: float = Field(default=0.5, ge=0, description="Collect power-on commands this long, then sequence")
     poll_interval_s: float = Field(default=1.0, gt=0, description="Power state read-back while waiting")
     device_timeout_s: float = Field(default=10.0, gt=0, description="One request to one BMC or PDU")

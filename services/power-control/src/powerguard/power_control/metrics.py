@@ -14,3 +14,4 @@ NODE_READY = Gauge("powerguard_node_ready", "1 once a restored node is ready, 0 
 RESTORE_FAILED = Counter(
     "powerguard_node_restore_failed_total", "Nodes that did not come back after a restore", ["node"]
 )
+RAMP_QUEUED = Gauge("powerguard_power_ramp_queued", "Nodes waiting for their slot in the power-on ramp")

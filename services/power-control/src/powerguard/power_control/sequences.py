@@ -18,6 +18,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from opentelemetry import trace
+
 from powerguard.schemas import (
     Envelope,
     NodeState,
@@ -27,10 +29,12 @@ from powerguard.schemas import (
     PowerResultData,
 )
 
+from . import metrics
 from .config import PowerControlSettings
 from .drivers import Devices, PowerDriver, PowerState
 from .errors import PowerControlError, PowerStateTimeout, SchedulerError
 from .probes import probe_once
+from .ramp import Ramp
 from .schedulers import Scheduler
 
 log = logging.getLogger(__name__)
@@ -65,6 +69,7 @@ class Sequencer:
         self.job_stopped = job_stopped  # (saga, job) -> whether the saga's own stop of the job ran
         self._outlet_lock = asyncio.Lock()
         self._last_outlet_on = -1e9
+        self.ramp = Ramp(settings.ramp)
 
     # -------------------------------------------------------------- reporting
     async def _done(self, o: Order, action: str, device: str | None, started: float, **kw: Any) -> None:
@@ -217,32 +222,59 @@ class Sequencer:
             started = {o.node: time.monotonic() for o in members}
             powered: list[Order] = []
             for o in members:
+                if self.devices.bmc(o.node) is None:  # its outlet is its power switch: the ramp gates it
+                    await self._ramp_wait(o)
                 if await self._outlets(o, on=True):
                     powered.append(o)
                 else:
                     result[o.node] = False
-            on: list[Order] = []
             n = self.s.max_parallel_power_on
+            readiness: dict[str, asyncio.Task] = {}  # each node's readiness runs from the moment it is on
             for i in range(0, len(powered), n):
                 batch = powered[i : i + n]
-                oks = await asyncio.gather(*(self._power_on(o, started[o.node]) for o in batch))
-                for o, ok in zip(batch, oks, strict=True):
-                    (on.append(o) if ok else result.__setitem__(o.node, False))
+                oks = await asyncio.gather(*(self._power_on(o, started[o.node], readiness) for o in batch))
+                result.update({o.node: False for o, ok in zip(batch, oks, strict=True) if not ok})
                 if i + n < len(powered) and self.s.batch_interval_s:
                     await asyncio.sleep(self.s.batch_interval_s)
-            oks = await asyncio.gather(*(self._ready(o, started[o.node]) for o in on))
-            result.update({o.node: ok for o, ok in zip(on, oks, strict=True)})
+            for node, task in readiness.items():
+                result[node] = await task
         return result
 
-    async def _power_on(self, o: Order, started: float) -> bool:
+    async def _ramp_wait(self, o: Order) -> None:
+        """Wait for this node's slot in the power-on ramp (none configured: no wait)."""
+        if not self.s.ramp.enabled:
+            return
+        now = time.monotonic()
+        pdus = [out.pdu for out in self.devices.node(o.node).outlets]
+        wait = self.ramp.reserve(o.node, pdus, now) - now
+        metrics.RAMP_QUEUED.inc()
+        try:
+            with trace.get_tracer("powerguard.power_control").start_as_current_span(
+                f"ramp {o.node}", attributes={"powerguard.node": o.node, "powerguard.ramp_wait_s": round(wait, 3)}
+            ):
+                if wait > 0.05:
+                    await self._node_state(o, "off", f"power-on ramp: starts in {wait:.1f}s")
+                    await asyncio.sleep(wait)
+        finally:
+            metrics.RAMP_QUEUED.dec()
+
+    async def _power_on(self, o: Order, started: float, readiness: dict[str, asyncio.Task]) -> bool:
+        """Power the node on; once it is on, its readiness check starts (a task in ``readiness``)."""
+        if await self._switch_on(o, started):
+            readiness[o.node] = asyncio.create_task(self._ready(o, started))
+            return True
+        return False
+
+    async def _switch_on(self, o: Order, started: float) -> bool:
         bmc = self.devices.bmc(o.node)
         if bmc is None:
-            return True  # the outlet was the power switch
+            return True  # the outlet was the power switch (its outlet-on waited for the ramp)
         t = time.monotonic()
         try:
             if await self._retrying(f"{bmc.device} status", bmc.status) == "on":
                 await self._done(o, "on", bmc.device, t, power_state="on", detail="already on")
                 return True
+            await self._ramp_wait(o)
             await self._node_state(o, "booting")
             await self._retrying(f"{bmc.device} power on", bmc.on)
             left = self.s.boot_timeout_s - (time.monotonic() - started)

@@ -1,0 +1,116 @@
+"""What ``guard.step()`` costs the training thread when nothing is due, at 2, 4, 8 and 16 ranks
+(torchrun on this machine, gloo, CPU, a small DDP model): the agreement pipelined (the
+product's: an all-reduce started at one boundary, read at the next) against the agreement
+blocking at each boundary (the previous design). Per rank, the time inside ``guard.step()``
+over --steps steps; reported: the median over ranks of each rank's p50, and the worst p99.
+
+On this 2-core machine 8 and 16 ranks oversubscribe the cores: a blocking all-reduce then waits
+for the slowest rank's scheduling, which is what the pipelined agreement takes off the step.
+Writes bench/results/step_boundary.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+RESULTS = Path(__file__).parent / "results" / "step_boundary.json"
+
+
+def worker(args: argparse.Namespace) -> None:
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from powerguard.ckpt_agent import CheckpointAgent
+
+    dist.init_process_group("gloo")
+    torch.manual_seed(0)
+    model = DDP(nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 1)))
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    guard = CheckpointAgent(job="bench", model=model, optimizer=opt, local_dir=args.dir, local_every_s=0)
+    guard._pipelined = args.mode == "pipelined"
+    x, y = torch.randn(8, 64), torch.randn(8, 1)
+    times = []
+    for step in range(args.steps):
+        opt.zero_grad()
+        nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+        t0 = time.perf_counter()
+        guard.step(step)
+        times.append(time.perf_counter() - t0)
+    times = sorted(times[10:])  # the first boundaries connect the group
+    mine = (times[len(times) // 2], times[int(len(times) * 0.99)])
+    got: list = [None] * dist.get_world_size()
+    dist.all_gather_object(got, mine)
+    if dist.get_rank() == 0:
+        Path(args.out).write_text(
+            json.dumps(
+                {
+                    "p50_us": round(statistics.median(g[0] for g in got) * 1e6, 1),
+                    "p99_us": round(max(g[1] for g in got) * 1e6, 1),
+                }
+            )
+        )
+    guard.close()
+    dist.destroy_process_group()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--mode", choices=["pipelined", "blocking"], default="pipelined", help=argparse.SUPPRESS)
+    p.add_argument("--dir", help=argparse.SUPPRESS)
+    p.add_argument("--ranks", default="2,4,8,16", help="world sizes to measure (default 2,4,8,16)")
+    p.add_argument("--steps", type=int, default=300)
+    p.add_argument("--out", default=str(RESULTS))
+    args = p.parse_args()
+    if args.worker:
+        worker(args)
+        return
+    rows = []
+    for n in (int(x) for x in args.ranks.split(",")):
+        row = {"ranks": n}
+        for mode in ("blocking", "pipelined"):
+            with tempfile.TemporaryDirectory(prefix="pg-bench-step-") as tmp:
+                out = Path(tmp) / "r.json"
+                subprocess.run(
+                    [
+                        str(Path(sys.executable).parent / "torchrun"),
+                        "--standalone",
+                        f"--nproc-per-node={n}",
+                        __file__,
+                        "--worker",
+                        f"--mode={mode}",
+                        f"--dir={tmp}/ckpt",
+                        f"--steps={args.steps}",
+                        f"--out={out}",
+                    ],
+                    check=True,
+                    env={**os.environ, "OMP_NUM_THREADS": "1"},
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
+                row[mode] = json.loads(out.read_text())
+        print(
+            f"{n:>2} ranks: guard.step() p50 {row['blocking']['p50_us']:>8} us blocking, "
+            f"{row['pipelined']['p50_us']:>6} us pipelined (p99 {row['blocking']['p99_us']} / "
+            f"{row['pipelined']['p99_us']} us)",
+            flush=True,
+        )
+        rows.append(row)
+    result = {"cores": os.cpu_count(), "steps": args.steps, "runs": rows}
+    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,323 @@
+"""The node-local tier of :class:`CheckpointAgent` (``local_scope="node"``; see ``_nodes``):
+the commit on every node, replication to peers in the background, restore from wherever a
+verified copy is."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from typing import Any
+
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+
+from . import _layout as L
+from ._nodes import Topology, exchange, node_files, verified_here
+from .errors import CheckpointError, CorruptCheckpoint
+
+log = logging.getLogger("powerguard.ckpt_agent")
+
+
+class _NodeTierMixin:
+    """Mixed into :class:`CheckpointAgent`; uses its groups, ``_gather`` and ``_barrier_ok``."""
+
+    _topo: Topology
+    _needed: dict[str, set[str]] = {}
+    _durability: str = "local"  # of the last node-local commit
+
+    @property
+    def _node_leader(self) -> bool:
+        """This rank prepares, commits and replicates its node's directory (rank 0 on a shared tier)."""
+        return self._topo.leader(self.node) == self.rank if self.local_scope == "node" else self.rank == 0
+
+    def _needed_files(self, directory: str) -> set[str]:
+        """The data files this rank's restore reads (DCP's own load plan over ``.metadata``)."""
+        metadata = dcp.FileSystemReader(directory).read_metadata()
+        planner = DefaultLoadPlanner()
+        planner.set_up_planner(self._state_dict(), metadata, is_coordinator=False)
+        return {metadata.storage_data[i.storage_index].relative_path for i in planner.create_local_plan().items}
+
+    def _fill_nodes(
+        self, directory: str, have: dict[str, set[str]], files: dict[str, dict[str, Any]], needed: dict[str, set[str]]
+    ) -> tuple[list[str], dict[str, int]]:
+        """Send every node the data files its ranks need and it does not have, from the nearest
+        node before it that has them: ring rounds of :func:`exchange` (round j: from the node j
+        before, to the node j after), computed alike on every rank. Returns the problems and, for
+        this node, how many files came from which node."""
+        ring = self._topo.order
+        missing = {n: sorted(needed[n] - have[n]) for n in ring}
+        problems: list[str] = []
+        fetched: dict[str, int] = {}
+        for j in range(1, len(ring)):
+            take = {n: [f for f in missing[n] if f in have[ring[(ring.index(n) - j) % len(ring)]]] for n in ring}
+            for n in ring:
+                missing[n] = [f for f in missing[n] if f not in take[n]]
+            if not any(take.values()) or not self._node_leader:
+                continue
+            i = ring.index(self.node)
+            dst, src = ring[(i + j) % len(ring)], ring[(i - j) % len(ring)]
+            problems += exchange(
+                [(os.path.join(directory, f), int(files[f]["size"])) for f in take[dst]],
+                self._topo.leader(dst),
+                [(os.path.join(directory, f), files[f]) for f in take[self.node]],
+                self._topo.leader(src),
+                self._save_group,
+                key=self._key,
+            )
+            if take[self.node]:
+                fetched[src] = len(take[self.node])
+        problems += [f"node {n}: {', '.join(m[:3])} on no node" for n, m in missing.items() if m]
+        return problems, fetched
+
+    # ------------------------------------------------------------------ commit
+    def _commit_on_every_node(self, directory: str, step: int, results: list[tuple], extra: dict | None) -> bool:
+        """Phase 2 of a node-local commit (phase 1: every rank's files and manifest durable on its
+        own node, gathered in ``results`` with the manifest bodies and rank 0's ``.metadata``).
+        Each node leader stores the other nodes' manifests and ``.metadata``; each node receives
+        the data files its ranks' restore reads (DCP dedups replicated tensors onto one rank);
+        once every node holds all it needs, each writes the same ``COMMIT``."""
+        meta = results[0][6]
+        ok = True
+        if self._node_leader:
+            try:
+                for r, _, _, _, _, body, _ in results:
+                    if self._topo.nodes[r] != self.node:
+                        L.write_durable(self._local_fs, os.path.join(directory, L.manifest_name(r)), body)
+                if self._topo.nodes[0] != self.node:
+                    L.write_durable(self._local_fs, os.path.join(directory, ".metadata"), meta)
+            except OSError as exc:
+                log.error("rank %d: storing the other nodes' manifests in %s failed: %s", self.rank, directory, exc)
+                ok = False
+        if not self._barrier_ok(ok):
+            return False
+        manifests = {r: json.loads(body)["files"] for r, _, _, _, _, body, _ in results}
+        files = {f: e for fl in manifests.values() for f, e in fl.items()}
+        have = {n: set(node_files(self._topo, n, manifests)) for n in self._topo.order}
+        needed = self._needed_by_node(directory)
+        problems, _ = self._fill_nodes(directory, have, files, needed)
+        if problems:
+            log.error("rank %d: %s", self.rank, "; ".join(problems))
+        if not self._barrier_ok(not problems):
+            return False
+        self._needed = needed  # what each node keeps for itself: replication sends the rest
+        # every file is now on its own node and on each node that needs it: the fewest copies of any file
+        copies = min((sum(f in have[n] or f in needed[n] for n in have) for f in files), default=1)
+        self._durability = f"replicated:{copies - 1}" if copies > 1 else "local"
+        if self._node_leader:
+            log.info("rank %d: %s ready on node %s, durability %s", self.rank, directory, self.node, self._durability)
+        committed = True
+        if self._node_leader:
+            try:
+                L.write_commit(
+                    self._local_fs,
+                    directory,
+                    step=step,
+                    world_size=self.world_size,
+                    digests={r: d for r, _, d, _, _, _, _ in results},
+                    metadata_digest=L.digest_bytes(meta),
+                    extra={**(extra or {}), "nodes": {str(r): n for r, n in enumerate(self._topo.nodes)}},
+                    key=self._key,
+                    keyed_manifests={r: k for r, _, _, _, k, _, _ in results} if self._key is not None else None,
+                    metadata=meta,
+                )
+                self._retain_in_background()
+            except OSError as exc:
+                log.error("rank %d: COMMIT of %s on node %s failed: %s", self.rank, directory, self.node, exc)
+                committed = False
+        return self._barrier_ok(committed)
+
+    def _needed_by_node(self, directory: str) -> dict[str, set[str]]:
+        mine: set[str] | str
+        try:
+            mine = self._needed_files(directory)
+        except Exception as exc:
+            mine = f"rank {self.rank}: cannot plan the restore from {directory}: {exc}"
+        got = self._gather(mine)
+        bad = [g for g in got if isinstance(g, str)]
+        if bad:
+            raise CheckpointError("; ".join(bad))
+        out: dict[str, set[str]] = {n: set() for n in self._topo.order}
+        for r, names in enumerate(got):
+            out[self._topo.nodes[r]] |= names
+        return out
+
+    # ------------------------------------------------------------------ replication
+    def _replicate_in_background(self, directory: str, results: list[tuple]) -> None:
+        """Send this node's own ranks' data files to the ``replicas`` nodes after it (those they
+        do not hold already) and take those of the nodes before it; leaders only, on their own
+        gloo group, one checkpoint after another. The local commit does not wait for it."""
+        if not self.distributed or self.replicas < 1 or not self._node_leader or len(self._topo.order) < 2:
+            return
+        manifests = {r: json.loads(body)["files"] for r, _, _, _, _, body, _ in results}
+        needed, previous = self._needed, self._replicator
+
+        def run() -> None:
+            if previous is not None:
+                previous.join()
+            t0 = time.perf_counter()
+            problems: list[str] = []
+            ring = self._topo.order
+            i = ring.index(self.node)
+            for j in range(1, min(self.replicas, len(ring) - 1) + 1):
+                dst, src = ring[(i + j) % len(ring)], ring[(i - j) % len(ring)]
+                out = node_files(self._topo, self.node, manifests)
+                inc = node_files(self._topo, src, manifests)
+                try:
+                    problems += exchange(
+                        [
+                            (os.path.join(directory, n), int(f["size"]))
+                            for n, f in sorted(out.items())
+                            if n not in needed[dst]
+                        ],
+                        self._topo.leader(dst),
+                        [(os.path.join(directory, n), f) for n, f in sorted(inc.items()) if n not in needed[self.node]],
+                        self._topo.leader(src),
+                        self._replica_group,
+                        key=self._key,
+                    )
+                except (RuntimeError, OSError) as exc:  # a peer gone: the local commit stands
+                    problems.append(f"with nodes {dst}/{src}: {exc}")
+                    break
+            self.replicated = (directory, not problems, problems)
+            if problems:
+                log.error("rank %d: replication of %s incomplete: %s", self.rank, directory, "; ".join(problems))
+            else:
+                k = min(self.replicas, len(ring) - 1)
+                took = time.perf_counter() - t0
+                log.info("rank %d: %s replicated to %d peer node(s) in %.2fs", self.rank, directory, k, took)
+
+        self._replicator = threading.Thread(target=run, name="pg-ckpt-replicate", daemon=True)
+        self._replicator.start()
+
+    # ------------------------------------------------------------------ restore
+    def _restore_from_nodes(self) -> int | None:
+        """The newest step every file of which is verified on some node: each node gets what its
+        ranks need and it lacks from a node that has it, then DCP loads from the local directory.
+        None: no such step."""
+        mine = [s for s, _ in L.list_steps(self._local_fs, self.local_root, self.job)] if self._node_leader else []
+        steps = sorted({s for got in self._gather(mine) for s in got}, reverse=True)
+        for step in steps:
+            directory = L.step_dir(self.local_root, self.job, step)
+            try:
+                reason, fetched = self._gather_checkpoint(directory)
+            except CheckpointError as exc:
+                reason, fetched = str(exc), ""
+            if reason:
+                log.warning("rank %d: skipping node-local checkpoint %s: %s", self.rank, directory, reason)
+                continue
+            sd = self._state_dict()
+            t0 = time.perf_counter()
+            dcp.load(sd, storage_reader=dcp.FileSystemReader(directory), process_group=self._save_group)
+            loaded = self._apply_state(sd)
+            self.stats["restore_s"] = time.perf_counter() - t0
+            self.last_committed_step = self._step = loaded
+            source = f"peer ({fetched})" if fetched else "local"
+            log.info(
+                "rank %d: restored step %d from the node-local tier, %s (%s)", self.rank, loaded, source, directory
+            )
+            self._restored = (loaded, "peer" if fetched else "local")
+            if self.rank == 0:
+                try:
+                    self._restored_saga = L.read_commit(self._local_fs, directory).get("saga_id")
+                except CheckpointError:
+                    self._restored_saga = None
+            return loaded + 1
+        return None
+
+    def _reference_commit(self, directory: str) -> tuple[dict | None, bytes | None, str]:
+        """The checkpoint's COMMIT as some node holds it (authenticated with the site key)."""
+        raw = None
+        if self._node_leader:
+            try:
+                with open(os.path.join(directory, L.COMMIT), "rb") as f:
+                    raw = f.read()
+            except OSError:
+                raw = None
+        why = []
+        for r, body in enumerate(self._gather(raw)):
+            if body is None:
+                continue
+            try:
+                c = json.loads(body)
+                L.authenticate(c, self._key, f"{directory} on node {self._topo.nodes[r]}")
+                self._check_world(c)
+                return c, body, ""
+            except (CorruptCheckpoint, ValueError) as exc:
+                why.append(str(exc))
+        return None, None, "; ".join(why) or "no node has its COMMIT"
+
+    def _gather_checkpoint(self, directory: str) -> tuple[str | None, str]:
+        """Make ``directory`` complete on every node for its own ranks. Returns (why not, what
+        this node fetched)."""
+        commit, commit_raw, why = self._reference_commit(directory)
+        if commit is None:
+            return why, ""
+        have, manifests, bad = verified_here(directory, commit, self._key) if self._node_leader else (set(), {}, [])
+        for b in bad:  # a copy that does not verify is never a source; another node's copy is used
+            log.warning("rank %d: node %s's copy skipped: %s", self.rank, self.node, b)
+        # the small files (COMMIT, manifests, .metadata) from the first node that has each
+        small = {L.manifest_name(int(r)) for r in commit["manifests"]} | {".metadata"}
+        offer = {}
+        if self._node_leader:
+            offer = {n: _read_bytes(directory, n) for n in small if n in have}
+        reports = self._gather((have, manifests, offer) if self._node_leader else None)
+        problems: list[str] = []
+        if self._node_leader:
+            problems = self._store_small(directory, commit, commit_raw, small, have, reports)
+        reasons = [p for got in self._gather(problems) for p in got]
+        if reasons:
+            return "; ".join(reasons), ""
+        lists: dict[int, dict[str, Any]] = {}
+        for rep in reports:
+            if rep is not None:
+                lists.update(rep[1])
+        files = {f: e for fl in lists.values() for f, e in fl.items()}
+        holds = {n: set(reports[self._topo.leader(n)][0]) for n in self._topo.order}
+        needed = self._needed_by_node(directory)
+        problems, fetched = self._fill_nodes(directory, holds, files, needed)
+        reasons = [p for got in self._gather(problems) for p in got]
+        if reasons:
+            return "; ".join(reasons), ""
+        node_fetched = self._gather(fetched if self._node_leader else None)[self._topo.leader(self.node)]
+        return None, ", ".join(f"{k} file(s) from node {s}" for s, k in sorted(node_fetched.items()))
+
+    def _store_small(self, directory, commit, commit_raw, small, have, reports) -> list[str]:
+        """A leader writes the COMMIT, manifests and ``.metadata`` its node lacks, each checked
+        against COMMIT's digests (and keyed digests) before it is written."""
+        problems = []
+        try:
+            os.makedirs(directory, exist_ok=True)
+            if not os.path.exists(os.path.join(directory, L.COMMIT)):
+                L.write_durable(self._local_fs, os.path.join(directory, L.COMMIT), commit_raw)
+            for name in sorted(small - have):
+                body = next((rep[2][name] for rep in reports if rep is not None and name in rep[2]), None)
+                wrong = "verified on no node" if body is None else _small_mismatch(commit, name, body, self._key)
+                if wrong:
+                    problems.append(f"{name}: {wrong}")
+                    continue
+                L.write_durable(self._local_fs, os.path.join(directory, name), body)
+        except OSError as exc:
+            problems.append(f"node {self.node}: {exc}")
+        return problems
+
+
+def _small_mismatch(commit: dict[str, Any], name: str, body: bytes, key: bytes | None) -> str | None:
+    """Why a manifest or ``.metadata`` received from a peer does not match COMMIT (None: it does)."""
+    if name == ".metadata":
+        want, keyed = commit["metadata_xxh3"], (commit.get("keyed") or {}).get("metadata")
+    else:
+        rank = name.removeprefix("MANIFEST.rank").removesuffix(".json")
+        want, keyed = commit["manifests"].get(rank), ((commit.get("keyed") or {}).get("manifests") or {}).get(rank)
+    if L.digest_bytes(body) != want:
+        return "does not match COMMIT"
+    if key is not None and L.keyed_digest(key, body) != keyed:
+        return "does not match its keyed digest"
+    return None
+
+
+def _read_bytes(directory: str, name: str) -> bytes:
+    with open(os.path.join(directory, name), "rb") as f:
+        return f.read()

@@ -1,0 +1,105 @@
+"""The node-local tier on three simulated nodes (real torch.distributed ranks, one torchrun per
+node, each node's disk visible to its own ranks only): the checkpoint on every node's own disk,
+replicas on peers, restore bit-exact from the own disk, from a peer when a disk is wiped or the
+node is replaced, and past a corrupt replica."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+
+from .nodes import Cluster, require_namespaces
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
+
+NODES = ["n0", "n1", "n2"]
+STEPS = 80
+
+
+def equal_params(a, b) -> bool:
+    x, y = torch.load(a), torch.load(b)
+    return x.keys() == y.keys() and all(torch.equal(x[k], y[k]) for k in x)
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """The same job uninterrupted on three nodes: what every resume must reproduce bit for bit."""
+    require_namespaces()
+    import asyncio
+
+    c = Cluster(tmp_path_factory.mktemp("reference"), "jnodes", NODES)
+    asyncio.run(c.run(steps=STEPS))
+    return c.final()
+
+
+async def checkpointed(tmp_path, replicas: int = 1) -> Cluster:
+    """The job trained to step 60 with one checkpoint, at step 40, committed on every node."""
+    c = Cluster(tmp_path, "jnodes", NODES)
+    out = await c.run(steps=60, save_at=40, replicas=replicas)
+    assert "replicated to" in out, out[-3000:]
+    assert "durability replicated:2" in out  # DDP: every node holds every file, so any two may be lost
+    for n in NODES:
+        step = c.disk(n) / "jnodes" / "step-40"
+        assert (step / "COMMIT").exists() and (step / ".metadata").exists(), f"{n}: {sorted(step.iterdir())}"
+        assert len(list(step.glob("MANIFEST.rank*.json"))) == 3
+    return c
+
+
+def data_files(c: Cluster, node: str) -> set[str]:
+    return {p.name for p in (c.disk(node) / "jnodes" / "step-40").glob("*.distcp")}
+
+
+async def test_each_node_commits_on_its_own_disk_and_restores_bit_exact(tmp_path, reference):
+    c = await checkpointed(tmp_path)
+    # DDP: DCP stores each replicated tensor once, spread over the ranks, so a restore reads every
+    # rank's file; the commit gave every node all of them: each can restore from its own disk
+    for n in NODES:
+        assert data_files(c, n) == {"__0_0.distcp", "__1_0.distcp", "__2_0.distcp"}, n
+    out = await c.run(steps=STEPS)
+    assert "restored step 40 from the node-local tier, local" in out
+    assert equal_params(c.final(), reference)
+
+
+async def test_a_wiped_node_restores_from_its_peer_replica_bit_exact(tmp_path, reference):
+    c = await checkpointed(tmp_path)
+    shutil.rmtree(c.disk("n1"))
+    out = await c.run(steps=STEPS)
+    assert "restored step 40 from the node-local tier, peer" in out, out[-3000:]
+    assert "3 file(s) from node n0" in out  # n1 gets every file from the node before it
+    assert equal_params(c.final(), reference)
+
+
+async def test_a_replaced_node_restores_from_the_replicas_bit_exact(tmp_path, reference):
+    c = await checkpointed(tmp_path)
+    out = await c.run(steps=STEPS, nodes=["n0", "n9", "n2"])  # n1 never came back; n9 has an empty disk
+    assert "restored step 40 from the node-local tier, peer" in out, out[-3000:]
+    assert (c.disk("n9") / "jnodes" / "step-40" / "COMMIT").exists()
+    assert equal_params(c.final(), reference)
+
+
+async def test_a_corrupt_replica_is_skipped_for_the_next_copy_with_the_reason(tmp_path, reference):
+    c = await checkpointed(tmp_path)
+    shutil.rmtree(c.disk("n1"))
+    victim = c.disk("n0") / "jnodes" / "step-40" / "__1_0.distcp"  # the copy n1 would take first
+    data = bytearray(victim.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    victim.write_bytes(bytes(data))
+    out = await c.run(steps=STEPS)
+    assert "node n0's copy skipped" in out and "__1_0.distcp: checksum mismatch" in out  # the reason, named
+    assert "1 file(s) from node n2" in out  # n1 took that file from n2's copy instead
+    assert "restored step 40 from the node-local tier, peer" in out
+    assert equal_params(c.final(), reference)
+
+
+async def test_a_node_gone_for_good_resumes_on_fewer_ranks_only_when_asked(tmp_path):
+    c = await checkpointed(tmp_path)
+    shutil.rmtree(c.disk("n1"))
+    refused = await c.run(steps=41, nodes=["n0", "n2"])  # two nodes now: the 3-rank checkpoint is refused ...
+    assert "written by 3 ranks, this job has 2; reshard=True resumes on fewer ranks" in refused
+    assert "starting from step 0" in refused
+    out = await c.run(steps=STEPS, nodes=["n0", "n2"], reshard=True)  # ... unless resharding is asked for
+    assert "checkpoint written by 3 ranks, resharded to 2 (not a bit-exact resume" in out
+    assert "restored step 40 from the node-local tier" in out
+    assert c.final().exists()  # trained on to the end with two ranks
