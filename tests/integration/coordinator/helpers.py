@@ -34,12 +34,12 @@ POLICY = dict(
 )
 
 
-def site(**nats) -> SiteConfig:
+def site(nodes: list[str] | None = None, **nats) -> SiteConfig:
     return SiteConfig(
         site="dc1",
         nats=nats or {},
         ups=[UpsConfig(name="ups-a", driver="nut")],
-        nodes=[NodeConfig(name=n, feeds=["ups-a"]) for n in NODES],
+        nodes=[NodeConfig(name=n, feeds=["ups-a"]) for n in nodes or NODES],
         coordinator=POLICY,
     )
 

@@ -99,7 +99,7 @@ class Drive:
         return self._feed(Tick())
 
     def _feed(self, inp) -> list[Command]:
-        out = saga.handle(self.rec, inp, now=self.now, topo=self.topo, policy=self.policy, jobs=self.reg.jobs())
+        out = saga.handle(self.rec, inp, now=self.now, topo=self.topo, policy=self.policy, jobs=self.reg.jobs)
         self.commands += out
         return out
 

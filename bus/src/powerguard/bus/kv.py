@@ -67,6 +67,10 @@ class Kv:
     async def delete(self, key: str) -> None:
         await self.raw.delete(key)
 
+    async def purge(self, key: str) -> None:
+        """Remove the key with all its history (one marker stays)."""
+        await self.raw.purge(key)
+
     async def keys(self) -> list[str]:
         try:
             return sorted(await self.raw.keys())

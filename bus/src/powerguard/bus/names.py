@@ -28,6 +28,15 @@ class BusNames:
         """Key of a saga's record in the sagas bucket."""
         return f"saga.{saga_id}"
 
+    @staticmethod
+    def saga_part_key(saga_id: str, name_hash: str, generation: str) -> str:
+        """Key of one part of a large saga record (written before the head that refers to it)."""
+        return f"sagapart.{saga_id}.{name_hash}.{generation}"
+
+    @staticmethod
+    def saga_parts_prefix(saga_id: str) -> str:
+        return f"sagapart.{saga_id}."
+
     @classmethod
     def from_settings(cls, nats: NatsSettings) -> BusNames:
         return cls(

@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_serializer
 
 from powerguard.schemas import HoldPolicy, SagaState, command_key
 
@@ -131,7 +131,10 @@ class CkptRound(BaseModel):
 
     @property
     def answered(self) -> bool:
-        return all(r in self.failed or (r in self.acked and r not in self.short) for r in range(self.world_size))
+        if len(self.acked) + len(self.failed) < self.world_size:
+            return False  # some rank has not answered (and no set is built per ack at 100k ranks)
+        short = set(self.short)
+        return all(r in self.failed or (r in self.acked and r not in short) for r in range(self.world_size))
 
     @property
     def step(self) -> int | None:
@@ -240,6 +243,12 @@ class SagaRecord(BaseModel):
     spans_done: set[str] = Field(default_factory=set)
     drill: bool = False  # started by `powerguard drill`: every power and job command is dry-run
     id_secret: str = Field(default_factory=lambda: secrets.token_hex(16))  # keys the event ids (outbox)
+
+    @field_serializer("issued", "spans_done")
+    def _sorted(self, value: set[str]) -> list[str]:
+        """Sets as sorted lists: the same record always serializes to the same bytes (the
+        store rewrites only the parts of a large record that changed)."""
+        return sorted(value)
 
     @property
     def terminal(self) -> bool:

@@ -142,7 +142,7 @@ class Coordinator:
         except TimeoutError:
             log.warning("agent registry not fully loaded after 10s; continuing")
         self._unsaved.clear()  # the store is the truth for a new leader
-        loaded = await self._store.load(site=self.site.site, open_only=True)
+        loaded = await self._store.load(site=self.site.site, open_only=True, collect=True)
         self.revisions = {r.saga_id: rev for r, rev in loaded}
         for sid, again in self.core.resume(r for r, _ in loaded).items():
             rec = self.open[sid]

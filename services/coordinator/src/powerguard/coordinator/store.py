@@ -1,38 +1,163 @@
-"""Saga records in the ``pg_sagas`` KV bucket, written with CAS on the revision."""
+"""Saga records in the ``pg_sagas`` KV bucket, written with CAS on the revision of their head.
+
+A small record is one value at ``saga.<id>``, as it always was. A large one (thousands of ranks)
+is a head at ``saga.<id>`` plus parts at ``sagapart.<id>.<name-hash>.<generation>``
+(:mod:`.record_parts`). A save writes the parts whose bytes changed under fresh keys first, then
+the head with CAS; only then are the parts it replaced purged. So a reader or a crash always
+sees a head whose parts exist, and a stale leader's parts are never referenced (its head write
+fails). Parts that no head refers to (a writer died between the two) are collected when a leader
+loads the open sagas.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import json
 import logging
+import secrets
+from hashlib import blake2b
 
-from powerguard.bus import BusNames, Kv
+from powerguard.bus import BusNames, CasConflict, Kv
 
+from .record_parts import MissingPart, PartLimits, join, references, split
 from .saga import SagaRecord
 
 log = logging.getLogger(__name__)
 saga_key = BusNames.saga_key
+_READ_TRIES = 3
+
+
+def _digest(content: bytes) -> bytes:
+    return blake2b(content, digest_size=16).digest()
+
+
+def _name_hash(key: str) -> str:
+    return key.rsplit(".", 2)[-2]
 
 
 class SagaStore:
-    def __init__(self, kv: Kv) -> None:
+    def __init__(self, kv: Kv, *, limits: PartLimits | None = None) -> None:
         self.kv = kv
+        self.limits = limits or PartLimits()
+        self._parts: dict[str, dict[str, tuple[bytes, str]]] = {}  # saga -> name hash -> (digest, key)
+        self.last_write: dict[str, int] = {}  # figures of the last save: parts, bytes, head_bytes
 
-    async def load(self, *, site: str | None = None, open_only: bool = False) -> list[tuple[SagaRecord, int]]:
+    # ------------------------------------------------------------------ reading
+    async def load(
+        self, *, site: str | None = None, open_only: bool = False, collect: bool = False
+    ) -> list[tuple[SagaRecord, int]]:
+        """Records (with their head's revision), oldest first. ``collect``: also purge the parts
+        of the loaded sagas that no head refers to (the leader does, once it leads)."""
+        keys = await self.kv.keys()
         out = []
-        for entry in await self.kv.items():
-            if not entry.key.startswith("saga."):
-                continue
-            try:
-                rec = SagaRecord.model_validate_json(entry.value)
-            except ValueError as exc:
-                log.error("unreadable saga record %s skipped: %s", entry.key, exc)
-                continue
-            if (site is None or rec.site == site) and not (open_only and rec.terminal):
-                out.append((rec, entry.revision))
+        for key in (k for k in keys if k.startswith("saga.")):
+            got = await self._read(key, site=site, open_only=open_only)
+            if got is not None:
+                out.append(got)
+        if collect:
+            await self._collect(keys, [rec.saga_id for rec, _ in out])
         return sorted(out, key=lambda item: item[0].created_at)
 
+    async def _read(self, key: str, *, site: str | None, open_only: bool) -> tuple[SagaRecord, int] | None:
+        for _ in range(_READ_TRIES):
+            entry = await self.kv.get(key)
+            if entry is None:
+                return None
+            try:
+                head = json.loads(entry.value)
+            except ValueError as exc:
+                log.error("unreadable saga record %s skipped: %s", key, exc)
+                return None
+            if not isinstance(head, dict):
+                log.error("unreadable saga record %s skipped: not an object", key)
+                return None
+            if site is not None and head.get("site") != site:
+                return None
+            try:
+                parts = await self._fetch(head)
+            except MissingPart as exc:
+                log.info("saga record %s changed while read (part %s gone): reading again", key, exc)
+                continue
+            try:
+                rec = SagaRecord.model_validate_json(json.dumps(join(head, parts)))
+            except ValueError as exc:
+                log.error("unreadable saga record %s skipped: %s", key, exc)
+                return None
+            if open_only and rec.terminal:
+                return None
+            self._parts[rec.saga_id] = {_name_hash(k): (_digest(v), k) for k, v in parts.items()}
+            return rec, entry.revision
+        log.error("saga record %s skipped: its parts kept changing while read", key)
+        return None
+
+    async def _fetch(self, head: dict) -> dict[str, bytes]:
+        parts: dict[str, bytes] = {}
+        todo = references(head)
+        while todo:
+            got = await asyncio.gather(*(self.kv.get(k) for k in todo))
+            nxt = []
+            for k, entry in zip(todo, got, strict=True):
+                if entry is None:
+                    raise MissingPart(k)
+                parts[k] = entry.value
+                nxt += references(json.loads(entry.value))
+            todo = nxt
+        return parts
+
+    async def _collect(self, keys: list[str], saga_ids: list[str]) -> None:
+        for sid in saga_ids:
+            live = {k for _, k in self._parts.get(sid, {}).values()}
+            prefix = BusNames.saga_parts_prefix(sid)
+            stale = [k for k in keys if k.startswith(prefix) and k not in live]
+            for k in stale:
+                await self.kv.purge(k)
+            if stale:
+                log.info("saga %s: purged %d part(s) no head refers to", sid, len(stale))
+
+    # ------------------------------------------------------------------ writing
     async def create(self, rec: SagaRecord) -> int:
-        return await self.kv.create(saga_key(rec.saga_id), rec.model_dump_json().encode())
+        return await self._write(rec, None)
 
     async def save(self, rec: SagaRecord, revision: int) -> int:
         """CAS write; raises :class:`~powerguard.bus.CasConflict` when someone else wrote."""
-        return await self.kv.update(saga_key(rec.saga_id), rec.model_dump_json().encode(), revision=revision)
+        return await self._write(rec, revision)
+
+    async def _write(self, rec: SagaRecord, revision: int | None) -> int:
+        sid = rec.saga_id
+        old = self._parts.get(sid, {})
+        new: dict[str, tuple[bytes, str]] = {}
+        generation = secrets.token_hex(4)  # unique per write: two writers never share a key
+
+        def key_for(name: str, content: bytes) -> str:
+            h = blake2b(name.encode(), digest_size=6).hexdigest()
+            d = _digest(content)
+            if h in old and old[h][0] == d:
+                new[h] = old[h]
+            else:
+                new[h] = (d, BusNames.saga_part_key(sid, h, generation))
+            return new[h][1]
+
+        head, parts = split(rec.model_dump(mode="json"), limits=self.limits, key_for=key_for)
+        kept = {k for _, k in old.values()}
+        fresh = {k: v for k, v in parts.items() if k not in kept}
+        await asyncio.gather(*(self.kv.put(k, v) for k, v in fresh.items()))
+        body = json.dumps(head, separators=(",", ":")).encode() if parts else rec.model_dump_json().encode()
+        try:
+            if revision is None:
+                rev = await self.kv.create(saga_key(sid), body)
+            else:
+                rev = await self.kv.update(saga_key(sid), body, revision=revision)
+        except CasConflict:
+            await asyncio.gather(*(self.kv.purge(k) for k in fresh), return_exceptions=True)
+            raise
+        self._parts[sid] = new
+        live = {k for _, k in new.values()}
+        await asyncio.gather(*(self.kv.purge(k) for k in kept - live))
+        self.last_write = {
+            "parts": len(parts),
+            "parts_written": len(fresh),
+            "bytes_written": len(body) + sum(len(v) for v in fresh.values()),
+            "head_bytes": len(body),
+            "largest_value": max([len(body), *(len(v) for v in parts.values())]),
+        }
+        return rev

@@ -1,0 +1,86 @@
+"""A large saga record splits into bounded parts and joins back to the same record."""
+
+from __future__ import annotations
+
+import json
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from powerguard.coordinator.record_parts import REF, MissingPart, PartLimits, join, references, split
+from powerguard.coordinator.saga import Ack, SagaRecord, UpsView
+from powerguard.coordinator.topology import AgentRegistry, Topology
+from powerguard.schemas import AgentData
+
+from .harness import POLICY, Drive
+
+SMALL = PartLimits(inline_bytes=64, container_bytes=32, part_bytes=128)
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=12) | st.dictionaries(st.text(max_size=8), inner, max_size=12),
+    max_leaves=60,
+)
+
+
+def named(name: str, content: bytes) -> str:
+    return f"k{abs(hash((name, content)))}"
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.dictionaries(st.text(max_size=8), json_values, max_size=8))
+def test_join_of_split_is_the_record_and_no_part_exceeds_its_bound(data):
+    head, parts = split(data, limits=SMALL, key_for=named)
+    assert join(head, parts) == data
+    for content in parts.values():
+        items = json.loads(content)
+        assert len(content) <= SMALL.part_bytes or len(items) == 1  # one item larger than a part stays whole
+    if len(json.dumps(data, separators=(",", ":"))) <= SMALL.inline_bytes:
+        assert parts == {} and head == data
+
+
+def big_drive(ranks: int = 4096, per_node: int = 16) -> Drive:
+    nodes = [f"node-{i:05d}" for i in range(ranks // per_node)]
+    reg = AgentRegistry()
+    for r in range(ranks):
+        reg.update(AgentData(job="big", rank=r, world_size=ranks, node=nodes[r // per_node], step=100))
+    return Drive(
+        policy=POLICY, topo=Topology(site="dc1", feeds={n: ("A",) for n in nodes}), reg=reg, ups={"A": UpsView()}
+    )
+
+
+def test_a_4096_rank_saga_is_stored_in_parts_of_at_most_64_kib_and_an_ack_rewrites_one_part():
+    d = big_drive()
+    d.power("A", True)
+    d._feed([Ack(job="big", rank=r, request_id="s1/big/ckpt", step=101) for r in range(4000)])  # one batch
+    limits = PartLimits()
+    store: dict[str, bytes] = {}
+
+    def keep(name: str, content: bytes) -> str:
+        store.setdefault(name, content)
+        return name if store[name] == content else name + "'"
+
+    data = d.rec.model_dump(mode="json")
+    assert len(json.dumps(data)) > 2 * limits.inline_bytes  # ~250 KB as one value (~6 MB at 100k ranks)
+    head, parts = split(data, limits=limits, key_for=keep)
+    assert max(len(v) for v in parts.values()) <= limits.part_bytes
+    assert len(json.dumps(head)) <= limits.inline_bytes
+    assert head["state"] == d.state  # power-control reads the state from the head alone
+    assert SagaRecord.model_validate_json(json.dumps(join(head, parts))) == d.rec
+    d.ack("big", 4000)
+    _, again = split(d.rec.model_dump(mode="json"), limits=limits, key_for=keep)
+    changed = set(again) - set(parts)
+    assert 1 <= len(changed) <= 3, changed  # the last chunk of acked and levels (and the head's refs)
+
+
+def test_a_missing_part_is_reported_not_guessed():
+    data = {"xs": list(range(200))}
+    head, parts = split(data, limits=SMALL, key_for=named)
+    first = references(head)[0]
+    del parts[first]
+    try:
+        join(head, parts)
+    except MissingPart as exc:
+        assert first in str(exc)
+    else:
+        raise AssertionError("a missing part went unnoticed")
+    assert REF in json.dumps(head)
