@@ -69,6 +69,52 @@ def hold_section() -> str:
     return "\n".join(lines)
 
 
+def _scale_cells(r: dict) -> list[str]:
+    ack, save = r["ack_batch_s"], r["save_bytes"]
+    return [
+        f"{r['on_battery_to_requests_stored_s']} s",
+        f"{ack['total']} s ({r['ack_batches']} batches: {ack['p50']} / {ack['max']} s)",
+        f"{r['drain_to_shutdown_commands_stored_s']} s ({r['commands_after_drain'].get('shutdown', 0):,} nodes)",
+        f"{r['largest_kv_value_bytes'] / 1024:.0f} KiB ({r['record_json_bytes'] / 1e6:.1f} MB in {r['parts']} parts)",
+        f"{save['p50'] / 1e6:.2f} / {save['max'] / 1e6:.2f} MB",
+        f"{r['rss_mib']:.0f} MiB ({r['rss_kib_per_rank']} KiB)",
+        f"{r['cpu_s']} s ({r['ack_cpu_us_per_rank']} µs)",
+    ]
+
+
+SCALE_ROWS = [
+    ("on_battery → every job's checkpoint request issued and the saga stored", "≤ 1 s"),
+    ("all acks applied and stored (batches: p50 / max)", "—"),
+    ("drain → every node's shutdown command issued and stored", "≤ 2 s"),
+    ("largest KV value (the record as one JSON value)", "≤ 256 KiB"),
+    ("bytes one save writes (p50 / max)", "—"),
+    ("coordinator peak RSS (per rank)", "≤ 1 GiB"),
+    ("coordinator CPU (per rank's ack)", "—"),
+]
+
+
+def scale_section(sc: dict) -> str:
+    by = {r["ranks"]: r for r in sc["sizes"]}
+    cols = sorted(by)
+    cells = {n: _scale_cells(by[n]) for n in cols}
+    rows = "\n".join(
+        f"| {label} | {target} | " + " | ".join(cells[n][i] for n in cols) + " |"
+        for i, (label, target) in enumerate(SCALE_ROWS)
+    )
+    return f"""
+## Scale: the coordinator's own costs at {" and ".join(f"{n:,}" for n in cols)} ranks
+
+`bench/scale.py`: the coordinator's site core (the product's saga code, fed real event
+envelopes) and its saga store on a 3-node nats-server cluster (R3 KV), {sc["per_node"]} ranks per
+node, jobs of {sc["job_ranks"]:,} ranks, acks applied in the service's batches (up to {sc["batch"]:,}),
+the record stored after each batch. Scope: {sc["scope"]}.
+
+| figure | target (100k) | {" | ".join(f"{n:,} ranks" for n in cols)} |
+|---|---|{"---|" * len(cols)}
+{rows}
+"""
+
+
 def main() -> None:
     rows = []
     if s := load("saga"):
@@ -263,6 +309,8 @@ notification of each, {u["upsmon"]["n"]} outages at random phases (`bench/upsmon
 ups-monitor notifies {u["speedup_p50"]}x sooner at the median (and by an event on the bus every
 service sees, not a shell command on one host); with SNMP traps it is ~10 ms (table above).
 """
+    if sc := load("scale"):
+        side += scale_section(sc)
     state = f"{c['state_mb']:.0f} MB (model + AdamW moments), 2 ranks (torchrun, gloo, CPU, DDP)" if c else "—"
     text = f"""# Performance, measured on this project's 2-core, no-GPU machine
 

@@ -38,6 +38,29 @@ def test_join_of_split_is_the_record_and_no_part_exceeds_its_bound(data):
         assert parts == {} and head == data
 
 
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(["acked", "levels", "xs"]), st.integers(0, 300), st.integers(0, 3)),
+        min_size=1,
+        max_size=60,
+    )
+)
+def test_splits_that_reuse_their_memo_join_to_the_record_after_every_change(changes):
+    data: dict = {"acked": {}, "levels": {str(i): "local" for i in range(100)}, "xs": list(range(80))}
+    memo: dict = {}
+    for field, key, value in changes:  # appends, overwrites and removals, as a saga makes them
+        target = data[field]
+        if isinstance(target, list):
+            target.append(key) if value else target.pop(key % len(target)) if target else None
+        elif value == 3:
+            target.pop(str(key), None)
+        else:
+            target[str(key)] = value
+        head, parts = split(data, limits=SMALL, key_for=named, memo=memo)
+        assert join(head, parts) == data
+
+
 def big_drive(ranks: int = 4096, per_node: int = 16) -> Drive:
     nodes = [f"node-{i:05d}" for i in range(ranks // per_node)]
     reg = AgentRegistry()

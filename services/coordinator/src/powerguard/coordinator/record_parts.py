@@ -13,8 +13,10 @@ byte for byte the JSON it always was.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from json.encoder import encode_basestring_ascii  # type: ignore[attr-defined]
 from typing import Any
 
 REF = "$parts"
@@ -32,18 +34,77 @@ class MissingPart(KeyError):
     """A reference names a part that is not there (a writer replaced it meanwhile: read again)."""
 
 
+_ENCODER = json.JSONEncoder(separators=(",", ":"))  # ASCII: characters are bytes
+
+
 def _dumps(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":"))  # ASCII: characters are bytes
+    """JSON text of a value; scalars without building an encoder (a 100k-rank record has
+    hundreds of thousands of them, and this runs once per stored batch)."""
+    if value is None:
+        return "null"
+    if value is True:
+        return "true"
+    if value is False:
+        return "false"
+    if type(value) is int:
+        return int.__repr__(value)
+    if type(value) is str:
+        return encode_basestring_ascii(value)
+    if type(value) is float and math.isfinite(value):
+        return float.__repr__(value)
+    return _ENCODER.encode(value)
+
+
+Chunk = tuple[tuple[Any, ...], str]  # (the items, their JSON text joined by commas)
+_SCALARS = (str, int, float, bool, type(None))
+_MEMO_MIN = 64  # a flat container with fewer items is simply serialized again
 
 
 def split(
-    data: dict[str, Any], *, limits: PartLimits, key_for: Callable[[str, bytes], str]
+    data: dict[str, Any],
+    *,
+    limits: PartLimits,
+    key_for: Callable[[str, bytes], str],
+    size: int | None = None,
+    memo: dict[str, list[Chunk]] | None = None,
 ) -> tuple[dict[str, Any], dict[str, bytes]]:
     """(head, parts by key) for a record's JSON form. ``key_for(name, content)`` names the key of
-    the part called ``name`` (a path such as ``jobs/j1/acked#3``) holding ``content``."""
-    if len(_dumps(data)) <= limits.inline_bytes:
+    the part called ``name`` (a path such as ``jobs/j1/acked#3``) holding ``content``. ``size``:
+    the record's JSON size when the caller knows it. ``memo`` (kept by the caller between splits
+    of one record) holds the chunks of its large flat containers: a chunk whose items did not
+    change is not serialized again, so a batch of acks costs what it added, not the record."""
+    if (size if size is not None else len(_dumps(data))) <= limits.inline_bytes:
         return data, {}
     parts: dict[str, bytes] = {}
+    memo = memo if memo is not None else {}
+
+    def flat(items: list, path: str, is_dict: bool) -> list[Chunk]:
+        """Chunks of a flat container's items: the memo's while their items are unchanged, then new."""
+        chunks: list[Chunk] = []
+        pos = 0
+        texts: list[str] = []
+        for its, body in memo.get(path, []):
+            n = len(its)
+            if tuple(items[pos : pos + n]) != its:
+                break
+            chunks.append((its, body))
+            pos += n
+        start, size_ = pos, 2
+        if chunks and pos < len(items) and len(chunks[-1][1]) + 2 < limits.part_bytes * 3 // 4:
+            its, body = chunks.pop()  # the last chunk has room: the appended items join it
+            start, texts, size_ = pos - len(its), [body], len(body) + 2
+        for j in range(pos, len(items)):
+            item = items[j]
+            text = f"{encode_basestring_ascii(str(item[0]))}:{_dumps(item[1])}" if is_dict else _dumps(item)
+            if texts and size_ + len(text) + 1 > limits.part_bytes:
+                chunks.append((tuple(items[start:j]), ",".join(texts)))
+                texts, start, size_ = [], j, 2
+            texts.append(text)
+            size_ += len(text) + 1
+        if texts:
+            chunks.append((tuple(items[start:]), ",".join(texts)))
+        memo[path] = chunks
+        return chunks
 
     def cut(items: list[tuple[Any, str]], path: str, kind: str) -> dict[str, Any]:
         keys: list[str] = []
@@ -67,26 +128,68 @@ def split(
             flush(chunk)
         return {REF: keys, TYPE: kind}
 
+    def cut_flat(chunks: list[Chunk], path: str, kind: str) -> dict[str, Any]:
+        open_, close = ("{", "}") if kind == "dict" else ("[", "]")
+        keys: list[str] = []
+        for _, body in chunks:
+            content = (open_ + body + close).encode()
+            key = key_for(f"{path}#{len(keys)}", content)
+            parts[key] = content
+            keys.append(key)
+        return {REF: keys, TYPE: kind}
+
+    def shrink_flat(value: dict | list, path: str) -> tuple[Any, str] | None:
+        """A large container of scalars, through the memo (None: not such a container)."""
+        is_dict = isinstance(value, dict)
+        if len(value) < _MEMO_MIN or not all(isinstance(v, _SCALARS) for v in (value.values() if is_dict else value)):
+            return None
+        chunks = flat(list(value.items()) if is_dict else value, path, is_dict)
+        kind = "dict" if is_dict else "list"
+        if sum(len(b) + 1 for _, b in chunks) + 1 > limits.container_bytes and path:
+            ref = cut_flat(chunks, path, kind)
+            return ref, _dumps(ref)
+        open_, close = ("{", "}") if is_dict else ("[", "]")
+        return value, open_ + ",".join(b for _, b in chunks) + close
+
     def shrink(value: Any, path: str) -> tuple[Any, str]:
-        """(value with large containers replaced, its JSON text)."""
+        """(value with large containers replaced, its JSON text); a container equal to the one
+        at the same path last time (a node's plan that did not change) is not walked again."""
+        same = memo.get("=" + path)
+        if same is not None and same[0] == value:
+            return same
+        if isinstance(value, dict | list) and (done := shrink_flat(value, path)) is not None:
+            return done
+        done = _shrink(value, path)
+        if done[0] is value and path:
+            memo["=" + path] = done  # inline as it is: remember it with its text
+        return done
+
+    def _shrink(value: Any, path: str) -> tuple[Any, str]:
         if isinstance(value, dict):
             items = []
             for k, v in value.items():
-                small, text = shrink(v, f"{path}/{k}")
-                items.append(((k, small), f"{_dumps(str(k))}:{text}"))
+                small, text = shrink(v, f"{path}/{k}") if isinstance(v, dict | list) else (v, _dumps(v))
+                items.append(((k, small), f"{encode_basestring_ascii(str(k))}:{text}"))
             total = sum(len(t) + 1 for _, t in items) + 1
             if total > limits.container_bytes and path:
                 ref = cut(items, path, "dict")
                 return ref, _dumps(ref)
-            out = {k: v for (k, v), _ in items}
-            return out, "{" + ",".join(t for _, t in items) + "}"
+            text = "{" + ",".join(t for _, t in items) + "}"
+            if all(small is value[k] for (k, small), _ in items):
+                return value, text  # nothing inside was cut
+            return {k: v for (k, v), _ in items}, text
         if isinstance(value, list):
-            items = [shrink(v, f"{path}/{i}") for i, v in enumerate(value)]
+            items = [
+                shrink(v, f"{path}/{i}") if isinstance(v, dict | list) else (v, _dumps(v)) for i, v in enumerate(value)
+            ]
             total = sum(len(t) + 1 for _, t in items) + 1
             if total > limits.container_bytes:
                 ref = cut(items, path, "list")
                 return ref, _dumps(ref)
-            return [v for v, _ in items], "[" + ",".join(t for _, t in items) + "]"
+            text = "[" + ",".join(t for _, t in items) + "]"
+            if all(small is v for (small, _), v in zip(items, value, strict=True)):
+                return value, text
+            return [v for v, _ in items], text
         return value, _dumps(value)
 
     head, _ = shrink(data, "")

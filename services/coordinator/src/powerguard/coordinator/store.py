@@ -40,6 +40,7 @@ class SagaStore:
         self.kv = kv
         self.limits = limits or PartLimits()
         self._parts: dict[str, dict[str, tuple[bytes, str]]] = {}  # saga -> name hash -> (digest, key)
+        self._memo: dict[str, dict] = {}  # saga -> the chunks of its large flat containers (split's memo)
         self.last_write: dict[str, int] = {}  # figures of the last save: parts, bytes, head_bytes
 
     # ------------------------------------------------------------------ reading
@@ -137,11 +138,18 @@ class SagaStore:
                 new[h] = (d, BusNames.saga_part_key(sid, h, generation))
             return new[h][1]
 
-        head, parts = split(rec.model_dump(mode="json"), limits=self.limits, key_for=key_for)
+        whole = rec.model_dump_json().encode()
+        if len(whole) <= self.limits.inline_bytes:
+            head, parts = {}, {}
+        else:
+            memo = self._memo.setdefault(sid, {})
+            head, parts = split(
+                rec.model_dump(mode="json"), limits=self.limits, key_for=key_for, size=len(whole), memo=memo
+            )
         kept = {k for _, k in old.values()}
         fresh = {k: v for k, v in parts.items() if k not in kept}
         await asyncio.gather(*(self.kv.put(k, v) for k, v in fresh.items()))
-        body = json.dumps(head, separators=(",", ":")).encode() if parts else rec.model_dump_json().encode()
+        body = json.dumps(head, separators=(",", ":")).encode() if parts else whole
         try:
             if revision is None:
                 rev = await self.kv.create(saga_key(sid), body)
@@ -149,6 +157,7 @@ class SagaStore:
                 rev = await self.kv.update(saga_key(sid), body, revision=revision)
         except CasConflict:
             await asyncio.gather(*(self.kv.purge(k) for k in fresh), return_exceptions=True)
+            self._memo.pop(sid, None)
             raise
         self._parts[sid] = new
         live = {k for _, k in new.values()}

@@ -1,0 +1,211 @@
+"""Coordinator state at scale: the site core (the product's pure saga code, fed real event
+envelopes) and the saga store on a 3-node NATS cluster (three nats-server processes, R3 KV),
+for a site of N simulated ranks (8 per node, jobs of 4,096 ranks).
+
+Each size runs in its own process (so its peak RSS is its own). Measured, coordinator side:
+on_battery -> every job's checkpoint request issued and the saga stored; the acks applied in
+batches of the coordinator's consumer batch (``INPUT_BATCH``) with the record saved after each batch;
+the drain that stops the jobs -> every node's shutdown command issued and stored; peak RSS and
+CPU seconds; the largest KV value in the bucket, the record's size as one JSON value, and the
+bytes each save wrote.
+
+Not measured here (yet): fan-out to ranks over 12,500 NATS connections, and acks published by
+those connections; the figures are the coordinator's own costs, the bus's delivery not included.
+
+Writes bench/results/scale.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+RESULTS = Path(__file__).parent / "results" / "scale.json"
+PER_NODE = 8
+JOB_RANKS = 4096
+
+
+def _rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+async def one(ranks: int, urls: list[str]) -> dict:
+    from datetime import UTC, datetime
+
+    from powerguard.bus import Bus, BusNames, StreamLimits
+    from powerguard.coordinator.core import SiteCore
+    from powerguard.coordinator.policy import Policy
+    from powerguard.coordinator.service import INPUT_BATCH as BATCH
+    from powerguard.coordinator.store import SagaStore
+    from powerguard.coordinator.topology import AgentRegistry, Topology
+    from powerguard.schemas import AgentData, CheckpointDurable, CheckpointDurableData, OnBattery, PowerData
+
+    rss_base = _rss_mib()
+    nodes = [f"gpu{i:05d}" for i in range(ranks // PER_NODE)]
+    reg = AgentRegistry()
+    jobs: dict[str, int] = {}
+    for start in range(0, ranks, JOB_RANKS):
+        job, size = f"job{start // JOB_RANKS:03d}", min(JOB_RANKS, ranks - start)
+        jobs[job] = size
+        for r in range(size):
+            reg.update(AgentData(job=job, rank=r, world_size=size, node=nodes[(start + r) // PER_NODE], step=1000))
+    topo = Topology(site="bench", feeds={n: ("ups-a",) for n in nodes})
+    policy = Policy(hold_policy="continue", ckpt_timeout_s=600, max_on_battery_s=3600)
+    core = SiteCore(topo, policy, registry=reg, saga_id=lambda site, now: "bench-saga")
+    bus = await Bus.connect(urls, service="bench-scale", names=BusNames.isolated(), limits=StreamLimits(replicas=3))
+    store = SagaStore(await bus.sagas())
+    now = time.time()
+
+    def power(runtime_s: float) -> OnBattery:
+        data = PowerData(site="bench", ups="ups-a", on_battery=True, runtime_s=runtime_s, charge_pct=90)
+        return OnBattery(time=datetime.fromtimestamp(now, UTC), data=data)
+
+    rev = 0
+    saves: list[dict] = []
+
+    async def store_changed(step) -> None:
+        nonlocal rev
+        for rec in step.changed:
+            rev = await (store.create(rec) if rev == 0 else store.save(rec, rev))
+            saves.append(dict(store.last_write))
+
+    cpu0, t0 = time.process_time(), time.perf_counter()
+    step = core.apply([(power(3000.0), None)], now)
+    await store_changed(step)
+    detect_s = time.perf_counter() - t0
+    requests = [c for cmds in step.commands.values() for c in cmds if c.kind == "ckpt_request"]
+    rec = core.open["bench-saga"]
+
+    acks = [
+        CheckpointDurable(
+            data=CheckpointDurableData(
+                request_id=rec.jobs[job].request_id,
+                saga_id="bench-saga",
+                job=job,
+                rank=r,
+                step=1001,
+                path="/ckpt",
+                bytes=1,
+                digest="0" * 32,
+            )
+        )
+        for job, size in jobs.items()
+        for r in range(size)
+    ]
+    random.Random(1).shuffle(acks)
+    batch_s: list[float] = []
+    ack_cpu0 = time.process_time()
+    for i in range(0, len(acks), BATCH):
+        tb = time.perf_counter()
+        now += 0.001
+        await store_changed(core.apply([(a, None) for a in acks[i : i + BATCH]], now))
+        batch_s.append(time.perf_counter() - tb)
+    ack_cpu = time.process_time() - ack_cpu0
+    state_after_acks = rec.state.value
+
+    t1 = time.perf_counter()
+    now += 1
+    step = core.apply([(power(30.0), None)], now)  # runtime below the reserve: stop now
+    await store_changed(step)
+    kinds: dict[str, int] = {}
+    for cmds in step.commands.values():
+        for c in cmds:
+            kinds[c.kind] = kinds.get(c.kind, 0) + 1
+    shutdown_s = time.perf_counter() - t1
+
+    kv = await bus.sagas()
+    largest = 0
+    for key in await kv.keys():
+        entry = await kv.get(key)
+        largest = max(largest, len(entry.value) if entry else 0)
+    await bus.close()
+    return {
+        "ranks": ranks,
+        "nodes": len(nodes),
+        "jobs": len(jobs),
+        "checkpoint_requests": len(requests),
+        "on_battery_to_requests_stored_s": round(detect_s, 4),
+        "ack_batches": len(batch_s),
+        "ack_batch_s": {
+            "p50": round(statistics.median(batch_s), 4),
+            "max": round(max(batch_s), 4),
+            "total": round(sum(batch_s), 2),
+        },
+        "ack_cpu_us_per_rank": round(ack_cpu / ranks * 1e6, 1),
+        "state_after_acks": state_after_acks,
+        "commands_after_drain": kinds,
+        "drain_to_shutdown_commands_stored_s": round(shutdown_s, 4),
+        "record_json_bytes": len(rec.model_dump_json()),
+        "largest_kv_value_bytes": largest,
+        "parts": saves[-1]["parts"],
+        "save_bytes": {
+            "p50": int(statistics.median(s["bytes_written"] for s in saves)),
+            "max": max(s["bytes_written"] for s in saves),
+        },
+        "cpu_s": round(time.process_time() - cpu0, 2),
+        "rss_mib": round(_rss_mib(), 1),
+        "rss_mib_before": round(rss_base, 1),
+        "rss_kib_per_rank": round((_rss_mib() - rss_base) * 1024 / ranks, 2),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--ranks", default="10000,100000", help="comma-separated site sizes (default: 10000,100000)")
+    ap.add_argument("--out", type=Path, default=RESULTS, help=f"results file (default: {RESULTS})")
+    ap.add_argument("--child", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--urls", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        print(json.dumps(asyncio.run(one(args.child, args.urls.split(",")))))
+        return
+    from powerguard.bus import embedded_cluster
+    from powerguard.coordinator.service import INPUT_BATCH
+
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        cluster = embedded_cluster(tmp)
+        for n in cluster:
+            n.start()
+        try:
+            urls = ",".join(n.url for n in cluster)
+            for ranks in (int(x) for x in args.ranks.split(",")):
+                out = subprocess.run(
+                    [sys.executable, __file__, "--child", str(ranks), "--urls", urls],
+                    check=True,
+                    capture_output=True,
+                    text=True,
+                    env=os.environ,
+                )
+                row = json.loads(out.stdout.strip().splitlines()[-1])
+                print(json.dumps(row, indent=1))
+                rows.append(row)
+        finally:
+            for n in cluster:
+                n.stop()
+    result = {
+        "benchmark": "scale",
+        "scope": "coordinator site core + saga store on a 3-node nats-server cluster (R3 KV); "
+        "fan-out to ranks over per-node connections not included",
+        "per_node": PER_NODE,
+        "job_ranks": JOB_RANKS,
+        "batch": INPUT_BATCH,
+        "sizes": rows,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
