@@ -1,6 +1,7 @@
-"""A job that closes its agents, destroys its process groups and lets the agents go (as every
-training script's exit does) must exit: 4 ranks (torchrun, gloo, DDP), both step agreements. Before close() destroyed the agent's own groups, a gloo group's destructor run after
-the job's ``destroy_process_group()`` hung one rank in most runs."""
+"""A job that closes its agent, destroys its process groups and lets the agent go (as every
+training script's exit does) must exit: 4 ranks (torchrun, gloo, DDP), both step agreements.
+Before close() destroyed the agent's own groups, a gloo group's destructor run after the job's
+``destroy_process_group()`` hung one rank in most runs."""
 
 from __future__ import annotations
 
