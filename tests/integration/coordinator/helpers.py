@@ -6,6 +6,8 @@ import asyncio
 import time
 from collections.abc import Callable
 
+import yaml
+
 from powerguard.bus import Bus
 from powerguard.coordinator.policy import Policy
 from powerguard.schemas import (
@@ -42,6 +44,20 @@ def site(nodes: list[str] | None = None, **nats) -> SiteConfig:
         nodes=[NodeConfig(name=n, feeds=["ups-a"]) for n in nodes or NODES],
         coordinator=POLICY,
     )
+
+
+def site_file(path, names, nodes: list[str] | None = None):
+    """A site YAML for a coordinator process on these isolated bus names; returns its path."""
+    cfg = site(
+        nodes,
+        prefix=names.prefix,
+        stream=names.stream,
+        sagas_bucket=names.sagas,
+        agents_bucket=names.agents,
+        leases_bucket=names.leases,
+    )
+    path.write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
+    return path
 
 
 def policy() -> Policy:

@@ -9,13 +9,12 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
 
 from powerguard.coordinator.store import SagaStore
 from powerguard.sim.agents import SimulatedRanks
 from powerguard.sim.executor import SimulatedPowerControl
 
-from .helpers import JOBS, NODES, SagaWatch, drain_battery, eventually, outage, power_back, site
+from .helpers import JOBS, NODES, SagaWatch, drain_battery, eventually, outage, power_back, site_file
 from .process import CoordinatorProcess
 
 pytestmark = pytest.mark.integration
@@ -23,15 +22,7 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture
 async def world(make_bus, names, nats_server, tmp_path):
-    cfg = site(
-        prefix=names.prefix,
-        stream=names.stream,
-        sagas_bucket=names.sagas,
-        agents_bucket=names.agents,
-        leases_bucket=names.leases,
-    )
-    path = tmp_path / "site.yaml"
-    path.write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
+    path = site_file(tmp_path / "site.yaml", names)
     sim_bus, ctl_bus, obs_bus = await make_bus("sim"), await make_bus("power-control"), await make_bus("observer")
     ranks = SimulatedRanks(sim_bus, JOBS, step=80)
     await ranks.start()

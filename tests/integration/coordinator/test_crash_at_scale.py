@@ -5,14 +5,13 @@ the parts with every command executed once and no part left behind."""
 from __future__ import annotations
 
 import pytest
-import yaml
 
 from powerguard.coordinator.record_parts import PartLimits
 from powerguard.coordinator.store import SagaStore
 from powerguard.sim.agents import SimulatedRanks
 from powerguard.sim.executor import SimulatedPowerControl
 
-from .helpers import SagaWatch, drain_battery, eventually, outage, power_back, site
+from .helpers import SagaWatch, drain_battery, eventually, outage, power_back, site_file
 from .process import CoordinatorProcess
 
 pytestmark = pytest.mark.integration
@@ -29,16 +28,7 @@ async def part_keys(kv) -> list[str]:
 async def test_a_4096_rank_saga_in_parts_survives_sigkill_and_runs_every_command_once(
     make_bus, names, nats_server, tmp_path
 ):
-    cfg = site(
-        NODES,
-        prefix=names.prefix,
-        stream=names.stream,
-        sagas_bucket=names.sagas,
-        agents_bucket=names.agents,
-        leases_bucket=names.leases,
-    )
-    path = tmp_path / "site.yaml"
-    path.write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
+    path = site_file(tmp_path / "site.yaml", names, NODES)
     sim, ctl, obs = await make_bus("sim"), await make_bus("power-control"), await make_bus("observer")
     ranks = SimulatedRanks(sim, JOBS, step=80)
     await ranks.start()
