@@ -117,7 +117,8 @@ the record stored after each batch. Scope: {sc["scope"]}.
 
 def fanout_section(fo: dict) -> str:
     rows = "\n".join(
-        f"| {r['ranks']:,} | {r['connections']:,} | {r['request_to_node_s']['p50']} / {r['request_to_node_s']['max']} s "
+        f"| {r['ranks']:,} | {r['connections']:,} "
+        f"| {r['request_to_node_s']['p50']} / {r['request_to_node_s']['max']} s "
         f"| {r['acks_stored']:,} of {r['acks_expected']:,} in {r['request_to_all_acks_stored_s']} s "
         f"({r['acks_per_s']:,}/s) | {r['connect_all_s']} s |"
         for r in fo["sizes"]
