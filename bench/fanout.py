@@ -20,27 +20,13 @@ import json
 import os
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
+from _site import PER_NODE, Layout, connect, nats_cluster
+
 RESULTS = Path(__file__).parent / "results" / "fanout.json"
-PER_NODE = 8
-JOB_RANKS = 4096
 PROCS = 4
-
-
-def layout(ranks: int) -> tuple[list[str], dict[str, int], dict[str, list[tuple[str, int]]]]:
-    """(nodes, job -> world size, node -> [(job, rank)])."""
-    nodes = [f"gpu{i:05d}" for i in range(ranks // PER_NODE)]
-    jobs: dict[str, int] = {}
-    on: dict[str, list[tuple[str, int]]] = {n: [] for n in nodes}
-    for start in range(0, ranks, JOB_RANKS):
-        job, size = f"job{start // JOB_RANKS:03d}", min(JOB_RANKS, ranks - start)
-        jobs[job] = size
-        for r in range(size):
-            on[nodes[(start + r) // PER_NODE]].append((job, r))
-    return nodes, jobs, on
 
 
 async def node_clients(ranks: int, proc: int, urls: list[str], prefix: str, timeout_s: float) -> dict:
@@ -50,8 +36,9 @@ async def node_clients(ranks: int, proc: int, urls: list[str], prefix: str, time
     from powerguard.schemas.subjects import Subjects
 
     subjects = Subjects(prefix)
-    nodes, jobs, on = layout(ranks)
-    mine = nodes[proc::PROCS]
+    site = Layout.of(ranks)
+    jobs, on = site.jobs, site.on
+    mine = site.nodes[proc::PROCS]
     got: dict[str, float] = {}
     acked: list[float] = []
     done = asyncio.Event()
@@ -116,29 +103,16 @@ async def node_clients(ranks: int, proc: int, urls: list[str], prefix: str, time
 
 
 async def run(ranks: int, urls: list[str]) -> dict:
-    from powerguard.bus import Bus, BusNames, SetupError, StreamLimits
+    from powerguard.bus import BusNames
     from powerguard.coordinator import saga
     from powerguard.coordinator.outbox import command_event
     from powerguard.coordinator.policy import Policy
     from powerguard.coordinator.saga import Tick, UpsView
-    from powerguard.coordinator.topology import AgentRegistry, Topology
-    from powerguard.schemas import AgentData
 
     names = BusNames.isolated()
-    for attempt in range(10):  # a cluster just started elects its JetStream meta leader first
-        try:
-            bus = await Bus.connect(urls, service="coordinator", names=names, limits=StreamLimits(replicas=3))
-            break
-        except SetupError:
-            if attempt == 9:
-                raise
-            await asyncio.sleep(2)
-    nodes, jobs, on = layout(ranks)
-    reg = AgentRegistry()
-    for node, rs in on.items():
-        for job, r in rs:
-            reg.update(AgentData(job=job, rank=r, world_size=jobs[job], node=node, step=1000))
-    topo = Topology(site="bench", feeds={n: ("ups-a",) for n in nodes})
+    bus = await connect(urls, "coordinator", names)
+    site = Layout.of(ranks)
+    nodes, jobs, reg, topo = site.nodes, site.jobs, site.registry(), site.topology()
     policy = Policy(hold_policy="continue", ckpt_timeout_s=600)
     ups = {"ups-a": UpsView(on_battery=True, runtime_s=3000.0, charge_pct=90.0)}
     rec = saga.start(saga_id="fanout", topo=topo, ups=ups, jobs=reg.jobs(), now=time.time())
@@ -205,21 +179,12 @@ def main() -> None:
         res = asyncio.run(node_clients(int(args.ranks), args.worker, args.urls.split(","), args.prefix, 300))
         print(json.dumps(res), flush=True)
         return
-    from powerguard.bus import embedded_cluster
-
     rows = []
-    with tempfile.TemporaryDirectory() as tmp:
-        cluster = embedded_cluster(tmp)
-        for n in cluster:
-            n.start()
-        try:
-            for ranks in (int(x) for x in args.ranks.split(",")):
-                row = asyncio.run(run(ranks, [n.url for n in cluster]))
-                print(json.dumps(row), flush=True)
-                rows.append(row)
-        finally:
-            for n in cluster:
-                n.stop()
+    with nats_cluster() as urls:
+        for ranks in (int(x) for x in args.ranks.split(",")):
+            row = asyncio.run(run(ranks, urls))
+            print(json.dumps(row), flush=True)
+            rows.append(row)
     result = {
         "benchmark": "fanout",
         "per_node": PER_NODE,

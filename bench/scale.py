@@ -26,13 +26,12 @@ import resource
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
+from _site import JOB_RANKS, PER_NODE, Layout, connect, nats_cluster
+
 RESULTS = Path(__file__).parent / "results" / "scale.json"
-PER_NODE = 8
-JOB_RANKS = 4096
 
 
 def _rss_mib() -> float:
@@ -42,27 +41,18 @@ def _rss_mib() -> float:
 async def one(ranks: int, urls: list[str]) -> dict:
     from datetime import UTC, datetime
 
-    from powerguard.bus import Bus, BusNames, StreamLimits
     from powerguard.coordinator.core import SiteCore
     from powerguard.coordinator.policy import Policy
     from powerguard.coordinator.service import INPUT_BATCH as BATCH
     from powerguard.coordinator.store import SagaStore
-    from powerguard.coordinator.topology import AgentRegistry, Topology
-    from powerguard.schemas import AgentData, CheckpointDurable, CheckpointDurableData, OnBattery, PowerData
+    from powerguard.schemas import CheckpointDurable, CheckpointDurableData, OnBattery, PowerData
 
     rss_base = _rss_mib()
-    nodes = [f"gpu{i:05d}" for i in range(ranks // PER_NODE)]
-    reg = AgentRegistry()
-    jobs: dict[str, int] = {}
-    for start in range(0, ranks, JOB_RANKS):
-        job, size = f"job{start // JOB_RANKS:03d}", min(JOB_RANKS, ranks - start)
-        jobs[job] = size
-        for r in range(size):
-            reg.update(AgentData(job=job, rank=r, world_size=size, node=nodes[(start + r) // PER_NODE], step=1000))
-    topo = Topology(site="bench", feeds={n: ("ups-a",) for n in nodes})
+    site = Layout.of(ranks)
+    nodes, jobs = site.nodes, site.jobs
     policy = Policy(hold_policy="continue", ckpt_timeout_s=600, max_on_battery_s=3600)
-    core = SiteCore(topo, policy, registry=reg, saga_id=lambda site, now: "bench-saga")
-    bus = await Bus.connect(urls, service="bench-scale", names=BusNames.isolated(), limits=StreamLimits(replicas=3))
+    core = SiteCore(site.topology(), policy, registry=site.registry(), saga_id=lambda site, now: "bench-saga")
+    bus = await connect(urls, "bench-scale")
     store = SagaStore(await bus.sagas())
     now = time.time()
 
@@ -169,30 +159,21 @@ def main() -> None:
     if args.child:
         print(json.dumps(asyncio.run(one(args.child, args.urls.split(",")))))
         return
-    from powerguard.bus import embedded_cluster
     from powerguard.coordinator.service import INPUT_BATCH
 
     rows = []
-    with tempfile.TemporaryDirectory() as tmp:
-        cluster = embedded_cluster(tmp)
-        for n in cluster:
-            n.start()
-        try:
-            urls = ",".join(n.url for n in cluster)
-            for ranks in (int(x) for x in args.ranks.split(",")):
-                out = subprocess.run(
-                    [sys.executable, __file__, "--child", str(ranks), "--urls", urls],
-                    check=True,
-                    capture_output=True,
-                    text=True,
-                    env=os.environ,
-                )
-                row = json.loads(out.stdout.strip().splitlines()[-1])
-                print(json.dumps(row, indent=1))
-                rows.append(row)
-        finally:
-            for n in cluster:
-                n.stop()
+    with nats_cluster() as urls:
+        for ranks in (int(x) for x in args.ranks.split(",")):
+            out = subprocess.run(
+                [sys.executable, __file__, "--child", str(ranks), "--urls", ",".join(urls)],
+                check=True,
+                capture_output=True,
+                text=True,
+                env=os.environ,
+            )
+            row = json.loads(out.stdout.strip().splitlines()[-1])
+            print(json.dumps(row, indent=1))
+            rows.append(row)
     result = {
         "benchmark": "scale",
         "scope": "coordinator site core + saga store on a 3-node nats-server cluster (R3 KV); "

@@ -1,0 +1,78 @@
+"""A simulated large site for the scale benchmarks: ranks laid out on nodes and jobs, the agent
+registry and topology the coordinator would hold, and a 3-node nats-server cluster."""
+
+from __future__ import annotations
+
+import asyncio
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+PER_NODE = 8  # ranks per node
+JOB_RANKS = 4096  # ranks per job (the last job takes the rest)
+
+
+@dataclass(frozen=True)
+class Layout:
+    nodes: list[str]
+    jobs: dict[str, int]  # job -> world size
+    on: dict[str, list[tuple[str, int]]]  # node -> [(job, rank)]
+
+    @classmethod
+    def of(cls, ranks: int) -> Layout:
+        nodes = [f"gpu{i:05d}" for i in range(ranks // PER_NODE)]
+        jobs: dict[str, int] = {}
+        on: dict[str, list[tuple[str, int]]] = {n: [] for n in nodes}
+        for start in range(0, ranks, JOB_RANKS):
+            job, size = f"job{start // JOB_RANKS:03d}", min(JOB_RANKS, ranks - start)
+            jobs[job] = size
+            for r in range(size):
+                on[nodes[(start + r) // PER_NODE]].append((job, r))
+        return cls(nodes, jobs, on)
+
+    def registry(self):
+        from powerguard.coordinator.topology import AgentRegistry
+        from powerguard.schemas import AgentData
+
+        reg = AgentRegistry()
+        for node, ranks in self.on.items():
+            for job, r in ranks:
+                reg.update(AgentData(job=job, rank=r, world_size=self.jobs[job], node=node, step=1000))
+        return reg
+
+    def topology(self):
+        from powerguard.coordinator.topology import Topology
+
+        return Topology(site="bench", feeds={n: ("ups-a",) for n in self.nodes})
+
+
+@contextmanager
+def nats_cluster() -> Iterator[list[str]]:
+    """Three routed nats-servers with JetStream; yields their URLs."""
+    from powerguard.bus import embedded_cluster
+
+    with tempfile.TemporaryDirectory() as tmp:
+        cluster = embedded_cluster(tmp)
+        try:
+            for n in cluster:
+                n.start()
+            yield [n.url for n in cluster]
+        finally:
+            for n in cluster:
+                n.stop()
+
+
+async def connect(urls: list[str], service: str, names=None):
+    """A bus with an R3 stream and buckets, once the new cluster has elected its meta leader."""
+    from powerguard.bus import Bus, BusNames, SetupError, StreamLimits
+
+    names = names or BusNames.isolated()
+    for attempt in range(10):
+        try:
+            return await Bus.connect(urls, service=service, names=names, limits=StreamLimits(replicas=3))
+        except SetupError:
+            if attempt == 9:
+                raise
+            await asyncio.sleep(2)
+    raise AssertionError("unreachable")
