@@ -3,11 +3,13 @@ registry and topology the coordinator would hold, and a 3-node nats-server clust
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 
 PER_NODE = 8  # ranks per node
 JOB_RANKS = 4096  # ranks per job (the last job takes the rest)
@@ -45,6 +47,14 @@ class Layout:
         from powerguard.coordinator.topology import Topology
 
         return Topology(site="bench", feeds={n: ("ups-a",) for n in self.nodes})
+
+
+def site_args(description: str, results: Path) -> argparse.ArgumentParser:
+    """The options every scale benchmark takes: the site sizes and the results file."""
+    ap = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--ranks", default="10000,100000", help="comma-separated site sizes (default: 10000,100000)")
+    ap.add_argument("--out", type=Path, default=results, help=f"results file (default: {results})")
+    return ap
 
 
 @contextmanager

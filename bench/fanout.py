@@ -23,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-from _site import PER_NODE, Layout, connect, nats_cluster
+from _site import PER_NODE, Layout, connect, nats_cluster, site_args
 
 RESULTS = Path(__file__).parent / "results" / "fanout.json"
 PROCS = 4
@@ -168,9 +168,7 @@ async def run(ranks: int, urls: list[str]) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--ranks", default="10000,100000", help="comma-separated site sizes (default: 10000,100000)")
-    ap.add_argument("--out", type=Path, default=RESULTS, help=f"results file (default: {RESULTS})")
+    ap = site_args(__doc__, RESULTS)
     ap.add_argument("--worker", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--urls", help=argparse.SUPPRESS)
     ap.add_argument("--prefix", help=argparse.SUPPRESS)

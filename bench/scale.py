@@ -29,7 +29,7 @@ import sys
 import time
 from pathlib import Path
 
-from _site import JOB_RANKS, PER_NODE, Layout, connect, nats_cluster
+from _site import JOB_RANKS, PER_NODE, Layout, connect, nats_cluster, site_args
 
 RESULTS = Path(__file__).parent / "results" / "scale.json"
 
@@ -150,9 +150,7 @@ async def one(ranks: int, urls: list[str]) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--ranks", default="10000,100000", help="comma-separated site sizes (default: 10000,100000)")
-    ap.add_argument("--out", type=Path, default=RESULTS, help=f"results file (default: {RESULTS})")
+    ap = site_args(__doc__, RESULTS)
     ap.add_argument("--child", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--urls", help=argparse.SUPPRESS)
     args = ap.parse_args()

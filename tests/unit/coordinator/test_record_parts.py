@@ -7,7 +7,7 @@ import json
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from powerguard.coordinator.record_parts import REF, MissingPart, PartLimits, join, references, split
+from powerguard.coordinator.record_parts import REF, MissingPart, PartLimits, SplitMemo, join, references, split
 from powerguard.coordinator.saga import Ack, SagaRecord, UpsView
 from powerguard.coordinator.topology import AgentRegistry, Topology
 from powerguard.schemas import AgentData
@@ -48,7 +48,7 @@ def test_join_of_split_is_the_record_and_no_part_exceeds_its_bound(data):
 )
 def test_splits_that_reuse_their_memo_join_to_the_record_after_every_change(changes):
     data: dict = {"acked": {}, "levels": {str(i): "local" for i in range(100)}, "xs": list(range(80))}
-    memo: dict = {}
+    memo = SplitMemo()
     for field, key, value in changes:  # appends, overwrites and removals, as a saga makes them
         target = data[field]
         if isinstance(target, list):

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from json.encoder import encode_basestring_ascii  # type: ignore[attr-defined]
 from typing import Any
 
@@ -58,6 +58,15 @@ def _dumps(value: Any) -> str:
 Chunk = tuple[tuple[Any, ...], str]  # (the items, their JSON text joined by commas)
 _SCALARS = (str, int, float, bool, type(None))
 _MEMO_MIN = 64  # a flat container with fewer items is simply serialized again
+_BRACKETS = {"dict": ("{", "}"), "list": ("[", "]")}
+
+
+@dataclass
+class SplitMemo:
+    """What one record's last split serialized, by path (kept by the caller between splits)."""
+
+    chunks: dict[str, list[Chunk]] = field(default_factory=dict)  # large flat containers
+    inline: dict[str, tuple[Any, str]] = field(default_factory=dict)  # containers kept whole, with their text
 
 
 def split(
@@ -66,7 +75,7 @@ def split(
     limits: PartLimits,
     key_for: Callable[[str, bytes], str],
     size: int | None = None,
-    memo: dict[str, list[Chunk]] | None = None,
+    memo: SplitMemo | None = None,
 ) -> tuple[dict[str, Any], dict[str, bytes]]:
     """(head, parts by key) for a record's JSON form. ``key_for(name, content)`` names the key of
     the part called ``name`` (a path such as ``jobs/j1/acked#3``) holding ``content``. ``size``:
@@ -76,14 +85,14 @@ def split(
     if (size if size is not None else len(_dumps(data))) <= limits.inline_bytes:
         return data, {}
     parts: dict[str, bytes] = {}
-    memo = memo if memo is not None else {}
+    memo = memo if memo is not None else SplitMemo()
 
     def flat(items: list, path: str, is_dict: bool) -> list[Chunk]:
         """Chunks of a flat container's items: the memo's while their items are unchanged, then new."""
         chunks: list[Chunk] = []
         pos = 0
         texts: list[str] = []
-        for its, body in memo.get(path, []):
+        for its, body in memo.chunks.get(path, []):
             n = len(its)
             if tuple(items[pos : pos + n]) != its:
                 break
@@ -103,40 +112,33 @@ def split(
             size_ += len(text) + 1
         if texts:
             chunks.append((tuple(items[start:]), ",".join(texts)))
-        memo[path] = chunks
+        memo.chunks[path] = chunks
         return chunks
 
-    def cut(items: list[tuple[Any, str]], path: str, kind: str) -> dict[str, Any]:
+    def emit(bodies: list[str], path: str, kind: str) -> dict[str, Any]:
+        """One part per body (items' JSON joined by commas); the reference that replaces them."""
+        open_, close = _BRACKETS[kind]
         keys: list[str] = []
-        open_, close = ("{", "}") if kind == "dict" else ("[", "]")
-
-        def flush(texts: list[str]) -> None:
-            content = (open_ + ",".join(texts) + close).encode()
-            key = key_for(f"{path}#{len(keys)}", content)
-            parts[key] = content
-            keys.append(key)
-
-        chunk: list[str] = []
-        size = 2
-        for _, text in items:
-            if chunk and size + len(text) + 1 > limits.part_bytes:
-                flush(chunk)
-                chunk, size = [], 2
-            chunk.append(text)
-            size += len(text) + 1
-        if chunk:
-            flush(chunk)
-        return {REF: keys, TYPE: kind}
-
-    def cut_flat(chunks: list[Chunk], path: str, kind: str) -> dict[str, Any]:
-        open_, close = ("{", "}") if kind == "dict" else ("[", "]")
-        keys: list[str] = []
-        for _, body in chunks:
+        for body in bodies:
             content = (open_ + body + close).encode()
             key = key_for(f"{path}#{len(keys)}", content)
             parts[key] = content
             keys.append(key)
         return {REF: keys, TYPE: kind}
+
+    def cut(items: list[tuple[Any, str]], path: str, kind: str) -> dict[str, Any]:
+        bodies: list[str] = []
+        chunk: list[str] = []
+        size = 2
+        for _, text in items:
+            if chunk and size + len(text) + 1 > limits.part_bytes:
+                bodies.append(",".join(chunk))
+                chunk, size = [], 2
+            chunk.append(text)
+            size += len(text) + 1
+        if chunk:
+            bodies.append(",".join(chunk))
+        return emit(bodies, path, kind)
 
     def shrink_flat(value: dict | list, path: str) -> tuple[Any, str] | None:
         """A large container of scalars, through the memo (None: not such a container)."""
@@ -146,22 +148,22 @@ def split(
         chunks = flat(list(value.items()) if is_dict else value, path, is_dict)
         kind = "dict" if is_dict else "list"
         if sum(len(b) + 1 for _, b in chunks) + 1 > limits.container_bytes and path:
-            ref = cut_flat(chunks, path, kind)
+            ref = emit([b for _, b in chunks], path, kind)
             return ref, _dumps(ref)
-        open_, close = ("{", "}") if is_dict else ("[", "]")
+        open_, close = _BRACKETS[kind]
         return value, open_ + ",".join(b for _, b in chunks) + close
 
     def shrink(value: Any, path: str) -> tuple[Any, str]:
         """(value with large containers replaced, its JSON text); a container equal to the one
         at the same path last time (a node's plan that did not change) is not walked again."""
-        same = memo.get("=" + path)
+        same = memo.inline.get(path)
         if same is not None and same[0] == value:
             return same
         if isinstance(value, dict | list) and (done := shrink_flat(value, path)) is not None:
             return done
         done = _shrink(value, path)
         if done[0] is value and path:
-            memo["=" + path] = done  # inline as it is: remember it with its text
+            memo.inline[path] = done  # kept whole: remember it with its text
         return done
 
     def _shrink(value: Any, path: str) -> tuple[Any, str]:

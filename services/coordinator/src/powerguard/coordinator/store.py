@@ -19,7 +19,7 @@ from hashlib import blake2b
 
 from powerguard.bus import BusNames, CasConflict, Kv
 
-from .record_parts import MissingPart, PartLimits, join, references, split
+from .record_parts import MissingPart, PartLimits, SplitMemo, join, references, split
 from .saga import SagaRecord
 
 log = logging.getLogger(__name__)
@@ -40,7 +40,7 @@ class SagaStore:
         self.kv = kv
         self.limits = limits or PartLimits()
         self._parts: dict[str, dict[str, tuple[bytes, str]]] = {}  # saga -> name hash -> (digest, key)
-        self._memo: dict[str, dict] = {}  # saga -> the chunks of its large flat containers (split's memo)
+        self._memo: dict[str, SplitMemo] = {}  # saga -> what its last split serialized
         self.last_write: dict[str, int] = {}  # figures of the last save: parts, bytes, head_bytes
 
     # ------------------------------------------------------------------ reading
@@ -142,7 +142,7 @@ class SagaStore:
         if len(whole) <= self.limits.inline_bytes:
             head, parts = {}, {}
         else:
-            memo = self._memo.setdefault(sid, {})
+            memo = self._memo.setdefault(sid, SplitMemo())
             head, parts = split(
                 rec.model_dump(mode="json"), limits=self.limits, key_for=key_for, size=len(whole), memo=memo
             )
