@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import os
+import subprocess
 import sys
 import time
 
 import psutil
 import pytest
 
+from powerguard.power_control.schedulers.process import ProcessScheduler
 from powerguard.schemas import (
     JobRestarted,
     JobRestartRequested,
@@ -159,6 +161,28 @@ async def test_process_launcher_stops_and_restarts_a_job(make_bus, make_bmc, tmp
     finally:
         await pc.scheduler.stop_job("train", nodes=["n1"], saga_id="end")
         await pc.stop()
+
+
+async def test_an_adopted_job_that_exits_on_sigterm_is_stopped_at_once_though_its_parent_never_reaps_it(tmp_path):
+    """A job another process launched (a previous power-control, the demo's site) whose parent
+    does not reap it: its leader is a zombie once it exits, and the stop must see it gone at once,
+    not wait out ``stop_timeout_s`` of battery (``killpg(pgid, 0)`` answers for zombies)."""
+    job = subprocess.Popen(  # noqa: ASYNC220 (a stand-in launcher that never reaps its job)
+        [sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True
+    )
+    try:
+        state = tmp_path / "jobs"
+        state.mkdir()
+        (state / "train.pid").write_text(f"{job.pid}\n")
+        sched = ProcessScheduler({"stop_timeout_s": 20, "state_dir": str(state)})  # not its launcher: adopts it
+        t = time.monotonic()
+        said = await sched.stop_job("train", nodes=["n1"], saga_id="s")
+        took = time.monotonic() - t
+        assert psutil.Process(job.pid).status() == psutil.STATUS_ZOMBIE  # nobody reaped it meanwhile
+        assert said.startswith("stopped job train") and took < 5, (said, took)
+    finally:
+        job.kill()
+        job.wait()
 
 
 async def test_command_hook_gets_saga_job_and_node_in_its_environment(make_bus, tmp_path, monkeypatch):

@@ -99,9 +99,7 @@ class ProcessScheduler(Scheduler):
             return f"job {job} not running"
         deadline = asyncio.get_running_loop().time() + self.opts.stop_timeout_s
         while asyncio.get_running_loop().time() < deadline:
-            try:
-                os.killpg(pgid, 0)
-            except ProcessLookupError:
+            if not group_alive(pgid):
                 return f"stopped job {job} (process group {pgid})"
             await asyncio.sleep(0.1)
         with contextlib.suppress(ProcessLookupError):
@@ -110,6 +108,35 @@ class ProcessScheduler(Scheduler):
 
     async def close(self) -> None:
         return None  # jobs outlive the service on purpose: a power-control restart must not stop training
+
+
+def group_alive(pgid: int, proc: Path = Path("/proc")) -> bool:
+    """Whether a process of group ``pgid`` still runs. Zombies do not count: an adopted job's
+    exited leader stays a zombie until its parent reaps it (a PID 1 that never reaps, in a
+    container without an init, or the process that launched it and is busy), and ``killpg(pgid,
+    0)`` answers for zombies as for the living, so a stop would wait out ``stop_timeout_s`` on
+    a job that exited at once. Reads ``/proc/<pid>/stat``; without a /proc, asks ``killpg``."""
+    try:
+        entries = [e for e in os.listdir(proc) if e.isdigit()]
+    except OSError:
+        entries = None
+    if entries is None:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+    for pid in entries:
+        try:
+            fields = (proc / pid / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # gone meanwhile
+        state, group = fields[0], int(fields[2])  # state, ppid, pgrp, ...
+        if group == pgid and state not in ("Z", "X"):
+            return True
+    return False
 
 
 def _write_pid(state_dir: Path, job: str, pid: int) -> None:
