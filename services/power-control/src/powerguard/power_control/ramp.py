@@ -7,11 +7,21 @@ breaker feeds a PDU). A node starts when every scope it belongs to has room: eac
 "next free" time, and a node of cost c moves it by c / rate, so starts are evenly spaced (no
 burst) and the ramp's total time is (sum of costs) / rate.
 
-Pure: :meth:`Ramp.reserve` takes the clock's ``now`` and returns when the node may start.
+A reservation is a plan: a node can start late (its BMC session took long to set up under
+load), and its command can take a while to reach the device once sent. Neither may put two
+power-ons closer than the rates allow. So the ramp also follows the actual starts: a node is
+in flight from :meth:`Ramp.started` (its command is going out) to :meth:`Ramp.landed` (the
+device answered), and :meth:`Ramp.ready_at` lets the next node of a scope start only once no
+node of it is in flight and ``cost`` has passed since the last one landed or started, whichever
+is later. The device received the command somewhere in between, so actual power-ons are at
+least ``cost`` apart whatever the delays; the price is the command's round trip per node.
+
+Pure: every method takes the clock's ``now``; nothing here sleeps.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -44,23 +54,52 @@ class Ramp:
     """Reservations of start times against the settings' rates (one per power-control)."""
 
     settings: RampSettings
-    _next: dict[str, float] = field(default_factory=dict)  # scope -> the earliest next start
+    _next: dict[str, float] = field(default_factory=dict)  # scope -> the earliest next start (the plan)
+    _free: dict[str, float] = field(default_factory=dict)  # scope -> last actual start/landing + its cost
+    _flying: dict[str, int] = field(default_factory=dict)  # scope -> commands sent, not yet answered
 
-    def reserve(self, node: str, pdus: Sequence[str], now: float) -> float:
-        """When ``node`` (fed by ``pdus``) may start, at the earliest ``now``; the slot is taken."""
+    def _scopes(self, node: str, pdus: Sequence[str]) -> list[tuple[str, float]]:
+        """(scope, seconds this node occupies it)."""
         s = self.settings
-        scopes: list[tuple[str, float]] = []  # (scope, seconds this node occupies it)
+        scopes: list[tuple[str, float]] = []
         if s.nodes_per_min:
             scopes.append(("site:nodes", 60.0 / s.nodes_per_min))
         if s.kw_per_min:
             scopes.append(("site:kw", 60.0 * s.kw(node) / s.kw_per_min))
         if s.pdu_nodes_per_min:
             scopes += [(f"pdu:{p}", 60.0 / s.pdu_nodes_per_min) for p in sorted(set(pdus))]
+        return scopes
+
+    def reserve(self, node: str, pdus: Sequence[str], now: float) -> float:
+        """When ``node`` (fed by ``pdus``) may start, at the earliest ``now``; the slot is taken."""
+        scopes = self._scopes(node, pdus)
         start = max([now, *(self._next.get(scope, now) for scope, _ in scopes)])
         for scope, cost in scopes:
             self._next[scope] = start + cost
         return start
 
+    def ready_at(self, node: str, pdus: Sequence[str]) -> float:
+        """The earliest ``node`` may start given the nodes that actually started (0: any time;
+        ``inf``: a node of one of its scopes is in flight, wait until it lands)."""
+        scopes = [scope for scope, _ in self._scopes(node, pdus)]
+        if any(self._flying.get(scope) for scope in scopes):
+            return math.inf
+        return max([0.0, *(self._free.get(scope, 0.0) for scope in scopes)])
+
+    def started(self, node: str, pdus: Sequence[str], now: float) -> None:
+        """``node``'s command goes out at ``now``; a plan that a late start overtook moves back."""
+        for scope, cost in self._scopes(node, pdus):
+            self._flying[scope] = self._flying.get(scope, 0) + 1
+            self._free[scope] = max(self._free.get(scope, 0.0), now + cost)
+            self._next[scope] = max(self._next.get(scope, now), now + cost)
+
+    def landed(self, node: str, pdus: Sequence[str], now: float) -> None:
+        """``node``'s command was answered (or failed) at ``now``: its scopes are free ``cost`` later."""
+        for scope, cost in self._scopes(node, pdus):
+            self._flying[scope] = max(0, self._flying.get(scope, 0) - 1)
+            self._free[scope] = max(self._free.get(scope, 0.0), now + cost)
+            self._next[scope] = max(self._next.get(scope, now), now + cost)
+
     def horizon(self, now: float) -> float:
         """Seconds until every scope is free again (what the ramp still holds back)."""
-        return max([0.0, *(t - now for t in self._next.values())])
+        return max([0.0, *(t - now for t in (*self._next.values(), *self._free.values()))])

@@ -32,6 +32,7 @@ from powerguard.schemas import (
 from . import metrics
 from .config import PowerControlSettings
 from .drivers import Devices, PowerDriver, PowerState
+from .drivers.base import sleep_until
 from .errors import PowerControlError, PowerStateTimeout, SchedulerError
 from .probes import probe_once
 from .ramp import Ramp
@@ -40,6 +41,7 @@ from .schedulers import Scheduler
 log = logging.getLogger(__name__)
 Emit = Callable[[Envelope], Awaitable[Any]]
 T = TypeVar("T")
+RAMP_POLL_S = 0.01  # how often a node whose ramp scope has a command in flight looks again
 
 
 @dataclass(frozen=True)
@@ -51,6 +53,34 @@ class Order:
     key: str
     jobs: tuple[str, ...] = ()
     dry_run: bool = False
+
+
+@dataclass
+class RampSlot:
+    """A node's slot in the power-on ramp: the planned ``start``; ``wait()`` returns at the plan
+    or later, once the nodes that actually started leave room, and counts the command as sent;
+    ``done()`` when it was answered (see ramp.py: actual power-ons never closer than the rates)."""
+
+    ramp: Ramp | None
+    node: str
+    pdus: tuple[str, ...]
+    start: float
+    _flying: bool = False
+
+    async def wait(self) -> None:
+        await sleep_until(self.start)
+        if self.ramp is None:
+            return
+        self.done()  # a retry: the attempt before it is over
+        while (ready := self.ramp.ready_at(self.node, self.pdus)) > time.monotonic():  # noqa: ASYNC110 (the pure ramp has no event to await)
+            await asyncio.sleep(min(ready - time.monotonic(), RAMP_POLL_S))
+        self.ramp.started(self.node, self.pdus, time.monotonic())  # no await since the check
+        self._flying = True
+
+    def done(self) -> None:
+        if self._flying and self.ramp is not None:
+            self.ramp.landed(self.node, self.pdus, time.monotonic())
+            self._flying = False
 
 
 class Sequencer:
@@ -176,7 +206,8 @@ class Sequencer:
             await self._failed(o, "off", bmc.device, t, str(exc), power_state="unknown")
             return False
 
-    async def _outlets(self, o: Order, *, on: bool) -> bool:
+    async def _outlets(self, o: Order, *, on: bool, slot: RampSlot | None = None) -> bool:
+        """Switch the node's outlets; with a ramp ``slot``, the first switch waits for it."""
         action = "outlet_on" if on else "outlet_off"
         for ref in self.devices.node(o.node).outlets:
             t = time.monotonic()
@@ -189,6 +220,9 @@ class Sequencer:
                     await self._done(o, action, device, t, detail="already " + ("on" if on else "off"))
                     continue
                 if on:
+                    if slot is not None:
+                        await slot.wait()
+                        slot = None
                     await self._stagger()
                     t = time.monotonic()
                 await self._retrying(f"{device} switch", lambda pdu=pdu, ref=ref: pdu.set_outlet(ref.outlet, on))
@@ -223,8 +257,10 @@ class Sequencer:
             powered: list[Order] = []
             for o in members:
                 if self.devices.bmc(o.node) is None:  # its outlet is its power switch: the ramp gates it
-                    await self._ramp_wait(o)
-                if await self._outlets(o, on=True):
+                    ok = await self._ramp_wait(o, lambda slot, o=o: self._outlets(o, on=True, slot=slot))
+                else:
+                    ok = await self._outlets(o, on=True)
+                if ok:
                     powered.append(o)
                 else:
                     result[o.node] = False
@@ -240,13 +276,17 @@ class Sequencer:
                 result[node] = await task
         return result
 
-    async def _ramp_wait(self, o: Order) -> None:
-        """Wait for this node's slot in the power-on ramp (none configured: no wait)."""
-        if not self.s.ramp.enabled:
-            return
+    async def _ramp_wait(self, o: Order, until: Callable[[RampSlot], Awaitable[T]] | None = None) -> T | None:
+        """Take this node's slot in the power-on ramp and run ``until(slot)`` (default: wait for
+        it), which returns once the node has started (a BMC driver's ``on_at`` sets its session
+        up before the slot, then sends at it). No ramp configured: the slot is now."""
+        until = until or RampSlot.wait
         now = time.monotonic()
-        pdus = [out.pdu for out in self.devices.node(o.node).outlets]
-        wait = self.ramp.reserve(o.node, pdus, now) - now
+        if not self.s.ramp.enabled:
+            return await until(RampSlot(None, o.node, (), now))
+        pdus = tuple(out.pdu for out in self.devices.node(o.node).outlets)
+        slot = RampSlot(self.ramp, o.node, pdus, self.ramp.reserve(o.node, pdus, now))
+        wait = slot.start - now
         metrics.RAMP_QUEUED.inc()
         try:
             with trace.get_tracer("powerguard.power_control").start_as_current_span(
@@ -254,7 +294,10 @@ class Sequencer:
             ):
                 if wait > 0.05:
                     await self._node_state(o, "off", f"power-on ramp: starts in {wait:.1f}s")
-                    await asyncio.sleep(wait)
+                try:
+                    return await until(slot)
+                finally:
+                    slot.done()
         finally:
             metrics.RAMP_QUEUED.dec()
 
@@ -274,9 +317,9 @@ class Sequencer:
             if await self._retrying(f"{bmc.device} status", bmc.status) == "on":
                 await self._done(o, "on", bmc.device, t, power_state="on", detail="already on")
                 return True
-            await self._ramp_wait(o)
+            # the ramp's slot is when the BMC gets the command (a retry goes at once: its slot passed)
+            await self._ramp_wait(o, lambda slot: self._retrying(f"{bmc.device} power on", lambda: bmc.on_at(slot)))
             await self._node_state(o, "booting")
-            await self._retrying(f"{bmc.device} power on", bmc.on)
             left = self.s.boot_timeout_s - (time.monotonic() - started)
             if not await self._wait_state(bmc, "on", max(left, self.s.poll_interval_s)):
                 raise PowerStateTimeout(f"{bmc.device}: not on {self.s.boot_timeout_s:.0f}s after power-on")

@@ -8,13 +8,23 @@ import asyncio
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable
-from typing import Literal, TypeVar
+from typing import Literal, Protocol, TypeVar
 
 from ..errors import AuthenticationFailed, DeviceUnreachable, PowerControlError
 
 PowerState = Literal["on", "off", "unknown"]
 RestorePolicy = Literal["always-on", "previous", "always-off"]
 T = TypeVar("T")
+
+
+class Slot(Protocol):
+    """A node's place in the power-on ramp (power-control's sequences hand one to ``on_at``)."""
+
+    start: float  # the planned start, time.monotonic()
+
+    async def wait(self) -> None:
+        """Return when the command may go out (and count it as started)."""
+        ...
 
 
 class Guarded:
@@ -50,6 +60,13 @@ class Guarded:
                 raise DeviceUnreachable(f"{self.device}: no answer to {what} within {self.timeout_s:.1f}s") from None
 
 
+async def sleep_until(start: float) -> None:
+    """Sleep until ``time.monotonic()`` reaches ``start`` (no wait when it has)."""
+    wait = start - time.monotonic()
+    if wait > 0:
+        await asyncio.sleep(wait)
+
+
 class _NoLimit:
     async def __aenter__(self) -> None:
         return None
@@ -75,6 +92,15 @@ class PowerDriver(ABC):
 
     @abstractmethod
     async def on(self) -> None: ...
+
+    async def on_at(self, slot: Slot) -> None:
+        """Power on in the power-on ramp's ``slot``: the command goes out once ``slot.wait()``
+        returns, not earlier. A driver whose command needs setup first (an IPMI session: several
+        round trips, slow and uneven under load) does that before, from ``slot.start`` on, so
+        nodes reach their BMCs as far apart as the ramp spaces them. This default waits, then
+        calls :meth:`on`."""
+        await slot.wait()
+        await self.on()
 
     @abstractmethod
     async def soft_off(self) -> None:

@@ -12,12 +12,15 @@ import asyncio
 from typing import Any
 
 from ..errors import AuthenticationFailed, CommandRejected, DeviceUnreachable, PowerControlError
-from .base import Guarded, PowerDriver, PowerState, RestorePolicy
+from .base import Guarded, PowerDriver, PowerState, RestorePolicy, Slot, sleep_until
 
 # IPMI chassis status byte 1 bits 5-6 / Set Power Restore Policy (netfn 0, cmd 6)
 _POLICY_CODES: dict[RestorePolicy, int] = {"always-off": 0, "previous": 1, "always-on": 2}
 _POLICY_NAMES = {v: k for k, v in _POLICY_CODES.items()}
 _AUTH_HINTS = ("password", "unauthorized name", "unauthorized role", "insufficient privilege", "invalid username")
+
+
+SESSION_AHEAD_S = 5.0  # how long before a ramp slot the IPMI session is opened
 
 
 def _wrap(device: str, exc: BaseException) -> PowerControlError:
@@ -61,10 +64,10 @@ class IpmiDriver(PowerDriver):
             bmc=self.host, userid=self._user, password=self._password, port=self.port, kg=self._kg, keepalive=False
         )
 
-    async def _run(self, what: str, fn) -> Any:
+    async def _run(self, what: str, fn, session: Any = None) -> Any:
         def blocking() -> Any:
             try:
-                return fn(self._command())
+                return fn(session if session is not None else self._command())
             except PowerControlError:
                 raise
             except Exception as exc:  # pyghmi raises IpmiException and plain exceptions alike
@@ -77,13 +80,23 @@ class IpmiDriver(PowerDriver):
         state = rsp.get("powerstate")
         return state if state in ("on", "off") else "unknown"
 
-    async def _set(self, state: str) -> None:
-        rsp = await self._run(f"set power {state}", lambda c: c.set_power(state, wait=False))
+    async def _set(self, state: str, session: Any = None) -> None:
+        rsp = await self._run(f"set power {state}", lambda c: c.set_power(state, wait=False), session)
         if "error" in rsp:
             raise _wrap(self.device, Exception(rsp["error"]))
 
     async def on(self) -> None:
         await self._set("on")
+
+    async def on_at(self, slot: Slot) -> None:
+        """The RMCP+ session (channel auth, open session, RAKP 1-4) is set up before the ramp's
+        slot, at most SESSION_AHEAD_S before it (a BMC drops an idle session after a while);
+        at the slot only the one Chassis Control request goes out. Setting the session up at
+        the slot put two BMCs' power-ons 0.2 s apart instead of 1 s under CPU load."""
+        await sleep_until(slot.start - SESSION_AHEAD_S)
+        session = await self._run("open session", lambda c: c)
+        await slot.wait()
+        await self._set("on", session)
 
     async def soft_off(self) -> None:
         await self._set("shutdown")
