@@ -45,3 +45,42 @@ async def test_a_missing_bmc_secret_ends_the_shutdown_reported_not_silently(make
         await rec.wait(lambda: "ready" in rec.states("n1"), what="n1 ready despite n2")
     finally:
         await pc.stop()
+
+
+HUNG_BMC_CALL = """
+import asyncio, sys, time
+from powerguard.power_control.drivers.base import Guarded
+from powerguard.power_control.drivers.ipmi import IpmiDriver
+from powerguard.power_control.errors import DeviceUnreachable
+
+class Hung(IpmiDriver):
+    def _command(self):  # pyghmi stuck in its own retries, never returning
+        time.sleep(3600)
+
+async def main():
+    bmc = Hung("bmc:n1", Guarded("bmc:n1", timeout_s=0.5), host="127.0.0.1", port=9, user="u", password="p")
+    try:
+        await bmc.status()
+    except DeviceUnreachable as exc:
+        print("reported:", exc, flush=True)
+
+asyncio.run(main())
+print("exited", flush=True)
+"""
+
+
+def test_a_hung_bmc_call_is_reported_and_never_holds_up_the_exit(tmp_path):
+    """A BMC call that never returns ends in DeviceUnreachable at the driver's timeout, and the
+    process (power-control on SIGTERM, a test's event loop) still exits: with asyncio.to_thread
+    the loop's shutdown joined the hung thread forever."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "hung.py"
+    script.write_text(HUNG_BMC_CALL)
+    try:
+        r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=30)
+    except subprocess.TimeoutExpired as exc:
+        raise AssertionError(f"the process did not exit: {exc.stdout!r}") from None
+    assert "reported: bmc:n1: no answer to get power within 0.5s" in r.stdout, r.stdout + r.stderr
+    assert "exited" in r.stdout and r.returncode == 0

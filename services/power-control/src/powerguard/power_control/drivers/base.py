@@ -5,6 +5,8 @@ device refused our credentials (no retry storm against a BMC that would lock us 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable
@@ -58,6 +60,34 @@ class Guarded:
                 raise
             except TimeoutError:
                 raise DeviceUnreachable(f"{self.device}: no answer to {what} within {self.timeout_s:.1f}s") from None
+
+
+async def in_daemon_thread(fn: Callable[[], T], *, name: str) -> T:
+    """Run a blocking device call in a daemon thread of its own. A call that hangs (a BMC
+    library stuck in its own retries) is abandoned at the caller's timeout, and nothing waits
+    for it afterwards: ``asyncio.to_thread``'s executor is joined when the event loop shuts down
+    and when the process exits, so one hung BMC call would hang power-control's stop."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[T] = loop.create_future()
+
+    def settle(result: T | None, exc: BaseException | None) -> None:
+        if done.done():
+            return  # the caller gave up (timeout, cancel)
+        if exc is not None:
+            done.set_exception(exc)
+        else:
+            done.set_result(result)  # type: ignore[arg-type]
+
+    def run() -> None:
+        try:
+            result, exc = fn(), None
+        except BaseException as e:  # handed to the caller, whatever it is
+            result, exc = None, e
+        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: nobody is waiting
+            loop.call_soon_threadsafe(settle, result, exc)
+
+    threading.Thread(target=run, name=name, daemon=True).start()
+    return await done
 
 
 async def sleep_until(start: float) -> None:

@@ -1,6 +1,7 @@
 """IPMI 2.0 (RMCP+) BMCs through pyghmi.
 
-pyghmi is blocking with its own I/O thread, so every call runs in ``asyncio.to_thread``.
+pyghmi is blocking with its own I/O thread, so every call runs in a daemon thread of its own
+(``in_daemon_thread``: a hung pyghmi call never holds up the event loop's or the process's exit).
 Credentials are passed as bytes (with str, a second ``Command`` for the same BMC hangs),
 and pyghmi's errors are turned into ones that say what happened: an unreachable BMC
 raises ``IpmiException('None')`` after ~5.5 s, which becomes :class:`DeviceUnreachable`.
@@ -8,11 +9,10 @@ raises ``IpmiException('None')`` after ~5.5 s, which becomes :class:`DeviceUnrea
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 from ..errors import AuthenticationFailed, CommandRejected, DeviceUnreachable, PowerControlError
-from .base import Guarded, PowerDriver, PowerState, RestorePolicy, Slot, sleep_until
+from .base import Guarded, PowerDriver, PowerState, RestorePolicy, Slot, in_daemon_thread, sleep_until
 
 # IPMI chassis status byte 1 bits 5-6 / Set Power Restore Policy (netfn 0, cmd 6)
 _POLICY_CODES: dict[RestorePolicy, int] = {"always-off": 0, "previous": 1, "always-on": 2}
@@ -73,7 +73,7 @@ class IpmiDriver(PowerDriver):
             except Exception as exc:  # pyghmi raises IpmiException and plain exceptions alike
                 raise _wrap(self.device, exc) from None
 
-        return await self.guard.call(what, lambda: asyncio.to_thread(blocking))
+        return await self.guard.call(what, lambda: in_daemon_thread(blocking, name=f"ipmi {self.device}"))
 
     async def status(self) -> PowerState:
         rsp = await self._run("get power", lambda c: c.get_power())
