@@ -3,8 +3,12 @@ test, and an in-memory OpenTelemetry exporter."""
 
 from __future__ import annotations
 
+import contextlib
+import faulthandler
 import os
 import shutil
+import sys
+import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
@@ -27,6 +31,37 @@ def require_binary(name: str, package: str) -> str:
     if IN_CI:
         pytest.fail(message + " (CI must install every peer)")
     pytest.skip(message)
+
+
+WATCHDOG_GRACE_S = float(os.environ.get("POWERGUARD_TEST_WATCHDOG_GRACE_S", "120"))  # past a test's timeout
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
+    """A test still running WATCHDOG_GRACE_S after its timeout ends the session with every
+    thread's stack. pytest-timeout interrupts a test once; a teardown that hangs after that (an
+    event loop joining a stuck thread) would otherwise run until CI's own limit, silently."""
+    marker = item.get_closest_marker("timeout")
+    limit = float(marker.args[0]) if marker and marker.args else float(item.config.getini("timeout") or 300)
+
+    def fire() -> None:
+        capture = item.config.pluginmanager.getplugin("capturemanager")
+        if capture is not None:  # write to the real stderr, not the test's captured one
+            with contextlib.suppress(Exception):
+                capture.suspend_global_capture(in_=True)
+        sys.stderr.write(f"\n\nWATCHDOG: {item.nodeid} still running {limit + WATCHDOG_GRACE_S:.0f}s after it began;\n")
+        sys.stderr.write("every thread's stack follows, then the session ends (exit 70)\n")
+        faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+        sys.stderr.flush()
+        os._exit(70)
+
+    timer = threading.Timer(limit + WATCHDOG_GRACE_S, fire)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
 
 
 _EXPORTER = InMemorySpanExporter()

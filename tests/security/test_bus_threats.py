@@ -98,14 +98,15 @@ async def test_2_no_service_is_a_jetstream_admin(deployment, role):
         subjects=[dep.names.subjects.all],
         republish=api.RePublish(src=">", dest="pg.cmd.power.n1"),
     )
-    await refused(bus.js.update_stream(republish))  # republish around the command permissions
-    await refused(bus.js.update_stream(api.StreamConfig(name=stream, subjects=["pg.>"], max_msgs=1)))
-    await refused(bus.js.delete_stream(stream))
-    await refused(
-        bus.js.add_consumer(stream, api.ConsumerConfig(durable_name="evil", deliver_policy=api.DeliverPolicy.ALL))
-    )
+    # each refusal may surface as a timeout (3 s): all are tried at once, every one must be refused
+    attempts = [
+        bus.js.update_stream(republish),  # republish around the command permissions
+        bus.js.update_stream(api.StreamConfig(name=stream, subjects=["pg.>"], max_msgs=1)),
+        bus.js.delete_stream(stream),
+        bus.js.add_consumer(stream, api.ConsumerConfig(durable_name="evil", deliver_policy=api.DeliverPolicy.ALL)),
+    ]
     if role != "coordinator":
-        await refused(bus.js.publish(f"$KV.{dep.names.leases}.coordinator.{SITE}", b'{"holder":"x","expires":9e12}'))
+        attempts.append(bus.js.publish(f"$KV.{dep.names.leases}.coordinator.{SITE}", b'{"holder":"x","expires":9e12}'))
     if role != "power-control":
         running = {
             "status": "running",
@@ -115,9 +116,10 @@ async def test_2_no_service_is_a_jetstream_admin(deployment, role):
                 )
             ),
         }
-        await refused(bus.js.publish(f"$KV.{dep.names.power}.s-n1-shutdown", json.dumps(running).encode()))
+        attempts.append(bus.js.publish(f"$KV.{dep.names.power}.s-n1-shutdown", json.dumps(running).encode()))
     if role in ("agent", "ups-monitor"):
-        await refused(bus.js.get_msg(stream, seq=1))
+        attempts.append(bus.js.get_msg(stream, seq=1))
+    await asyncio.gather(*(refused(a) for a in attempts))
     admin = await dep.connect("admin", service="admin-check")
     info = await admin.js.stream_info(stream)
     assert info.config.republish is None and info.config.max_msgs in (None, -1)
