@@ -12,6 +12,7 @@ Every wait has a deadline; every device call has a timeout (drivers/base.py).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -41,7 +42,6 @@ from .schedulers import Scheduler
 log = logging.getLogger(__name__)
 Emit = Callable[[Envelope], Awaitable[Any]]
 T = TypeVar("T")
-RAMP_POLL_S = 0.01  # how often a node whose ramp scope has a command in flight looks again
 
 
 @dataclass(frozen=True)
@@ -55,6 +55,21 @@ class Order:
     dry_run: bool = False
 
 
+class RampSignal:
+    """Wakes the nodes waiting in the ramp when a command lands (the pure ramp has no event)."""
+
+    def __init__(self) -> None:
+        self._event = asyncio.Event()
+
+    def pulse(self) -> None:
+        self._event.set()
+        self._event = asyncio.Event()
+
+    async def wait(self, timeout_s: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._event.wait(), timeout_s)
+
+
 @dataclass
 class RampSlot:
     """A node's slot in the power-on ramp: the planned ``start``; ``wait()`` returns at the plan
@@ -65,6 +80,7 @@ class RampSlot:
     node: str
     pdus: tuple[str, ...]
     start: float
+    signal: RampSignal | None = None
     _flying: bool = False
 
     async def wait(self) -> None:
@@ -72,8 +88,11 @@ class RampSlot:
         if self.ramp is None:
             return
         self.done()  # a retry: the attempt before it is over
-        while (ready := self.ramp.ready_at(self.node, self.pdus)) > time.monotonic():  # noqa: ASYNC110 (the pure ramp has no event to await)
-            await asyncio.sleep(min(ready - time.monotonic(), RAMP_POLL_S))
+        while (ready := self.ramp.ready_at(self.node, self.pdus)) > time.monotonic():
+            if self.signal is None:
+                await asyncio.sleep(min(ready - time.monotonic(), 0.01))
+            else:  # until it is time, or a command in flight lands
+                await self.signal.wait(min(ready - time.monotonic(), 60.0))
         self.ramp.started(self.node, self.pdus, time.monotonic())  # no await since the check
         self._flying = True
 
@@ -81,6 +100,8 @@ class RampSlot:
         if self._flying and self.ramp is not None:
             self.ramp.landed(self.node, self.pdus, time.monotonic())
             self._flying = False
+            if self.signal is not None:
+                self.signal.pulse()
 
 
 class Sequencer:
@@ -100,6 +121,7 @@ class Sequencer:
         self._outlet_lock = asyncio.Lock()
         self._last_outlet_on = -1e9
         self.ramp = Ramp(settings.ramp)
+        self._ramp_signal = RampSignal()
 
     # -------------------------------------------------------------- reporting
     async def _done(self, o: Order, action: str, device: str | None, started: float, **kw: Any) -> None:
@@ -285,7 +307,7 @@ class Sequencer:
         if not self.s.ramp.enabled:
             return await until(RampSlot(None, o.node, (), now))
         pdus = tuple(out.pdu for out in self.devices.node(o.node).outlets)
-        slot = RampSlot(self.ramp, o.node, pdus, self.ramp.reserve(o.node, pdus, now))
+        slot = RampSlot(self.ramp, o.node, pdus, self.ramp.reserve(o.node, pdus, now), self._ramp_signal)
         wait = slot.start - now
         metrics.RAMP_QUEUED.inc()
         try:

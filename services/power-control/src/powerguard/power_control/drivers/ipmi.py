@@ -9,6 +9,7 @@ raises ``IpmiException('None')`` after ~5.5 s, which becomes :class:`DeviceUnrea
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 from ..errors import AuthenticationFailed, CommandRejected, DeviceUnreachable, PowerControlError
@@ -21,6 +22,30 @@ _AUTH_HINTS = ("password", "unauthorized name", "unauthorized role", "insufficie
 
 
 SESSION_AHEAD_S = 5.0  # how long before a ramp slot the IPMI session is opened
+
+
+_PATCH = threading.Lock()
+_patched = False
+
+
+def _one_pyghmi_lock() -> None:
+    """pyghmi (1.6) takes its two module locks in opposite orders: ``wait_for_rsp`` holds
+    WAITING_SESSIONS and retransmits a timed-out request through ``send_payload``, which takes
+    KEEPALIVE_SESSIONS; ``send_payload`` holds KEEPALIVE_SESSIONS and takes WAITING_SESSIONS in
+    ``_xmit_packet``. Two threads met there (a stack dump of the hang showed exactly that), and
+    from then on every IPMI call of the process hung: power-control lost all its BMCs. One
+    reentrant lock for both names removes the cycle. Also creates the class's login lock once
+    (pyghmi creates it on first use, racily, so two logins could get two locks)."""
+    global _patched
+    with _PATCH:
+        if _patched:
+            return
+        from pyghmi.ipmi.private import session
+
+        session.WAITING_SESSIONS = session.KEEPALIVE_SESSIONS
+        if session.Session.socketchecking is None:
+            session.Session.socketchecking = threading.Lock()
+        _patched = True
 
 
 def _wrap(device: str, exc: BaseException) -> PowerControlError:
@@ -58,6 +83,7 @@ class IpmiDriver(PowerDriver):
         return f"IpmiDriver({self.device} {self.host}:{self.port})"
 
     def _command(self) -> Any:
+        _one_pyghmi_lock()
         from pyghmi.ipmi import command  # imported late: pyghmi starts an I/O thread on import
 
         return command.Command(
