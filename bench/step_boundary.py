@@ -1,8 +1,10 @@
 """What ``guard.step()`` costs the training thread when nothing is due, at 2, 4, 8 and 16 ranks
-(torchrun on this machine, gloo, CPU, a small DDP model): the agreement pipelined (the
-product's: an all-reduce started at one boundary, read at the next) against the agreement
-blocking at each boundary (the previous design). Per rank, the time inside ``guard.step()``
-over --steps steps; reported: the median over ranks of each rank's p50, and the worst p99.
+(torchrun on this machine, gloo, CPU, a small DDP model), three ways: ``paced`` (the default:
+the ranks agree about every ``agree_every_s`` = 20 ms of training, on how many steps to let pass,
+and between two agreements ``step()`` counts), ``blocking`` (an all-reduce at every boundary,
+``agree_every_s=0``) and ``pipelined`` (every boundary, started at one and read at the next).
+Per rank, the time inside ``guard.step()`` over --steps steps; reported: the median over ranks
+of each rank's p50 and mean, and the worst p99.
 
 On this 2-core machine 8 and 16 ranks oversubscribe the cores: a blocking all-reduce then waits
 for the slowest rank's scheduling, which is what the pipelined agreement takes off the step.
@@ -22,6 +24,7 @@ import time
 from pathlib import Path
 
 RESULTS = Path(__file__).parent / "results" / "step_boundary.json"
+MODES = ("paced", "blocking", "pipelined")
 
 
 def worker(args: argparse.Namespace) -> None:
@@ -36,8 +39,15 @@ def worker(args: argparse.Namespace) -> None:
     torch.manual_seed(0)
     model = DDP(nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 1)))
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-    guard = CheckpointAgent(job="bench", model=model, optimizer=opt, local_dir=args.dir, local_every_s=0)
-    guard._pipelined = args.mode == "pipelined"
+    guard = CheckpointAgent(
+        job="bench",
+        model=model,
+        optimizer=opt,
+        local_dir=args.dir,
+        local_every_s=0,
+        pipelined_agreement=args.mode == "pipelined",
+        agree_every_s=0.02 if args.mode == "paced" else 0.0,
+    )
     x, y = torch.randn(8, 64), torch.randn(8, 1)
     times = []
     for step in range(args.steps):
@@ -48,7 +58,7 @@ def worker(args: argparse.Namespace) -> None:
         guard.step(step)
         times.append(time.perf_counter() - t0)
     times = sorted(times[10:])  # the first boundaries connect the group
-    mine = (times[len(times) // 2], times[int(len(times) * 0.99)])
+    mine = (times[len(times) // 2], times[int(len(times) * 0.99)], statistics.fmean(times))
     got: list = [None] * dist.get_world_size()
     dist.all_gather_object(got, mine)
     if dist.get_rank() == 0:
@@ -57,6 +67,7 @@ def worker(args: argparse.Namespace) -> None:
                 {
                     "p50_us": round(statistics.median(g[0] for g in got) * 1e6, 1),
                     "p99_us": round(max(g[1] for g in got) * 1e6, 1),
+                    "mean_us": round(statistics.median(g[2] for g in got) * 1e6, 1),
                 }
             )
         )
@@ -67,7 +78,7 @@ def worker(args: argparse.Namespace) -> None:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--mode", choices=["pipelined", "blocking"], default="pipelined", help=argparse.SUPPRESS)
+    p.add_argument("--mode", choices=MODES, default="paced", help=argparse.SUPPRESS)
     p.add_argument("--dir", help=argparse.SUPPRESS)
     p.add_argument("--ranks", default="2,4,8,16", help="world sizes to measure (default 2,4,8,16)")
     p.add_argument("--steps", type=int, default=300)
@@ -79,7 +90,7 @@ def main() -> None:
     rows = []
     for n in (int(x) for x in args.ranks.split(",")):
         row = {"ranks": n}
-        for mode in ("blocking", "pipelined"):
+        for mode in MODES:
             with tempfile.TemporaryDirectory(prefix="pg-bench-step-") as tmp:
                 out = Path(tmp) / "r.json"
                 subprocess.run(
@@ -101,13 +112,12 @@ def main() -> None:
                 )
                 row[mode] = json.loads(out.read_text())
         print(
-            f"{n:>2} ranks: guard.step() p50 {row['blocking']['p50_us']:>8} us blocking, "
-            f"{row['pipelined']['p50_us']:>6} us pipelined (p99 {row['blocking']['p99_us']} / "
-            f"{row['pipelined']['p99_us']} us)",
+            f"{n:>2} ranks: guard.step() p50 / mean / p99 us: "
+            + "; ".join(f"{m} {row[m]['p50_us']} / {row[m]['mean_us']} / {row[m]['p99_us']}" for m in MODES),
             flush=True,
         )
         rows.append(row)
-    result = {"cores": os.cpu_count(), "steps": args.steps, "runs": rows}
+    result = {"cores": os.cpu_count(), "steps": args.steps, "agree_every_s": 0.02, "runs": rows}
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {args.out}")
 

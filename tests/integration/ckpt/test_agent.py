@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import shutil
 import urllib.request
 from datetime import timedelta
@@ -90,6 +91,29 @@ async def test_request_checkpoints_both_ranks_at_one_step_and_acks(bus, nats_ser
     assert commit["step"] == got[0].data.step and commit["world_size"] == 2
     assert commit["saga_id"] == "saga-t"  # a restore tells the coordinator which outage it ends
     assert sum(a.data.bytes for a in got) > 0 and all(a.data.durations.total_s > 0 for a in got)
+
+
+async def test_with_millisecond_steps_the_ranks_agree_rarely_and_still_checkpoint_one_step(bus, nats_server, tmp_path):
+    """Steps of ~1 ms: the ranks agree about every 20 ms of training (agree_every_s), not at each
+    boundary, and a request still gives every rank a checkpoint of the same step."""
+    acks = bus.subscribe(CheckpointDurable, CheckpointFailed, deliver="all")
+    await acks.start()
+    t = await Trainer(
+        tmp_path, "jfast", nats_url=nats_server.url, names=bus.names, steps=4000, step_sleep=0.001
+    ).start()
+    try:
+        await registered(bus, "jfast")
+        await request(bus, "jfast")
+        got = await answers(acks, 2)
+        assert await t.wait(120) == 0, t.output()[-3000:]
+    finally:
+        await t.kill()
+        await acks.aclose()
+    assert all(isinstance(a, CheckpointDurable) for a in got), [a.data for a in got]
+    assert {a.data.rank for a in got} == {0, 1} and len({a.data.step for a in got}) == 1
+    counts = [tuple(map(int, m)) for m in re.findall(r"(\d+) step agreements over (\d+) step boundaries", t.output())]
+    assert len(counts) == 2, t.output()[-3000:]
+    assert all(agreed * 4 < boundaries for agreed, boundaries in counts), counts
 
 
 async def test_the_remote_copy_raises_every_ranks_ack_to_durability_remote(bus, nats_server, tmp_path):

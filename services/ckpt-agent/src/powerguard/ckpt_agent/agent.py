@@ -51,6 +51,7 @@ log = logging.getLogger("powerguard.ckpt_agent")
 
 CLOSE_AGREEMENT_WAIT_S = 2.0  # close(): how long the last boundary's agreement may still take
 REPLICA_TIMEOUT_S = 120.0  # a peer that stops answering ends that replication (the local commit stands)
+MAX_AGREEMENT_GAP = 10_000  # boundaries between two agreements at most, whatever the step time
 AGREE_FLOOR_S = 10.0  # the others reach a step boundary within a step: wait at least this long
 
 
@@ -79,7 +80,11 @@ class CheckpointAgent(_StateMixin, _AckMixin, _RestoreMixin, _NodeTierMixin):
       node: this rank's node name as in the site YAML (default: the host name).
       local_every_s / remote_every_s: periodic checkpoints (async) and remote copies; 0 disables.
       keep / keep_remote: committed checkpoints kept per tier.
-      sync_every_n_steps: agree on checkpoints every N steps (very short steps).
+      sync_every_n_steps: agree on checkpoints at least N steps apart (the fewest steps between two).
+      agree_every_s: with steps shorter than this, let several steps pass between two agreements,
+        about this much training time (the ranks agree on how many: the shortest any proposes), so
+        ``step()`` costs a counter increment in between; a request waits at most about this long
+        more. 0: agree every ``sync_every_n_steps``. Default 0.02 s.
       http_port: on rank 0, serve ``POST /api/v1/trigger_checkpoint`` (the apcupsd-script interface).
       agree_timeout_s: how long a rank waits for the others at a step boundary with no request pending.
       overlap_staging: periodic saves copy parameters and optimizer state in the background while
@@ -124,6 +129,7 @@ class CheckpointAgent(_StateMixin, _AckMixin, _RestoreMixin, _NodeTierMixin):
         replicas: int = 1,
         reshard: bool = False,
         pipelined_agreement: bool = False,
+        agree_every_s: float = 0.02,
     ) -> None:
         if local_scope not in ("shared", "node"):
             raise ValueError(f"local_scope must be 'shared' or 'node', not {local_scope!r}")
@@ -133,6 +139,8 @@ class CheckpointAgent(_StateMixin, _AckMixin, _RestoreMixin, _NodeTierMixin):
             raise ValueError("keep and keep_remote must be at least 1")
         if sync_every_n_steps < 1:
             raise ValueError("sync_every_n_steps must be at least 1")
+        if agree_every_s < 0:
+            raise ValueError("agree_every_s must be at least 0")
         self.job = job
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
         self.extra_state = dict(extra_state or {})
@@ -145,6 +153,7 @@ class CheckpointAgent(_StateMixin, _AckMixin, _RestoreMixin, _NodeTierMixin):
         self.local_every_s, self.remote_every_s = local_every_s, remote_every_s
         self.keep, self.keep_remote = keep, keep_remote
         self.sync_every_n_steps = sync_every_n_steps
+        self.agree_every_s = agree_every_s
         self.agree_timeout_s = agree_timeout_s
         if hold_policy is not None and hold_policy not in HOLD_POLICIES:
             raise ValueError(f"hold_policy must be one of {', '.join(HOLD_POLICIES)}, not {hold_policy!r}")
@@ -173,6 +182,10 @@ class CheckpointAgent(_StateMixin, _AckMixin, _RestoreMixin, _NodeTierMixin):
         self._last_local = time.monotonic()
         self._step = 0
         self._boundary = 0
+        self._next_agreement = 1  # the boundary of the next agreement
+        self._gap = sync_every_n_steps  # boundaries between agreements, as last agreed
+        self._boundary_t: float | None = None  # when the last boundary was reached
+        self._step_s: float | None = None  # a step's duration (moving average), for the proposed gap
         # the agreement started at the last boundary, read at the next: (work, flags, pending request)
         self._inflight: tuple[Any, torch.Tensor, Request | None] | None = None
         # the agreement started at one boundary and read at the next (opt-in: see the README's Limits)
@@ -274,8 +287,21 @@ class CheckpointAgent(_StateMixin, _AckMixin, _RestoreMixin, _NodeTierMixin):
             if not self._resumed_reported:
                 self.report_resumed()
         self._boundary += 1
-        if self._boundary % self.sync_every_n_steps:
+        now = time.monotonic()
+        if self._boundary_t is not None:
+            took = now - self._boundary_t
+            self._step_s = took if self._step_s is None else 0.8 * self._step_s + 0.2 * took
+        self._boundary_t = now
+        if self._boundary < self._next_agreement:
             return
+        try:
+            self._agree(step)
+        finally:
+            self._next_agreement = self._boundary + self._gap
+
+    def _agree(self, step: int) -> None:
+        """The agreement at this boundary (see :meth:`step`)."""
+        self.stats["agreements"] = self.stats.get("agreements", 0) + 1
         if not self.distributed:
             self._act(step, self._flags(), self._bus.pending() if self._bus is not None else None)
             return
@@ -311,21 +337,36 @@ class CheckpointAgent(_StateMixin, _AckMixin, _RestoreMixin, _NodeTierMixin):
         work = dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self._agree_group, async_op=True)
         self._inflight = (work, flags, pending)
 
+    def _proposed_gap(self) -> int:
+        """Boundaries until the next agreement this rank proposes: about ``agree_every_s`` of steps."""
+        if self.agree_every_s <= 0 or not self._step_s:
+            return self.sync_every_n_steps
+        return max(self.sync_every_n_steps, min(MAX_AGREEMENT_GAP, int(self.agree_every_s / self._step_s)))
+
     def _flags(self, pending: Request | None = None) -> torch.Tensor:
         """What this rank wants at a boundary: a request pending, a periodic save due (rank 0's
-        clock), a periodic save still writing, a periodic save to commit."""
+        clock), a periodic save still writing, a periodic save to commit; and, negated (the
+        all-reduce takes the maximum: this gives the minimum), the gap to the next agreement."""
         periodic = (
             self.rank == 0 and self.local_every_s > 0 and time.monotonic() - self._last_local >= self.local_every_s
         )
         async_busy = self._async is not None and not self._async[1].done()
         return torch.tensor(
-            [1 if pending else 0, 1 if periodic else 0, 1 if async_busy else 0, 1 if self._async is not None else 0],
+            [
+                1 if pending else 0,
+                1 if periodic else 0,
+                1 if async_busy else 0,
+                1 if self._async is not None else 0,
+                -self._proposed_gap(),
+            ],
             dtype=torch.int64,
         )
 
     def _act(self, step: int, flags: torch.Tensor, pending: Request | None) -> None:
         """Do what the agreed ``flags`` say, at this step, on every rank alike."""
-        want_request, want_periodic, any_busy, any_async = (bool(x) for x in flags.tolist())
+        values = flags.tolist()
+        self._gap = -values[4]  # every rank read the same: the next agreement at the same boundary
+        want_request, want_periodic, any_busy, any_async = (bool(x) for x in values[:4])
         if any_async and not any_busy and self._async is not None:  # (``wait()`` may have finished it since)
             self._finish_async()
         if want_request:
@@ -608,6 +649,12 @@ class CheckpointAgent(_StateMixin, _AckMixin, _RestoreMixin, _NodeTierMixin):
     # ------------------------------------------------------------------ shutdown
     def close(self) -> None:
         """Finish a periodic save in flight, stop the remote copier, deregister."""
+        log.info(
+            "rank %d: %d step agreements over %d step boundaries",
+            self.rank,
+            self.stats.get("agreements", 0),
+            self._boundary,
+        )
         if self._inflight is not None:  # the last boundary's agreement: finished unless a peer stopped first
             work, self._inflight = self._inflight[0], None
             try:  # a stop (SIGTERM) reaches the ranks at different steps: never hold the stop up for it
