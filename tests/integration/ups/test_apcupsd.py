@@ -23,10 +23,14 @@ def apc(tmp_path):
     (tmp_path / "snmp").mkdir()
     (tmp_path / "apc").mkdir()
     snmp = SnmpUps(tmp_path / "snmp").start()
-    daemon = Apcupsd(tmp_path / "apc", snmp).start()
-    yield snmp, daemon
-    daemon.stop()
-    snmp.stop()
+    try:  # snmpd is stopped even when apcupsd does not start (it was left running)
+        daemon = Apcupsd(tmp_path / "apc", snmp).start()
+        try:
+            yield snmp, daemon
+        finally:
+            daemon.stop()
+    finally:
+        snmp.stop()
 
 
 async def test_outage_sequence_through_apcupsd(bus, apc):
