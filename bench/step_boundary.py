@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 RESULTS = Path(__file__).parent / "results" / "step_boundary.json"
-MODES = ("paced", "blocking", "pipelined")
+MODES = ("paced-pipelined", "paced", "blocking", "pipelined")
 
 
 def worker(args: argparse.Namespace) -> None:
@@ -45,8 +45,8 @@ def worker(args: argparse.Namespace) -> None:
         optimizer=opt,
         local_dir=args.dir,
         local_every_s=0,
-        pipelined_agreement=args.mode == "pipelined",
-        agree_every_s=0.02 if args.mode == "paced" else 0.0,
+        pipelined_agreement=args.mode.endswith("pipelined"),
+        agree_every_s=args.agree_every_s if args.mode.startswith("paced") else 0.0,
     )
     x, y = torch.randn(8, 64), torch.randn(8, 1)
     times = []
@@ -82,15 +82,20 @@ def main() -> None:
     p.add_argument("--dir", help=argparse.SUPPRESS)
     p.add_argument("--ranks", default="2,4,8,16", help="world sizes to measure (default 2,4,8,16)")
     p.add_argument("--steps", type=int, default=300)
+    p.add_argument("--modes", default=",".join(MODES), help=f"which of {', '.join(MODES)} (default: all)")
+    p.add_argument("--agree-every-s", type=float, default=0.02, help="the paced modes' agree_every_s (default 0.02)")
     p.add_argument("--out", default=str(RESULTS))
     args = p.parse_args()
     if args.worker:
         worker(args)
         return
+    modes = args.modes.split(",")
+    if unknown := set(modes) - set(MODES):
+        p.error(f"unknown mode(s): {', '.join(sorted(unknown))}")
     rows = []
     for n in (int(x) for x in args.ranks.split(",")):
         row = {"ranks": n}
-        for mode in MODES:
+        for mode in modes:
             with tempfile.TemporaryDirectory(prefix="pg-bench-step-") as tmp:
                 out = Path(tmp) / "r.json"
                 subprocess.run(
@@ -103,6 +108,7 @@ def main() -> None:
                         f"--mode={mode}",
                         f"--dir={tmp}/ckpt",
                         f"--steps={args.steps}",
+                        f"--agree-every-s={args.agree_every_s}",
                         f"--out={out}",
                     ],
                     check=True,
@@ -113,11 +119,11 @@ def main() -> None:
                 row[mode] = json.loads(out.read_text())
         print(
             f"{n:>2} ranks: guard.step() p50 / mean / p99 us: "
-            + "; ".join(f"{m} {row[m]['p50_us']} / {row[m]['mean_us']} / {row[m]['p99_us']}" for m in MODES),
+            + "; ".join(f"{m} {row[m]['p50_us']} / {row[m]['mean_us']} / {row[m]['p99_us']}" for m in modes),
             flush=True,
         )
         rows.append(row)
-    result = {"cores": os.cpu_count(), "steps": args.steps, "agree_every_s": 0.02, "runs": rows}
+    result = {"cores": os.cpu_count(), "steps": args.steps, "agree_every_s": args.agree_every_s, "runs": rows}
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {args.out}")
 

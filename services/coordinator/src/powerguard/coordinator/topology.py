@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -54,17 +55,23 @@ class JobInfo:
 class AgentRegistry:
     """Jobs and ranks learned from agent registrations and heartbeats (the ``pg_agents`` KV).
 
-    An agent not seen for ``ttl_s`` no longer counts (the bucket's TTL drops it silently)."""
+    An agent not seen for ``ttl_s`` no longer counts (the bucket's TTL drops it silently).
+    Stored per job, so :meth:`jobs` (called when an outage starts, at 100,000 ranks) is a few
+    dictionary comprehensions, not a loop of Python statements per rank."""
 
     def __init__(self, ttl_s: float = 30.0) -> None:
         self.ttl_s = ttl_s
-        self._agents: dict[tuple[str, int], tuple[AgentData, float]] = {}
+        self._by_job: dict[str, dict[int, tuple[AgentData, float]]] = {}
 
     def update(self, agent: AgentData, seen_at: float = float("inf")) -> None:
-        self._agents[(agent.job, agent.rank)] = (agent, seen_at)
+        self._by_job.setdefault(agent.job, {})[agent.rank] = (agent, seen_at)
 
     def remove(self, job: str, rank: int) -> None:
-        self._agents.pop((job, rank), None)
+        ranks = self._by_job.get(job)
+        if ranks is not None:
+            ranks.pop(rank, None)
+            if not ranks:
+                del self._by_job[job]
 
     def remove_key(self, key: str) -> None:
         job, _, rank = key.rpartition(".")
@@ -72,18 +79,24 @@ class AgentRegistry:
             self.remove(job, int(rank))
 
     def __len__(self) -> int:
-        return len(self._agents)
+        return sum(len(ranks) for ranks in self._by_job.values())
 
     def jobs(self, now: float | None = None) -> dict[str, JobInfo]:
         out: dict[str, JobInfo] = {}
-        for (job, rank), (a, seen) in self._agents.items():
-            if now is not None and seen < now - self.ttl_s:
+        cutoff = -math.inf if now is None else now - self.ttl_s
+        for job, all_ranks in self._by_job.items():
+            live = {r: a for r, (a, seen) in all_ranks.items() if seen >= cutoff}
+            if not live:
                 continue
-            info = out.setdefault(job, JobInfo(job=job, world_size=a.world_size))
-            info.world_size = max(info.world_size, a.world_size)
-            info.ranks[rank] = a.node
-            if a.step is not None:
-                info.step = max(info.step or 0, a.step)
-            if a.hold_policy is not None and (info.hold_policy is None or rank == 0):
-                info.hold_policy = a.hold_policy
+            steps = [a.step for a in live.values() if a.step is not None]
+            hold = live[0].hold_policy if 0 in live and live[0].hold_policy is not None else None
+            if hold is None:
+                hold = next((a.hold_policy for a in live.values() if a.hold_policy is not None), None)
+            out[job] = JobInfo(
+                job=job,
+                world_size=max(a.world_size for a in live.values()),
+                ranks={r: a.node for r, a in live.items()},
+                step=max(steps) if steps else None,
+                hold_policy=hold,
+            )
         return out

@@ -70,6 +70,10 @@ class Ramp:
             scopes += [(f"pdu:{p}", 60.0 / s.pdu_nodes_per_min) for p in sorted(set(pdus))]
         return scopes
 
+    def scopes(self, node: str, pdus: Sequence[str]) -> tuple[str, ...]:
+        """The scopes ``node`` (fed by ``pdus``) counts against."""
+        return tuple(scope for scope, _ in self._scopes(node, pdus))
+
     def reserve(self, node: str, pdus: Sequence[str], now: float) -> float:
         """When ``node`` (fed by ``pdus``) may start, at the earliest ``now``; the slot is taken."""
         scopes = self._scopes(node, pdus)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -56,10 +57,18 @@ class Order:
 
 
 class RampSignal:
-    """Wakes the nodes waiting in the ramp when a command lands (the pure ramp has no event)."""
+    """Wakes the node waiting in the ramp when a command lands (the pure ramp has no event), and
+    queues the nodes whose planned start has passed: per set of ramp scopes, one node at a time
+    waits for room (first come, first served), so a landing wakes one waiter, not every node
+    behind the plan (with thousands behind it, waking them all at every landing cost more CPU
+    than the ramp's slots have time)."""
 
     def __init__(self) -> None:
         self._event = asyncio.Event()
+        self._turns: dict[tuple[str, ...], asyncio.Lock] = {}
+
+    def turn(self, scopes: tuple[str, ...]) -> asyncio.Lock:
+        return self._turns.setdefault(scopes, asyncio.Lock())
 
     def pulse(self) -> None:
         self._event.set()
@@ -80,7 +89,7 @@ class RampSlot:
     node: str
     pdus: tuple[str, ...]
     start: float
-    signal: RampSignal | None = None
+    signal: RampSignal
     _flying: bool = False
 
     async def wait(self) -> None:
@@ -88,20 +97,20 @@ class RampSlot:
         if self.ramp is None:
             return
         self.done()  # a retry: the attempt before it is over
-        while (ready := self.ramp.ready_at(self.node, self.pdus)) > time.monotonic():
-            if self.signal is None:
-                await asyncio.sleep(min(ready - time.monotonic(), 0.01))
-            else:  # until it is time, or a command in flight lands
-                await self.signal.wait(min(ready - time.monotonic(), 60.0))
-        self.ramp.started(self.node, self.pdus, time.monotonic())  # no await since the check
-        self._flying = True
+        async with self.signal.turn(self.ramp.scopes(self.node, self.pdus)):
+            while (ready := self.ramp.ready_at(self.node, self.pdus)) > time.monotonic():
+                if ready == math.inf:  # a command in flight: until it lands
+                    await self.signal.wait(60.0)
+                else:
+                    await sleep_until(ready)
+            self.ramp.started(self.node, self.pdus, time.monotonic())  # no await since the check
+            self._flying = True
 
     def done(self) -> None:
         if self._flying and self.ramp is not None:
             self.ramp.landed(self.node, self.pdus, time.monotonic())
             self._flying = False
-            if self.signal is not None:
-                self.signal.pulse()
+            self.signal.pulse()
 
 
 class Sequencer:
@@ -298,14 +307,13 @@ class Sequencer:
                 result[node] = await task
         return result
 
-    async def _ramp_wait(self, o: Order, until: Callable[[RampSlot], Awaitable[T]] | None = None) -> T | None:
+    async def _ramp_wait(self, o: Order, until: Callable[[RampSlot], Awaitable[T]]) -> T:
         """Take this node's slot in the power-on ramp and run ``until(slot)`` (default: wait for
         it), which returns once the node has started (a BMC driver's ``on_at`` sets its session
         up before the slot, then sends at it). No ramp configured: the slot is now."""
-        until = until or RampSlot.wait
         now = time.monotonic()
         if not self.s.ramp.enabled:
-            return await until(RampSlot(None, o.node, (), now))
+            return await until(RampSlot(None, o.node, (), now, self._ramp_signal))
         pdus = tuple(out.pdu for out in self.devices.node(o.node).outlets)
         slot = RampSlot(self.ramp, o.node, pdus, self.ramp.reserve(o.node, pdus, now), self._ramp_signal)
         wait = slot.start - now
