@@ -3,7 +3,10 @@
 A small record is one value at ``saga.<id>``, as it always was. A large one (thousands of ranks)
 is a head at ``saga.<id>`` plus parts at ``sagapart.<id>.<name-hash>.<generation>``
 (:mod:`.record_parts`). A save writes the parts whose bytes changed under fresh keys first, then
-the head with CAS; only then are the parts it replaced purged. So a reader or a crash always
+the head with CAS; only then are the parts it replaced purged. Parts are stored zlib-compressed
+(a 100,000-rank record is 3.5 MB of JSON, mostly rank -> node maps: about 8x smaller, so
+saves write less and finish sooner); a part that is JSON as it stands (an older writer) is read
+as it is. So a reader or a crash always
 sees a head whose parts exist, and a stale leader's parts are never referenced (its head write
 fails). Parts that no head refers to (a writer died between the two) are collected when a leader
 loads the open sagas.
@@ -15,6 +18,7 @@ import asyncio
 import json
 import logging
 import secrets
+import zlib
 from hashlib import blake2b
 
 from powerguard.bus import BusNames, CasConflict, Kv
@@ -29,6 +33,15 @@ _READ_TRIES = 3
 
 def _digest(content: bytes) -> bytes:
     return blake2b(content, digest_size=16).digest()
+
+
+def _pack(part: bytes) -> bytes:
+    return zlib.compress(part, 1)
+
+
+def _unpack(value: bytes) -> bytes:
+    """A part's JSON: zlib-compressed (the first byte is 0x78), or JSON as written before."""
+    return value if value[:1] in (b"{", b"[") else zlib.decompress(value)
 
 
 def _name_hash(key: str) -> str:
@@ -79,6 +92,9 @@ class SagaStore:
             except MissingPart as exc:
                 log.info("saga record %s changed while read (part %s gone): reading again", key, exc)
                 continue
+            except ValueError as exc:
+                log.error("unreadable saga record %s skipped: %s", key, exc)
+                return None
             try:
                 rec = SagaRecord.model_validate_json(json.dumps(join(head, parts)))
             except ValueError as exc:
@@ -100,8 +116,11 @@ class SagaStore:
             for k, entry in zip(todo, got, strict=True):
                 if entry is None:
                     raise MissingPart(k)
-                parts[k] = entry.value
-                nxt += references(json.loads(entry.value))
+                try:
+                    parts[k] = _unpack(entry.value)
+                except zlib.error as exc:
+                    raise ValueError(f"saga record part {k} is neither JSON nor zlib: {exc}") from exc
+                nxt += references(json.loads(parts[k]))
             todo = nxt
         return parts
 
@@ -147,7 +166,7 @@ class SagaStore:
                 rec.model_dump(mode="json"), limits=self.limits, key_for=key_for, size=len(whole), memo=memo
             )
         kept = {k for _, k in old.values()}
-        fresh = {k: v for k, v in parts.items() if k not in kept}
+        fresh = {k: _pack(v) for k, v in parts.items() if k not in kept}
         await asyncio.gather(*(self.kv.put(k, v) for k, v in fresh.items()))
         body = json.dumps(head, separators=(",", ":")).encode() if parts else whole
         try:
@@ -167,6 +186,7 @@ class SagaStore:
             "parts_written": len(fresh),
             "bytes_written": len(body) + sum(len(v) for v in fresh.values()),
             "head_bytes": len(body),
-            "largest_value": max([len(body), *(len(v) for v in parts.values())]),
+            "largest_written": max([len(body), *(len(v) for v in fresh.values())]),
+            "parts_json_bytes": sum(len(v) for v in parts.values()),
         }
         return rev
