@@ -67,7 +67,7 @@ def start(tmp: Path, *, conf: str = "nats.conf", tls: Path | None = None, monkey
     creds_mod.init(auth, names=names, sites=[SITE])
     for job in JOBS:
         creds_mod.issue(auth, "agent", job=job)
-    for name in ("nats.conf", "nats-tls.conf"):
+    for name in ("nats.conf", "nats-tls.conf", "nats-leafnodes.conf", "nats-leaf.conf"):
         shutil.copy(COMPOSE / name, tmp / name)
     if tls is not None:
         monkeypatch.setenv("NATS_TLS_CERT", str(tls / "server-cert.pem"))

@@ -56,9 +56,11 @@ class Bus:
         limits: StreamLimits,
         max_payload: int,
         tracer_provider: TracerProvider | None,
+        js_domain: str | None = None,
     ) -> None:
         self.nc = nc
-        self.js = nc.jetstream(timeout=10.0)
+        self.js_domain = js_domain
+        self.js = nc.jetstream(timeout=10.0, domain=js_domain)
         self.service = service
         self.names = names
         self.subjects = names.subjects
@@ -87,6 +89,8 @@ class Bus:
         tls_cert: str | Path | None = None,
         tls_key: str | Path | None = None,
         connect_timeout: float = 10.0,
+        inbox_prefix: str | None = None,
+        js_domain: str | None = None,
         setup: bool = True,
         max_payload: int = DEFAULT_MAX_PAYLOAD,
         tracer_provider: TracerProvider | None = None,
@@ -97,7 +101,11 @@ class Bus:
 
         Authentication: ``user``/``password``, a ``creds_file`` (user JWT + nkey seed; the
         replies then come on ``_INBOX.<its name>``, the only inbox it may subscribe to), or an
-        ``nkey_seed_file``. TLS: ``tls_ca`` verifies the server, ``tls_cert``/``tls_key`` are
+        ``nkey_seed_file``. Behind a compute node's leaf nats-server (docs/architecture.md, "Ranks
+        on the bus at scale") a client has no credential of its own: ``inbox_prefix`` names the
+        only inbox the leaf's credential may subscribe to, and ``js_domain``
+        (:data:`~powerguard.bus.names.JS_DOMAIN`) reaches the site's JetStream and KV.
+        TLS: ``tls_ca`` verifies the server, ``tls_cert``/``tls_key`` are
         the client certificate (mutual TLS); a ``tls://`` URL without a CA uses the system's."""
         # a string may name several servers of a cluster, comma-separated
         servers = [u.strip() for u in url.split(",") if u.strip()] if isinstance(url, str) else list(url)
@@ -135,6 +143,8 @@ class Bus:
             options["user_credentials"] = str(creds_file)
             if prefix := inbox_of(creds_file):
                 options["inbox_prefix"] = prefix
+        if inbox_prefix:
+            options["inbox_prefix"] = inbox_prefix
         if nkey_seed_file:
             options["nkeys_seed"] = str(nkey_seed_file)
         if tls_ca or tls_cert or any(s.startswith("tls://") for s in servers):
@@ -158,6 +168,7 @@ class Bus:
             limits=limits or StreamLimits(),
             max_payload=max_payload,
             tracer_provider=tracer_provider,
+            js_domain=js_domain,
         )
         bus._closing = closing
         bus._reconnected = reconnected
@@ -279,14 +290,21 @@ class Bus:
                     replicas=self.limits.replicas,
                 )
             )
-        kv = Kv(raw, bucket)
+        kv = Kv(self._in_domain(raw, bucket), bucket)
         self._kv[bucket] = kv
         return kv
+
+    def _in_domain(self, raw: Any, bucket: str) -> Any:
+        """Writes to a bucket go through the JetStream domain's API subjects when there is one
+        (nats.py prefixes only the API calls, not ``$KV.<bucket>.<key>``)."""
+        if self.js_domain:
+            raw._pre = f"$JS.{self.js_domain}.API.$KV.{bucket}."
+        return raw
 
     async def kv(self, bucket: str) -> Kv:
         if bucket not in self._kv:
             try:
-                self._kv[bucket] = Kv(await self.js.key_value(bucket), bucket)
+                self._kv[bucket] = Kv(self._in_domain(await self.js.key_value(bucket), bucket), bucket)
             except js_errors.BucketNotFoundError:
                 raise SetupError(
                     f"KV bucket {bucket} does not exist: run `powerguard bootstrap` (the admin creates it)"

@@ -8,6 +8,12 @@ from dataclasses import dataclass, field
 from powerguard.schemas.site import NatsSettings
 from powerguard.schemas.subjects import Subjects
 
+# The JetStream domain of the site's servers when compute nodes run leaf nats-servers
+# (compose/nats-leafnodes.conf): a client behind a leaf reaches the site's JetStream and KV as
+# ``$JS.powerguard.API.>``, which the site server maps to its own API (NATS forbids the plain
+# ``$JS.API.>`` and ``$KV.>`` across a leaf connection of a non-system account).
+JS_DOMAIN = "powerguard"
+
 
 @dataclass(frozen=True)
 class BusNames:

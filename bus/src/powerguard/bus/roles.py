@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from powerguard.schemas import token
 
 from .jwt import Permissions
-from .names import BusNames
+from .names import JS_DOMAIN, BusNames
 
 ROLES = ("admin", "ups-monitor", "coordinator", "power-control", "observer", "operator", "agent")
 
@@ -97,16 +97,23 @@ def permissions(role: str, names: BusNames, *, sites: Iterable[str] = (), job: s
         if not job:
             raise ValueError("an agent credential is for one job: give --job")
         j = token(job, what="job")
+        js = (
+            f"$KV.{n.agents}.{j}.*",
+            _api("STREAM.INFO", f"KV_{n.agents}"),
+            _api("DIRECT.GET", stream, s.ckpt_request(j)),  # catch up after a reconnect
+            _api("DIRECT.GET", stream, s.ckpt_release(j)),
+        )
+        # the same operations through the site's JetStream domain: the ranks behind a compute
+        # node's leaf nats-server reach them only so (the server maps them onto the ones above)
+        in_domain = tuple(f"$JS.{JS_DOMAIN}.API.{x.removeprefix('$JS.API.')}" for x in js)
         return Permissions(
             pub_allow=(
                 s.agent(j, "*"),
                 s.ckpt_ack(j, "*"),
                 s.job_resumed(j),
                 s.ckpt_request(j),  # the HTTP trigger: a request for its own job only
-                f"$KV.{n.agents}.{j}.*",
-                _api("STREAM.INFO", f"KV_{n.agents}"),
-                _api("DIRECT.GET", stream, s.ckpt_request(j)),  # catch up after a reconnect
-                _api("DIRECT.GET", stream, s.ckpt_release(j)),
+                *js,
+                *in_domain,
             ),
             sub_allow=(s.ckpt_request(j), s.ckpt_release(j), f"{inbox(role, j)}.>"),
             inbox=inbox(role, j),

@@ -20,6 +20,7 @@ from opentelemetry import context as otel_context
 from powerguard.bus import Bus, BusNames, ConnectError
 from powerguard.bus.agents import announce
 from powerguard.bus.env import auth_options
+from powerguard.bus.roles import inbox
 from powerguard.schemas import (
     AgentData,
     AgentDeregistered,
@@ -115,6 +116,10 @@ class BusThread:
             service=f"ckpt-agent-{self.agent.job}-{self.agent.rank}",
             names=self.names,
             connect_timeout=self.connect_timeout,
+            # its credential's inbox; behind a node's leaf nats-server (no credential of its own)
+            # the only one the leaf's may subscribe to, and the site's JetStream through its domain
+            inbox_prefix=inbox("agent", self.agent.job),
+            js_domain=os.environ.get("NATS_JS_DOMAIN") or None,
             setup=False,
             **self.auth,
         )
