@@ -61,6 +61,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--step-sleep", type=float, default=0.0, help="seconds per step (to make room for requests)")
     p.add_argument("--local-every-s", type=float, default=0.0)
     p.add_argument("--remote-every-s", type=float, default=0.0)
+    p.add_argument("--agree-every-s", type=float, help="the agent's agree_every_s (default: the agent's)")
     p.add_argument("--hang-rank", type=int, default=-1, help="this rank stops at --hang-step (a hung rank)")
     p.add_argument("--hang-step", type=int, default=-1)
     p.add_argument("--save-at", type=int, default=-1, help="a synchronous checkpoint at this step")
@@ -131,6 +132,7 @@ def main(argv: list[str] | None = None) -> int:
         remote_every_s=args.remote_every_s,
         http_port=args.http_port,
         hold_policy=args.hold_policy,
+        **({"agree_every_s": args.agree_every_s} if args.agree_every_s is not None else {}),
     )
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # scheduler stop: exit cleanly (close() runs)
     try:

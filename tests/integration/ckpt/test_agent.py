@@ -202,7 +202,11 @@ async def test_flipped_byte_falls_back_to_the_previous_checkpoint(tmp_path):
 
 async def test_local_tier_lost_restores_from_the_remote_tier(tmp_path):
     remote = f"file://{tmp_path / 'nas'}"
-    await run(tmp_path, "jremote", steps=40, local_every_s=0.01, remote_every_s=0.01, remote_url=remote)
+    # 40 short steps: agree often enough for periodic saves to happen in them (the default paces
+    # agreements 0.5 s of training apart, and a periodic save is decided at an agreement)
+    await run(
+        tmp_path, "jremote", steps=40, local_every_s=0.01, remote_every_s=0.01, remote_url=remote, agree_every_s=0.01
+    )
     copies = sorted((tmp_path / "nas" / "jremote").glob("step-*/COMMIT"))
     assert copies, "nothing reached the remote tier"
     newest = max(int(p.parent.name.split("-")[1]) for p in copies)
