@@ -56,6 +56,9 @@ class Order:
     dry_run: bool = False
 
 
+SETUP_CONCURRENCY = 64
+
+
 class RampSignal:
     """Wakes the node waiting in the ramp when a command lands (the pure ramp has no event), and
     queues the nodes whose planned start has passed: per set of ramp scopes, one node at a time
@@ -131,6 +134,10 @@ class Sequencer:
         self._last_outlet_on = -1e9
         self.ramp = Ramp(settings.ramp)
         self._ramp_signal = RampSignal()
+        # a restore's per-node setup (state reads, the ramp reservation and its report) runs at
+        # most this many nodes at a time: 10,000 nodes set up at once flooded the event loop the
+        # ramp's starts run on, and held the ramp up 8 s
+        self._setup = asyncio.Semaphore(SETUP_CONCURRENCY)
 
     # -------------------------------------------------------------- reporting
     async def _done(self, o: Order, action: str, device: str | None, started: float, **kw: Any) -> None:
@@ -275,22 +282,30 @@ class Sequencer:
             self._last_outlet_on = time.monotonic()
 
     # -------------------------------------------------------------- restore
-    async def restore(self, orders: Sequence[Order]) -> dict[str, bool]:
-        """Power nodes on in group order; True per node that ended ready."""
+    async def restore(self, orders: Sequence[Order], *, issued: asyncio.Event | None = None) -> dict[str, bool]:
+        """Power nodes on in group order; True per node that ended ready. ``issued`` is set once
+        the last group's power-ons have been sent (its nodes' readiness still to come), or with a
+        ramp once they are queued in it (the ramp spaces them and the next restore's nodes)."""
         result: dict[str, bool] = {}
         groups: dict[int, list[Order]] = {}
         for o in orders:
             groups.setdefault(self.devices.node(o.node).power_on_group, []).append(o)
+        last = max(groups, default=None)
         for group in sorted(groups):
             members = sorted(groups[group], key=lambda o: o.node)
             log.info("restore: power-on group %d: %s", group, ", ".join(o.node for o in members))
             started = {o.node: time.monotonic() for o in members}
             powered: list[Order] = []
-            for o in members:
+
+            async def outlets_on(o: Order) -> bool:
                 if self.devices.bmc(o.node) is None:  # its outlet is its power switch: the ramp gates it
-                    ok = await self._ramp_wait(o, lambda slot, o=o: self._outlets(o, on=True, slot=slot))
-                else:
-                    ok = await self._outlets(o, on=True)
+                    return await self._ramp_wait(o, lambda slot: self._outlets(o, on=True, slot=slot))
+                async with self._setup:  # standby power only: not in the ramp
+                    return await self._outlets(o, on=True)
+
+            # all members at once (the stagger and the ramp space the switching themselves): one
+            # after the other, 1,500 nodes' outlet reads and reports held the ramp up ~1.5 s
+            for o, ok in zip(members, await asyncio.gather(*map(outlets_on, members)), strict=True):
                 if ok:
                     powered.append(o)
                 else:
@@ -299,10 +314,15 @@ class Sequencer:
             readiness: dict[str, asyncio.Task] = {}  # each node's readiness runs from the moment it is on
             for i in range(0, len(powered), n):
                 batch = powered[i : i + n]
-                oks = await asyncio.gather(*(self._power_on(o, started[o.node], readiness) for o in batch))
+                running = asyncio.gather(*(self._power_on(o, started[o.node], readiness) for o in batch))
+                if group == last and i + n >= len(powered) and issued is not None and self.s.ramp.enabled:
+                    issued.set()  # every power-on has its place in the ramp: the next restore may set up
+                oks = await running
                 result.update({o.node: False for o, ok in zip(batch, oks, strict=True) if not ok})
                 if i + n < len(powered) and self.s.batch_interval_s:
                     await asyncio.sleep(self.s.batch_interval_s)
+            if group == last and issued is not None:
+                issued.set()
             for node, task in readiness.items():
                 result[node] = await task
         return result
@@ -311,19 +331,20 @@ class Sequencer:
         """Take this node's slot in the power-on ramp and run ``until(slot)`` (default: wait for
         it), which returns once the node has started (a BMC driver's ``on_at`` sets its session
         up before the slot, then sends at it). No ramp configured: the slot is now."""
-        now = time.monotonic()
         if not self.s.ramp.enabled:
-            return await until(RampSlot(None, o.node, (), now, self._ramp_signal))
+            return await until(RampSlot(None, o.node, (), time.monotonic(), self._ramp_signal))
         pdus = tuple(out.pdu for out in self.devices.node(o.node).outlets)
-        slot = RampSlot(self.ramp, o.node, pdus, self.ramp.reserve(o.node, pdus, now), self._ramp_signal)
-        wait = slot.start - now
         metrics.RAMP_QUEUED.inc()
         try:
+            async with self._setup:
+                now = time.monotonic()
+                slot = RampSlot(self.ramp, o.node, pdus, self.ramp.reserve(o.node, pdus, now), self._ramp_signal)
+                wait = slot.start - now
+                if wait > 0.05:
+                    await self._node_state(o, "off", f"power-on ramp: starts in {wait:.1f}s")
             with trace.get_tracer("powerguard.power_control").start_as_current_span(
                 f"ramp {o.node}", attributes={"powerguard.node": o.node, "powerguard.ramp_wait_s": round(wait, 3)}
             ):
-                if wait > 0.05:
-                    await self._node_state(o, "off", f"power-on ramp: starts in {wait:.1f}s")
                 try:
                     return await until(slot)
                 finally:
@@ -344,7 +365,9 @@ class Sequencer:
             return True  # the outlet was the power switch (its outlet-on waited for the ramp)
         t = time.monotonic()
         try:
-            if await self._retrying(f"{bmc.device} status", bmc.status) == "on":
+            async with self._setup:
+                state = await self._retrying(f"{bmc.device} status", bmc.status)
+            if state == "on":
                 await self._done(o, "on", bmc.device, t, power_state="on", detail="already on")
                 return True
             # the ramp's slot is when the BMC gets the command (a retry goes at once: its slot passed)

@@ -296,21 +296,32 @@ class PowerControl:
         await self._finish(order.key, ok)
 
     async def _restore_loop(self) -> None:
+        """Restore the commands gathered for ``gather_s``, then what came meanwhile, and so on. A
+        batch starts once the one before has sent its last power-on (with a ramp: has queued it
+        in the ramp), not when its nodes are ready: waiting for that left the power-on ramp idle
+        between batches (12,500 nodes arriving over seconds: 12 s of a 125 s ramp)."""
         await asyncio.sleep(self.settings.gather_s)
         while self._pending_on:
             batch, self._pending_on = self._pending_on, []
             for dry in (False, True):
                 orders = [(o, ctx) for o, ctx in batch if o.dry_run == dry]
                 if orders:
-                    await self._restore([o for o, _ in orders], orders[0][1])
+                    issued = asyncio.Event()
+                    task = self._spawn(self._restore([o for o, _ in orders], orders[0][1], issued))
+                    sent = asyncio.ensure_future(issued.wait())
+                    await asyncio.wait({task, sent}, return_when=asyncio.FIRST_COMPLETED)
+                    sent.cancel()
 
-    async def _restore(self, orders: Sequence[Order], parent: trace.SpanContext) -> None:
-        async with contextlib.AsyncExitStack() as stack:
-            for node in sorted({o.node for o in orders}):  # sorted: two batches never deadlock
-                await stack.enter_async_context(self._lock(node))
-            await self._restore_locked(orders, parent)
+    async def _restore(self, orders: Sequence[Order], parent: trace.SpanContext, issued: asyncio.Event) -> None:
+        try:
+            async with contextlib.AsyncExitStack() as stack:
+                for node in sorted({o.node for o in orders}):  # sorted: two batches never deadlock
+                    await stack.enter_async_context(self._lock(node))
+                await self._restore_locked(orders, parent, issued)
+        finally:
+            issued.set()
 
-    async def _restore_locked(self, orders: Sequence[Order], parent: trace.SpanContext) -> None:
+    async def _restore_locked(self, orders: Sequence[Order], parent: trace.SpanContext, issued: asyncio.Event) -> None:
         ctx = trace.set_span_in_context(trace.NonRecordingSpan(parent))
         with self._tracer.start_as_current_span(
             "power_on " + ",".join(o.node for o in orders), context=ctx, attributes=_attrs(orders[0])
@@ -323,7 +334,7 @@ class PowerControl:
                 except Exception as exc:
                     await self._failure(o, "on", exc)
             try:
-                result = await self._seq(orders[0]).restore(known) if known else {}
+                result = await self._seq(orders[0]).restore(known, issued=issued) if known else {}
             except Exception as exc:
                 result = {}
                 for o in known:
