@@ -37,6 +37,8 @@ def _one_pyghmi_lock() -> None:
     reentrant lock for both names removes the cycle. Also creates the class's login lock once
     (pyghmi creates it on first use, racily, so two logins could get two locks)."""
     global _patched
+    if _patched:  # once per process: every command calls this, the lock is for the first time only
+        return
     with _PATCH:
         if _patched:
             return
