@@ -277,33 +277,16 @@ def main() -> None:
             ),
         ]
     if sb := load("step_boundary"):
-        if "paced-pipelined" in sb["runs"][0]:
-            cells = ", ".join(
-                f"{r['ranks']}: {r['paced-pipelined']['p50_us']:.1f} / {r['paced-pipelined']['mean_us']:.0f} µs "
-                f"(every step, blocking: {r['blocking']['p50_us']:.0f})"
-                for r in sb["runs"]
-            )
-            what = (
-                "`guard.step()` blocking time, nothing due, by world size: p50 / mean with the default "
-                f"(pipelined agreement, paced about every {sb['agree_every_s'] * 1e3:.0f} ms of training), "
-                "and p50 agreeing and waiting at every step"
-            )
-        elif "paced" in sb["runs"][0]:
-            cells = ", ".join(
-                f"{r['ranks']}: {r['paced']['p50_us']:.1f} / {r['paced']['mean_us']:.0f} µs "
-                f"(every step: {r['blocking']['p50_us']:.0f})"
-                for r in sb["runs"]
-            )
-            what = (
-                "`guard.step()` blocking time, nothing due, by world size: p50 / mean with the default "
-                f"pacing (an agreement about every {sb['agree_every_s'] * 1e3:.0f} ms of training), and p50 "
-                "agreeing at every step"
-            )
-        else:
-            cells = ", ".join(
-                f"{r['ranks']}: {r['pipelined']['p50_us']:.0f} vs {r['blocking']['p50_us']:.0f} µs" for r in sb["runs"]
-            )
-            what = "`guard.step()` blocking time, nothing due, p50 by world size (pipelined vs blocking agreement)"
+        cells = ", ".join(
+            f"{r['ranks']}: {r['paced-pipelined']['p50_us']:.1f} / {r['paced-pipelined']['mean_us']:.0f} µs "
+            f"(every step, blocking: {r['blocking']['p50_us']:.0f})"
+            for r in sb["runs"]
+        )
+        what = (
+            "`guard.step()` blocking time, nothing due, by world size: p50 / mean with the default "
+            f"(pipelined agreement, paced about every {sb['agree_every_s'] * 1e3:.0f} ms of training), "
+            "and p50 agreeing and waiting at every step"
+        )
         rows.append(
             (
                 what,

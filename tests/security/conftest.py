@@ -55,6 +55,14 @@ class Deployment:
         self.buses.append(bus)
         return bus
 
+    async def close(self) -> None:
+        for bus in reversed(self.buses):
+            try:
+                await bus.close()
+            except Exception:
+                pass
+        self.server.stop()
+
 
 def make_certs(directory: Path) -> Path:
     subprocess.run(["sh", str(COMPOSE / "make-certs.sh"), str(directory), "localhost"], check=True, capture_output=True)
@@ -86,12 +94,7 @@ async def deployment(tmp_path, monkeypatch) -> AsyncIterator[Deployment]:
     try:
         yield dep
     finally:
-        for bus in reversed(dep.buses):
-            try:
-                await bus.close()
-            except Exception:
-                pass
-        dep.server.stop()
+        await dep.close()
 
 
 async def refused(coro, timeout: float = 3.0) -> str:

@@ -82,12 +82,7 @@ async def site_with_leaf(tmp_path, monkeypatch):
     finally:
         leaf.terminate()
         leaf.wait(10)
-        for bus in reversed(dep.buses):
-            try:
-                await bus.close()
-            except Exception:
-                pass
-        dep.server.stop()
+        await dep.close()
 
 
 def into(out: list, transform=lambda m: m):
