@@ -184,7 +184,7 @@ async def test_pause_keeps_the_jobs_own_collectives_healthy_and_resumes_in_place
         assert rec.jobs["jpause"].hold_policy == "pause"
         ckpt_step = rec.jobs["jpause"].step
         await eventually(
-            lambda: {a.paused_step for (j, _), (a, _) in c.registry._agents.items() if j == "jpause"} == {ckpt_step},
+            lambda: {a.paused_step for a in c.registry.agents("jpause")} == {ckpt_step},
             10,
             "both ranks to report the pause",
         )

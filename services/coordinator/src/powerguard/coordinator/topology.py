@@ -78,6 +78,10 @@ class AgentRegistry:
         if rank.isdigit():
             self.remove(job, int(rank))
 
+    def agents(self, job: str) -> list[AgentData]:
+        """The ranks of ``job`` as last registered or heard from (any age)."""
+        return [a for a, _ in self._by_job.get(job, {}).values()]
+
     def __len__(self) -> int:
         return sum(len(ranks) for ranks in self._by_job.values())
 
