@@ -3,14 +3,15 @@
 A small record is one value at ``saga.<id>``, as it always was. A large one (thousands of ranks)
 is a head at ``saga.<id>`` plus parts at ``sagapart.<id>.<name-hash>.<generation>``
 (:mod:`.record_parts`). A save writes the parts whose bytes changed under fresh keys first, then
-the head with CAS; only then are the parts it replaced purged. Parts are stored zlib-compressed
-(a 100,000-rank record is 3.5 MB of JSON, mostly rank -> node maps: the first save writes
-about 8x less, an ack batch's save about 4x less; in time no change could be measured on the
-2-core bench machine, where run-to-run noise is larger); a part that is JSON as it stands (an
-older writer) is read as it is. So a reader or a crash always
+the head with CAS; only then are the parts it replaced purged. So a reader or a crash always
 sees a head whose parts exist, and a stale leader's parts are never referenced (its head write
 fails). Parts that no head refers to (a writer died between the two) are collected when a leader
 loads the open sagas.
+
+Parts are stored zlib-compressed (a 100,000-rank record is 3.5 MB of JSON, mostly rank -> node
+maps: the first save writes about 8x less, an ack batch's save about 4x less; in time no change
+could be measured on the 2-core bench machine, where run-to-run noise is larger); a part that
+is JSON as it stands (an older writer) is read as it is.
 """
 
 from __future__ import annotations
