@@ -74,12 +74,12 @@ async def outage(bus: Bus, runtime_s: float = 300.0) -> OnBattery:
     return event
 
 
-async def drain_battery(bus: Bus, runtime_s: float = 40.0) -> None:
-    await bus.publish(PowerStatus(source="/powerguard/ups-monitor", data=power(True, runtime_s)))
+async def drain_battery(bus: Bus, runtime_s: float = 40.0, *, timeout: float = 10.0) -> None:
+    await bus.publish(PowerStatus(source="/powerguard/ups-monitor", data=power(True, runtime_s)), timeout=timeout)
 
 
-async def power_back(bus: Bus) -> None:
-    await bus.publish(OnLine(source="/powerguard/ups-monitor", data=power(False, 600, 90)))
+async def power_back(bus: Bus, *, timeout: float = 10.0) -> None:
+    await bus.publish(OnLine(source="/powerguard/ups-monitor", data=power(False, 600, 90)), timeout=timeout)
 
 
 async def eventually(cond: Callable[[], bool], timeout: float = 15.0, what: str = "condition") -> None:

@@ -55,9 +55,11 @@ async def test_saga_survives_the_loss_of_the_stream_leader(cluster):
         victim = next(n for n in cluster if f"n{cluster.index(n)}" == leader)
         victim.proc.send_signal(signal.SIGKILL)  # the stream leader's host dies mid-saga
         victim.proc.wait()
-        await drain_battery(sim_bus, runtime_s=40)
+        # the stream elects a new leader first (seconds on a loaded 2-core CI box): the publish
+        # retries until it is stored, bounded well inside the saga's deadlines
+        await drain_battery(sim_bus, runtime_s=40, timeout=40)
         await watch.reach("down", timeout=90)
-        await power_back(sim_bus)
+        await power_back(sim_bus, timeout=40)
         await watch.reach("done", timeout=90)
         new_leader = (await bus.js.stream_info(names.stream)).cluster.leader
         assert new_leader and new_leader != leader
