@@ -16,9 +16,17 @@ ROOT = Path(__file__).resolve().parents[3]
 
 class Trainer:
     def __init__(
-        self, tmp: Path, job: str, *, nats_url: str | None = None, names=None, env: dict | None = None, **options
+        self,
+        tmp: Path,
+        job: str,
+        *,
+        nats_url: str | None = None,
+        names=None,
+        env: dict | None = None,
+        module: str = "powerguard.sim.train",
+        **options,
     ) -> None:
-        self.tmp, self.job = tmp, job
+        self.tmp, self.job, self.module = tmp, job, module
         self.args = ["--job", job, "--local-dir", str(tmp / "local")]
         if nats_url:
             self.args += [
@@ -49,7 +57,7 @@ class Trainer:
             "2",
             "-m",
             # crash tests run the job through a wrapper that installs the failpoint
-            "tests.integration.ckpt.failpoints" if "POWERGUARD_TEST_FAILPOINT" in self.env else "powerguard.sim.train",
+            "tests.integration.ckpt.failpoints" if "POWERGUARD_TEST_FAILPOINT" in self.env else self.module,
             *self.args,
             stdout=out,
             stderr=asyncio.subprocess.STDOUT,

@@ -38,6 +38,7 @@ from . import _layout as L
 from . import _spans
 from ._acks import Saved, _AckMixin
 from ._bus import BusThread, Request
+from ._framework import FRAMEWORKS, Due, _FrameworkMixin
 from ._hashing import HashingWriter
 from ._node_tier import _NodeTierMixin
 from ._nodes import Topology
@@ -55,7 +56,7 @@ MAX_AGREEMENT_GAP = 10_000  # boundaries between two agreements at most, whateve
 AGREE_FLOOR_S = 10.0  # the others reach a step boundary within a step: wait at least this long
 
 
-class CheckpointAgent(_StateMixin, _AckMixin, _RestoreMixin, _NodeTierMixin):
+class CheckpointAgent(_StateMixin, _AckMixin, _RestoreMixin, _NodeTierMixin, _FrameworkMixin):
     """One per rank. ``torch.distributed`` must be initialized first (or run single-process).
 
     Keyword-only arguments:
@@ -100,6 +101,10 @@ class CheckpointAgent(_StateMixin, _AckMixin, _RestoreMixin, _NodeTierMixin):
         waits inside ``step()`` after the checkpoint until a release (power back) or until the
         job is stopped; see :meth:`step`.
       pause_poll_s: how often paused ranks check, together, whether they may train on.
+      framework: ``"lightning"`` or ``"hf"``: the framework writes the checkpoints (its callback in
+        :mod:`powerguard.ckpt_agent.lightning` / :mod:`powerguard.ckpt_agent.hf` sets this); a
+        request agreed at a step becomes :attr:`due`, the framework saves, :meth:`finish_due`
+        commits and acks. No periodic saves (the framework keeps its own schedule), no remote tier.
     """
 
     def __init__(
@@ -134,7 +139,18 @@ class CheckpointAgent(_StateMixin, _AckMixin, _RestoreMixin, _NodeTierMixin):
         reshard: bool = False,
         pipelined_agreement: bool = True,
         agree_every_s: float = 0.5,
+        framework: str | None = None,
     ) -> None:
+        if framework is not None:
+            if framework not in FRAMEWORKS:
+                raise ValueError(f"framework must be one of {', '.join(FRAMEWORKS)}, not {framework!r}")
+            if remote_url or local_scope != "shared":
+                raise ValueError(
+                    "a framework's checkpoints have the shared local tier only (no remote_url, no node scope)"
+                )
+            local_every_s, overlap_staging = 0.0, False
+        self.framework = framework
+        self._due: Due | None = None
         if local_scope not in ("shared", "node"):
             raise ValueError(f"local_scope must be 'shared' or 'node', not {local_scope!r}")
         if replicas < 0:
@@ -373,7 +389,9 @@ class CheckpointAgent(_StateMixin, _AckMixin, _RestoreMixin, _NodeTierMixin):
         want_request, want_periodic, any_busy, any_async = (bool(x) for x in values[:4])
         if any_async and not any_busy and self._async is not None:  # (``wait()`` may have finished it since)
             self._finish_async()
-        if want_request:
+        if want_request and self.framework is not None:
+            self._defer(step, pending)
+        elif want_request:
             requests, ok = self._checkpoint_for_requests(step, pending)
             if ok and any(r.then == "pause" for r in requests):
                 self._pause(step, requests)

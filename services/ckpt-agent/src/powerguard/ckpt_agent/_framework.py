@@ -1,0 +1,228 @@
+"""Checkpoints written by a training framework (Lightning, the Hugging Face ``Trainer``) made
+durable and committed the PowerGuard way, and the newest valid one found for a resume.
+
+The agent agrees on the step as always; instead of saving itself it leaves the request *due*
+(:attr:`CheckpointAgent.due`); the framework's callback has the framework write its own
+checkpoint into a directory, then calls :meth:`CheckpointAgent.finish_due` on every rank: rank 0
+fsyncs and hashes every file, writes one manifest and ``COMMIT`` (with the framework's name), and
+every rank acks (or answers ``ckpt.failed`` with the reason).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from powerguard.schemas import CheckpointRequestData
+
+from . import _layout as L
+from . import _spans
+from ._acks import Saved
+from .errors import CheckpointError, CommitError, CorruptCheckpoint
+
+log = logging.getLogger("powerguard.ckpt_agent")
+
+FRAMEWORKS = ("lightning", "hf")
+
+
+@dataclass
+class Due:
+    """A request the ranks agreed to checkpoint at ``step``; the framework writes it."""
+
+    step: int
+    requests: list[CheckpointRequestData]
+    agree_s: float
+    span: Any
+
+    @property
+    def pause(self) -> bool:
+        return any(r.then == "pause" for r in self.requests)
+
+    @property
+    def deadline_ts(self) -> float | None:
+        return min((r.deadline.timestamp() for r in self.requests), default=None)
+
+
+def commit_directory(
+    directory: str,
+    *,
+    step: int,
+    world_size: int,
+    framework: str,
+    key: bytes | None = None,
+    saga_id: str | None = None,
+) -> tuple[str, int]:
+    """fsync and hash every file of a framework's checkpoint directory, write its manifest and
+    ``COMMIT`` durably (one process: the files of every rank are in the directory). Returns the
+    manifest's digest and the bytes listed. Raises :class:`CommitError` naming what failed."""
+    fs, _ = L.fs_for(directory)
+    try:
+        names = sorted(os.listdir(directory))
+    except OSError as exc:
+        raise CommitError(f"{directory}: cannot list the checkpoint: {exc}") from None
+    files: dict[str, dict[str, Any]] = {}
+    for name in names:
+        if name == L.COMMIT or name.startswith("manifest-") or name.endswith(".tmp"):
+            continue
+        path = os.path.join(directory, name)
+        if not os.path.isfile(path) or os.path.islink(path):
+            raise CommitError(f"{path}: not a plain file (sub-directories and links are not committed)")
+        try:
+            with open(path, "rb") as f:
+                os.fsync(f.fileno())
+            size, digest, keyed = L.hash_file(fs, path, key)
+        except OSError as exc:
+            raise CommitError(f"{path}: {exc}") from None
+        files[name] = {"size": size, "xxh3": digest, **({L.KEYED: keyed} if keyed else {})}
+    if not files:
+        raise CommitError(f"{directory}: the framework wrote no file")
+    try:
+        L.fsync_dir(directory)
+        digest, nbytes, keyed = L.write_manifest(fs, directory, 0, step, files, key=key)
+        L.write_commit(
+            fs,
+            directory,
+            step=step,
+            world_size=world_size,
+            digests={0: digest},
+            metadata_digest=L.digest_bytes(b""),
+            extra={"framework": framework, **({"saga_id": saga_id} if saga_id else {})},
+            key=key,
+            keyed_manifests={0: keyed} if key is not None else None,
+            metadata=b"" if key is not None else None,
+        )
+    except OSError as exc:
+        raise CommitError(f"{directory}: COMMIT not written: {exc}") from None
+    return digest, nbytes
+
+
+def verify_directory(directory: str, *, framework: str, world_size: int | None, key: bytes | None = None) -> None:
+    """Raise :class:`CorruptCheckpoint` with the reason unless ``directory`` holds a committed
+    checkpoint of ``framework`` whose every file matches its manifest (and, with a site key, whose
+    COMMIT the site signed)."""
+    fs, _ = L.fs_for(directory)
+    commit = L.read_commit(fs, directory)
+    L.authenticate(commit, key, directory)
+    if commit.get("framework") != framework:
+        raise CorruptCheckpoint(f"{directory}: not a {framework} checkpoint (COMMIT says {commit.get('framework')!r})")
+    if world_size is not None and commit.get("world_size") != world_size:
+        raise CorruptCheckpoint(f"{directory}: written by {commit.get('world_size')} ranks, this job has {world_size}")
+    try:
+        files = L.manifest_files(fs, directory, commit, key)
+        L.verify_files(fs, directory, files, sorted(files), key)
+    except (OSError, KeyError, ValueError) as exc:
+        raise CorruptCheckpoint(f"{directory}: {exc}") from None
+
+
+def newest_valid(
+    candidates: list[tuple[int, str]], *, framework: str, world_size: int | None, key: bytes | None = None
+) -> tuple[int, str] | None:
+    """The newest ``(step, directory)`` of ``candidates`` that verifies; every one skipped is
+    logged with its reason (a warning: an operator wants to know a checkpoint was bad)."""
+    for step, directory in sorted(candidates, reverse=True):
+        try:
+            verify_directory(directory, framework=framework, world_size=world_size, key=key)
+        except CheckpointError as exc:
+            log.warning("skipping checkpoint %s: %s", directory, exc)
+            continue
+        return step, directory
+    return None
+
+
+def env_world_size() -> int:
+    """The job's world size before ``torch.distributed`` is up (torchrun and Slurm set it)."""
+    for name in ("WORLD_SIZE", "SLURM_NTASKS"):
+        if os.environ.get(name, "").isdigit():
+            return int(os.environ[name])
+    return 1
+
+
+class _FrameworkMixin:
+    """Framework-written checkpoints of :class:`CheckpointAgent` (mixed in)."""
+
+    framework: str | None
+    _due: Due | None
+
+    @property
+    def due(self) -> Due | None:
+        """A checkpoint the ranks agreed on and the framework must now write (framework mode),
+        the same on every rank after the same :meth:`step`; None when nothing is due."""
+        return self._due
+
+    def _defer(self, step: int, pending: Any) -> None:
+        """Framework mode: the agreed request becomes due instead of the agent saving."""
+        t_agree = time.time()
+        gathered = self._gather([(pending.data, pending.traceparent)] if pending else [])
+        requests = {data.request_id: data for rs in gathered for data, _ in rs}
+        if not requests:
+            return
+        first_seen = pending.received if pending else t_agree
+        span = _spans.start(
+            f"checkpoint {self.job}",
+            _spans.parent(tp for rs in gathered for _, tp in rs),
+            first_seen,
+            **{
+                "powerguard.job": self.job,
+                "powerguard.rank": self.rank,
+                "powerguard.step": step,
+                "powerguard.framework": self.framework,
+                "powerguard.saga_id": next(iter(requests.values())).saga_id,
+            },
+        )
+        self._due = Due(step, list(requests.values()), max(0.0, t_agree - first_seen), span)
+
+    def finish_due(self, directory: str | os.PathLike, error: BaseException | None = None) -> Saved | None:
+        """Every rank, after the framework wrote the due checkpoint into ``directory`` (or failed
+        to: ``error``): commit it, ack every request it serves (``ckpt.failed`` with the reason on
+        any rank's failure), then pause if a request says so. Never raises a checkpoint failure
+        into the framework's loop; returns what was saved, or None."""
+        due, self._due = self._due, None
+        if due is None:
+            return None
+        directory = os.path.abspath(os.fspath(directory))
+        t0 = time.perf_counter()
+        saved = None
+        try:
+            problems = [p for p in self._gather(f"rank {self.rank}: {error!r}" if error else None) if p]
+            if problems:
+                raise CheckpointError(
+                    f"the {self.framework} checkpoint of step {due.step} failed: {'; '.join(problems)}"
+                )
+            result: tuple[str, int] | str = ("", 0)
+            if self.rank == 0:
+                try:
+                    result = commit_directory(
+                        directory,
+                        step=due.step,
+                        world_size=self.world_size,
+                        framework=self.framework,
+                        key=self._key,
+                        saga_id=next((r.saga_id for r in due.requests if r.saga_id), None),
+                    )
+                except CheckpointError as exc:
+                    result = str(exc)
+            result = self._gather(result)[0]
+            if isinstance(result, str):
+                raise CommitError(result)
+            digest, nbytes = result
+            t_end = time.perf_counter()
+            self.last_committed_step = due.step
+            if self._bus is not None:
+                self._bus.last_committed_step = due.step
+            saved = Saved(directory, nbytes if self.rank == 0 else 0, digest, 0.0, t_end - t0, t_end - t0, due.agree_s)
+            log.info(
+                "rank %d: %s checkpoint of step %d committed in %s", self.rank, self.framework, due.step, directory
+            )
+            due.span.set_attribute("powerguard.bytes", nbytes)
+            self._answer_durable(due.requests, due.step, saved, ctx=_spans.inside(due.span))
+        except CheckpointError as exc:
+            _spans.failed(due.span, exc)
+            self._answer_failed(due.requests, exc, ctx=_spans.inside(due.span))
+        finally:
+            due.span.end()
+        if saved is not None and due.pause:
+            self._pause(due.step, due.requests)
+        return saved

@@ -1,0 +1,115 @@
+"""A small deterministic PyTorch Lightning job (DDP, gloo on CPU) with the PowerGuard callback:
+what the tests, the benchmarks and ``powerguard demo --framework lightning`` launch with torchrun.
+
+    torchrun --standalone --nproc-per-node 2 -m powerguard.sim.train_lightning --job demo \\
+        --steps 200 --local-dir /tmp/ckpt --nats-url nats://127.0.0.1:4222
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import time
+import warnings
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+from powerguard.bus import BusNames
+from powerguard.ckpt_agent.lightning import ResumableLoader, callback_class, latest_checkpoint
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--job", required=True)
+    p.add_argument("--steps", type=int, default=100, help="optimizer steps in all (Lightning's max_steps)")
+    p.add_argument("--local-dir", required=True, help="the shared checkpoint directory")
+    p.add_argument("--nats-url")
+    p.add_argument("--prefix", default="pg")
+    p.add_argument("--stream", default="PG_EVENTS")
+    p.add_argument("--agents-bucket", default="pg_agents")
+    p.add_argument("--node", default=os.environ.get("POWERGUARD_NODE"))
+    p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--samples", type=int, default=512)
+    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--step-sleep", type=float, default=0.0, help="seconds per step (to make room for requests)")
+    p.add_argument("--agree-every-s", type=float, help="the agent's agree_every_s (default: the agent's)")
+    p.add_argument("--hold-policy", choices=["checkpoint-at-stop", "pause", "continue"], help="override the site's")
+    p.add_argument("--out", help="rank 0 writes the final parameters here (torch.save)")
+    p.add_argument("--progress", help="each rank appends '<rank> <step> <unix time>' lines here")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    import pytorch_lightning as pl
+
+    args = parse(argv)
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s rank{os.environ.get('RANK', 0)} %(message)s")
+    warnings.filterwarnings("ignore", module="pytorch_lightning")  # its deprecation chatter, not ours
+
+    class Regression(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Dropout(0.1), nn.Linear(64, 1))
+
+        def training_step(self, batch, _idx):
+            x, y = batch
+            return nn.functional.mse_loss(self.net(x).squeeze(1), y)
+
+        def configure_optimizers(self):
+            opt = torch.optim.AdamW(self.parameters(), lr=1e-2)
+            return {"optimizer": opt, "lr_scheduler": torch.optim.lr_scheduler.StepLR(opt, step_size=25, gamma=0.5)}
+
+    class Pace(pl.Callback):  # the job's own pacing and progress file (what the tests watch)
+        def on_train_batch_end(self, trainer, _module, _out, _batch, _idx):
+            if args.progress:
+                with open(args.progress, "a") as f:
+                    f.write(f"{trainer.global_rank} {trainer.global_step} {time.time():.3f}\n")
+            if args.step_sleep:
+                time.sleep(args.step_sleep)
+
+    pl.seed_everything(args.seed, verbose=False)
+    g = torch.Generator().manual_seed(args.seed)
+    x = torch.randn(args.samples, 32, generator=g)
+    y = (x @ torch.randn(32, 1, generator=g)).squeeze(1) + 0.1 * torch.randn(args.samples, generator=g)
+    data = TensorDataset(x, y)
+    world, rank = int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("RANK", 0))
+    sampler = DistributedSampler(data, num_replicas=world, rank=rank, shuffle=True, seed=args.seed)
+    loader = ResumableLoader(
+        DataLoader(data, batch_size=args.batch, sampler=sampler, generator=torch.Generator().manual_seed(args.seed))
+    )
+    model = Regression()
+    guard = callback_class("pytorch_lightning")(
+        job=args.job,
+        dirpath=args.local_dir,
+        nats_url=args.nats_url,
+        names=BusNames(prefix=args.prefix, stream=args.stream, agents=args.agents_bucket),
+        node=args.node,
+        hold_policy=args.hold_policy,
+        **({"agree_every_s": args.agree_every_s} if args.agree_every_s is not None else {}),
+    )
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=world,
+        strategy="ddp" if world > 1 else "auto",
+        max_steps=args.steps,
+        use_distributed_sampler=False,  # the loader above is already per rank
+        callbacks=[guard, Pace()],
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a scheduler's stop: exit cleanly
+    trainer.fit(model, loader, ckpt_path=latest_checkpoint(args.local_dir, job=args.job), weights_only=True)
+    if args.out and trainer.global_rank == 0:
+        torch.save({k: v.detach().clone() for k, v in model.state_dict().items()}, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

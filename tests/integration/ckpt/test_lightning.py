@@ -1,0 +1,89 @@
+"""The PowerGuard Lightning callback in a real 2-rank DDP job (torchrun, gloo) against a real
+nats-server: a power request checkpoints one step through Lightning, the job dies right after the
+ack, and the restart resumes from it to the same final weights as an uninterrupted run."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from powerguard.schemas import CheckpointDurable, CheckpointFailed
+
+from .runner import Trainer, run
+from .test_agent import answers, equal_params, registered, request
+
+pytest.importorskip("pytorch_lightning")
+pytestmark = pytest.mark.integration
+MODULE = "powerguard.sim.train_lightning"
+STEPS = 60
+
+
+async def test_lightning_request_acks_one_step_and_the_restart_resumes_bit_exact(bus, nats_server, tmp_path):
+    reference = tmp_path / "a.pt"
+    await run(tmp_path / "A", "jlight", module=MODULE, steps=STEPS, out=reference, local_dir=tmp_path / "A" / "ckpt")
+    acks = bus.subscribe(CheckpointDurable, deliver="all")
+    await acks.start()
+    b_dir = tmp_path / "B"
+    b_dir.mkdir()
+    progress = b_dir / "progress"
+    opts = {"module": MODULE, "local_dir": b_dir / "ckpt", "steps": STEPS}
+    t = await Trainer(
+        b_dir, "jlight", nats_url=nats_server.url, names=bus.names, step_sleep=0.05, progress=progress, **opts
+    ).start()
+    try:
+        await registered(bus, "jlight", timeout=90)
+        while not progress.exists() or len(progress.read_text().splitlines()) < 20:
+            await asyncio.sleep(0.05)
+        await request(bus, "jlight")
+        got = await answers(acks, 2, timeout=90)
+    finally:
+        await t.kill()  # every process dies right after the ack
+        await acks.aclose()
+    assert {a.data.rank for a in got} == {0, 1}
+    (step,) = {a.data.step for a in got}  # one agreed step on every rank
+    assert 0 < step < STEPS
+    directory = b_dir / "ckpt" / "jlight" / f"step-{step}"
+    commit = json.loads((directory / "COMMIT").read_text())
+    assert commit["framework"] == "lightning" and commit["world_size"] == 2 and commit["saga_id"] == "saga-t"
+    assert (directory / "checkpoint.ckpt").is_file()
+    t2 = await run(b_dir, "jlight", out=tmp_path / "b.pt", **opts)
+    assert f"step-{step}/checkpoint.ckpt" in t2.output()  # Lightning restored from it
+    assert "RNG state restored" in t2.output()
+    assert equal_params(reference, tmp_path / "b.pt"), "the resumed run must end with the uninterrupted run's weights"
+
+
+async def test_lightning_save_that_fails_answers_ckpt_failed_and_training_goes_on(bus, nats_server, tmp_path):
+    blocked = tmp_path / "ckpt"
+    blocked.mkdir()
+    (blocked / "jfail").write_text("a file where the job's checkpoint directory should be")
+    failed = bus.subscribe(CheckpointFailed, deliver="all")
+    await failed.start()
+    progress = tmp_path / "progress"
+    t = await Trainer(
+        tmp_path,
+        "jfail",
+        nats_url=nats_server.url,
+        names=bus.names,
+        module=MODULE,
+        local_dir=blocked,
+        steps=40,
+        step_sleep=0.05,
+        progress=progress,
+    ).start()
+    try:
+        await registered(bus, "jfail", timeout=90)
+        while not progress.exists() or len(progress.read_text().splitlines()) < 10:
+            await asyncio.sleep(0.05)
+        await request(bus, "jfail")
+        got = await answers(failed, 2, timeout=90)
+        code = await t.wait(120)
+    finally:
+        await t.kill()
+        await failed.aclose()
+    assert {a.data.rank for a in got} == {0, 1}
+    assert all("cannot prepare" in a.data.error for a in got), [a.data.error for a in got]
+    assert code == 0, t.output()[-3000:]  # the failure never reached Lightning's loop
+    steps = [int(line.split()[1]) for line in progress.read_text().splitlines()]
+    assert max(steps) == 40  # trained to the end after the failed checkpoint
