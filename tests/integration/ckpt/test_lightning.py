@@ -9,8 +9,9 @@ import json
 
 import pytest
 
-from powerguard.schemas import CheckpointDurable, CheckpointFailed
+from powerguard.schemas import CheckpointFailed
 
+from .frameworks import checkpoint_then_kill
 from .runner import Trainer, run
 from .test_agent import answers, equal_params, registered, request
 
@@ -23,26 +24,10 @@ STEPS = 60
 async def test_lightning_request_acks_one_step_and_the_restart_resumes_bit_exact(bus, nats_server, tmp_path):
     reference = tmp_path / "a.pt"
     await run(tmp_path / "A", "jlight", module=MODULE, steps=STEPS, out=reference, local_dir=tmp_path / "A" / "ckpt")
-    acks = bus.subscribe(CheckpointDurable, deliver="all")
-    await acks.start()
     b_dir = tmp_path / "B"
     b_dir.mkdir()
-    progress = b_dir / "progress"
     opts = {"module": MODULE, "local_dir": b_dir / "ckpt", "steps": STEPS}
-    t = await Trainer(
-        b_dir, "jlight", nats_url=nats_server.url, names=bus.names, step_sleep=0.05, progress=progress, **opts
-    ).start()
-    try:
-        await registered(bus, "jlight", timeout=90)
-        while not progress.exists() or len(progress.read_text().splitlines()) < 20:
-            await asyncio.sleep(0.05)
-        await request(bus, "jlight")
-        got = await answers(acks, 2, timeout=90)
-    finally:
-        await t.kill()  # every process dies right after the ack
-        await acks.aclose()
-    assert {a.data.rank for a in got} == {0, 1}
-    (step,) = {a.data.step for a in got}  # one agreed step on every rank
+    step = await checkpoint_then_kill(bus, nats_server, b_dir, "jlight", after_steps=20, **opts)
     assert 0 < step < STEPS
     directory = b_dir / "ckpt" / "jlight" / f"step-{step}"
     commit = json.loads((directory / "COMMIT").read_text())

@@ -128,6 +128,7 @@ def newest_valid(
         except CheckpointError as exc:
             log.warning("skipping checkpoint %s: %s", directory, exc)
             continue
+        log.info("resuming from %s (step %d): committed, every file verified", directory, step)
         return step, directory
     return None
 
@@ -174,6 +175,48 @@ class _FrameworkMixin:
         )
         self._due = Due(step, list(requests.values()), max(0.0, t_agree - first_seen), span)
 
+    def commit_saved(self, directory: str | os.PathLike, step: int) -> bool:
+        """Every rank, after the framework wrote a checkpoint of its own schedule (no request):
+        commit it the same way, so a resume may pick it. Returns whether it is committed; a
+        failure is logged (there is no request to answer), never raised."""
+        try:
+            self._commit_collective(os.path.abspath(os.fspath(directory)), step, None, None)
+        except CheckpointError as exc:
+            log.error(
+                "rank %d: the %s checkpoint of step %d is not committed: %s", self.rank, self.framework, step, exc
+            )
+            return False
+        self.last_committed_step = step
+        if self._bus is not None:
+            self._bus.last_committed_step = step
+        return True
+
+    def _commit_collective(
+        self, directory: str, step: int, saga_id: str | None, error: BaseException | None
+    ) -> tuple[str, int]:
+        """Every rank: all ranks' errors gathered (the barrier after the framework's write), then
+        rank 0 commits the directory; every rank gets the result. Raises :class:`CheckpointError`."""
+        problems = [p for p in self._gather(f"rank {self.rank}: {error!r}" if error else None) if p]
+        if problems:
+            raise CheckpointError(f"the {self.framework} checkpoint of step {step} failed: {'; '.join(problems)}")
+        result: tuple[str, int] | str = ("", 0)
+        if self.rank == 0:
+            try:
+                result = commit_directory(
+                    directory,
+                    step=step,
+                    world_size=self.world_size,
+                    framework=self.framework,
+                    key=self._key,
+                    saga_id=saga_id,
+                )
+            except CheckpointError as exc:
+                result = str(exc)
+        result = self._gather(result)[0]
+        if isinstance(result, str):
+            raise CommitError(result)
+        return result
+
     def finish_due(self, directory: str | os.PathLike, error: BaseException | None = None) -> Saved | None:
         """Every rank, after the framework wrote the due checkpoint into ``directory`` (or failed
         to: ``error``): commit it, ack every request it serves (``ckpt.failed`` with the reason on
@@ -186,28 +229,8 @@ class _FrameworkMixin:
         t0 = time.perf_counter()
         saved = None
         try:
-            problems = [p for p in self._gather(f"rank {self.rank}: {error!r}" if error else None) if p]
-            if problems:
-                raise CheckpointError(
-                    f"the {self.framework} checkpoint of step {due.step} failed: {'; '.join(problems)}"
-                )
-            result: tuple[str, int] | str = ("", 0)
-            if self.rank == 0:
-                try:
-                    result = commit_directory(
-                        directory,
-                        step=due.step,
-                        world_size=self.world_size,
-                        framework=self.framework,
-                        key=self._key,
-                        saga_id=next((r.saga_id for r in due.requests if r.saga_id), None),
-                    )
-                except CheckpointError as exc:
-                    result = str(exc)
-            result = self._gather(result)[0]
-            if isinstance(result, str):
-                raise CommitError(result)
-            digest, nbytes = result
+            saga = next((r.saga_id for r in due.requests if r.saga_id), None)
+            digest, nbytes = self._commit_collective(directory, due.step, saga, error)
             t_end = time.perf_counter()
             self.last_committed_step = due.step
             if self._bus is not None:

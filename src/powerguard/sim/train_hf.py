@@ -1,0 +1,110 @@
+"""A small deterministic Hugging Face ``Trainer`` job (a 2-layer GPT-2 built here, random token
+ids, DDP with gloo on CPU) with the PowerGuard callback: what the tests, the benchmarks and
+``powerguard demo --framework hf`` launch with torchrun. Nothing is downloaded.
+
+    torchrun --standalone --nproc-per-node 2 -m powerguard.sim.train_hf --job demo \\
+        --steps 200 --local-dir /tmp/ckpt --nats-url nats://127.0.0.1:4222
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import time
+
+import torch
+
+from powerguard.bus import BusNames
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--job", required=True)
+    p.add_argument("--steps", type=int, default=100, help="optimizer steps in all (the Trainer's max_steps)")
+    p.add_argument("--local-dir", required=True, help="the Trainer's output_dir (shared by every rank)")
+    p.add_argument("--nats-url")
+    p.add_argument("--prefix", default="pg")
+    p.add_argument("--stream", default="PG_EVENTS")
+    p.add_argument("--agents-bucket", default="pg_agents")
+    p.add_argument("--node", default=os.environ.get("POWERGUARD_NODE"))
+    p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--samples", type=int, default=256)
+    p.add_argument("--batch", type=int, default=4)
+    p.add_argument("--save-steps", type=int, default=0, help="the Trainer's own save schedule (0: none)")
+    p.add_argument("--step-sleep", type=float, default=0.0, help="seconds per step (to make room for requests)")
+    p.add_argument("--agree-every-s", type=float, help="the agent's agree_every_s (default: the agent's)")
+    p.add_argument("--hold-policy", choices=["checkpoint-at-stop", "pause", "continue"], help="override the site's")
+    p.add_argument("--out", help="rank 0 writes the final parameters here (torch.save)")
+    p.add_argument("--progress", help="each rank appends '<rank> <step> <unix time>' lines here")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
+
+    from powerguard.ckpt_agent.hf import PowerGuardCallback, latest_checkpoint
+
+    args = parse(argv)
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s rank{os.environ.get('RANK', 0)} %(message)s")
+
+    class Tokens(torch.utils.data.Dataset):
+        def __init__(self) -> None:
+            g = torch.Generator().manual_seed(args.seed)
+            self.ids = torch.randint(0, 128, (args.samples, 16), generator=g)
+
+        def __len__(self) -> int:
+            return len(self.ids)
+
+        def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+            return {"input_ids": self.ids[i], "labels": self.ids[i]}
+
+    class Pace(TrainerCallback):  # the job's own pacing and progress file (what the tests watch)
+        def on_step_end(self, _args, state, control, **_kw):
+            if args.progress:
+                with open(args.progress, "a") as f:
+                    f.write(f"{os.environ.get('RANK', 0)} {state.global_step} {time.time():.3f}\n")
+            if args.step_sleep:
+                time.sleep(args.step_sleep)
+            return control
+
+    training = TrainingArguments(
+        output_dir=args.local_dir,
+        max_steps=args.steps,
+        per_device_train_batch_size=args.batch,
+        learning_rate=1e-3,
+        seed=args.seed,
+        data_seed=args.seed,
+        use_cpu=True,
+        ddp_backend="gloo",
+        save_strategy="steps" if args.save_steps else "no",
+        save_steps=args.save_steps or 500,
+        logging_strategy="no",
+        report_to=[],
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+        ddp_find_unused_parameters=False,
+    )
+    torch.manual_seed(args.seed)
+    config = GPT2Config(n_layer=2, n_head=2, n_embd=32, vocab_size=128, n_positions=16, bos_token_id=0, eos_token_id=0)
+    model = GPT2LMHeadModel(config)
+    guard = PowerGuardCallback(
+        job=args.job,
+        nats_url=args.nats_url,
+        names=BusNames(prefix=args.prefix, stream=args.stream, agents=args.agents_bucket),
+        node=args.node,
+        hold_policy=args.hold_policy,
+        **({"agree_every_s": args.agree_every_s} if args.agree_every_s is not None else {}),
+    )
+    trainer = Trainer(model=model, args=training, train_dataset=Tokens(), callbacks=[guard, Pace()])
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a scheduler's stop: exit cleanly
+    trainer.train(resume_from_checkpoint=latest_checkpoint(args.local_dir))
+    if args.out and trainer.is_world_process_zero():
+        torch.save({k: v.detach().clone() for k, v in model.state_dict().items()}, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
