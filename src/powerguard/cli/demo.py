@@ -47,6 +47,7 @@ async def run_demo(
     seed: int = 1234,
     steps: int = 300,
     hold_policy: str = "checkpoint-at-stop",
+    framework: str = "",
     json_out: Path | None = None,
     workdir: Path | None = None,
     keep: bool = False,
@@ -61,10 +62,13 @@ async def run_demo(
     work = workdir or Path(tempfile.mkdtemp(prefix="pg-demo-"))
     out_dir = (json_out.parent if json_out else Path.cwd() / "demo-output").resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
-    site = SimSite(work, SiteOptions(seed=seed, steps=steps, hold_policy=hold_policy))
+    options = SiteOptions(seed=seed, steps=steps, hold_policy=hold_policy, framework=framework)
+    if framework:
+        options.local_scope = "shared"  # a framework's checkpoints: one directory every rank sees
+    site = SimSite(work, options)
     console.print(
         f"[bold]PowerGuard outage drill[/bold]: scenario [bold]{scenario}[/bold], hold policy "
-        f"[bold]{hold_policy}[/bold], seed {seed}, work dir {work}"
+        f"[bold]{hold_policy}[/bold], job {framework or 'plain PyTorch loop'}, seed {seed}, work dir {work}"
     )
     console.print("[dim]reference run (same seed, no outage) ...[/dim]")
     t = time.monotonic()
@@ -83,6 +87,7 @@ async def run_demo(
         report = await run_drill(site, scenario, notify=notify, bus=bus)
         report["bit_exact"] = _bit_exact(site.final, reference)
         report["seed"] = seed
+        report["framework"] = framework or "torch"
         await bus.drain()
         bus = None
         await site.stop()  # the services flush their spans on the way out

@@ -246,6 +246,12 @@ def demo(
         "shutdown), pause (wait after the checkpoint until power returns or the stop), continue (train on; the "
         "hold's work is lost at the stop, and the drill says so)",
     ),
+    framework: str = typer.Option(
+        "",
+        "--framework",
+        help="Train the job with PyTorch Lightning (lightning) or the Hugging Face Trainer (hf) and PowerGuard's "
+        "callback, instead of a plain PyTorch loop (needs powerguard-ckpt-agent[lightning] or [hf])",
+    ),
     json_out: Path = typer.Option(None, "--json", help="Write the report here; trace and timeline go next to it"),
     workdir: Path = typer.Option(None, "--workdir", help="Keep the site's files (logs, checkpoints) here"),
 ) -> None:
@@ -261,6 +267,9 @@ def demo(
     if hold_policy not in HOLD_POLICIES:
         err.print(f"[red]error:[/red] --hold-policy must be one of {', '.join(HOLD_POLICIES)}")
         raise typer.Exit(2)
+    if framework not in ("", "lightning", "hf"):
+        err.print("[red]error:[/red] --framework must be lightning or hf")
+        raise typer.Exit(2)
     try:
         report = asyncio.run(
             run_demo(
@@ -269,6 +278,7 @@ def demo(
                 seed=seed,
                 steps=steps,
                 hold_policy=hold_policy,
+                framework=framework,
                 json_out=json_out,
                 workdir=workdir,
                 keep=workdir is not None,

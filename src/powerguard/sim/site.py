@@ -53,6 +53,13 @@ def _free_udp_port() -> int:
         return s.getsockname()[1]
 
 
+TRAIN_MODULES = {
+    "": "powerguard.sim.train",
+    "lightning": "powerguard.sim.train_lightning",
+    "hf": "powerguard.sim.train_hf",
+}
+
+
 @dataclass
 class SiteOptions:
     nodes: int = 2
@@ -71,6 +78,7 @@ class SiteOptions:
     clock_offset: dict[str, float] = field(default_factory=dict)  # service -> seconds its clock is off (libfaketime)
     ckpt_disk_mb: int = 0  # > 0: the checkpoint directory is a tmpfs this small (root only), to fill up
     local_scope: str = "node"  # each simulated node's own checkpoint disk (ckpt/<node>), or "shared"
+    framework: str = ""  # "lightning" or "hf": the job trains with that framework's PowerGuard callback
 
 
 @dataclass
@@ -339,7 +347,7 @@ class SimSite:
             "--nproc-per-node",
             str(o.nodes * o.ranks_per_node),
             "-m",
-            "powerguard.sim.train",
+            TRAIN_MODULES[o.framework],
             "--job",
             o.job,
             "--steps",
@@ -355,7 +363,8 @@ class SimSite:
         ]
         if nats:
             assert self.nats is not None
-            argv += ["--local-scope", o.local_scope]
+            if not o.framework:  # a framework's checkpoints live in one shared directory
+                argv += ["--local-scope", o.local_scope]
             argv += [
                 "--nats-url",
                 self.nats_url,
@@ -387,7 +396,7 @@ class SimSite:
         launch = [sys.executable, "-m", "powerguard.sim.launch"]
         for n in self.node_names:
             launch += ["--node-state", str(self.bmc_state[n])]
-        local = self.ckpt_dir / "{node}" if o.local_scope == "node" else self.ckpt_dir
+        local = self.ckpt_dir / "{node}" if o.local_scope == "node" and not o.framework else self.ckpt_dir
         job_argv = [*launch, "--", *self._train_argv(out=self.final, local_dir=local, nats=True)]
         cred = {"username": {"env": "PG_DEMO_BMC_USER"}, "password": {"env": "PG_DEMO_BMC_PASSWORD"}}
         return {

@@ -30,6 +30,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--stream", default="PG_EVENTS")
     p.add_argument("--agents-bucket", default="pg_agents")
     p.add_argument("--node", default=os.environ.get("POWERGUARD_NODE"))
+    p.add_argument("--nodes", help="n1,n2: ranks are spread over these nodes in order (simulated multi-node)")
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--samples", type=int, default=256)
     p.add_argument("--batch", type=int, default=4)
@@ -42,10 +43,19 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def rank_node(args: argparse.Namespace) -> str | None:
+    """This rank's node: from ``--nodes`` in rank order (simulated multi-node), else ``--node``."""
+    if not args.nodes:
+        return args.node
+    nodes = args.nodes.split(",")
+    return nodes[int(os.environ.get("RANK", 0)) * len(nodes) // int(os.environ.get("WORLD_SIZE", 1))]
+
+
 def main(argv: list[str] | None = None) -> int:
     from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
 
     from powerguard.ckpt_agent.hf import PowerGuardCallback, latest_checkpoint
+    from powerguard.sim.train import ordered_allreduce
 
     args = parse(argv)
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s rank{os.environ.get('RANK', 0)} %(message)s")
@@ -62,6 +72,15 @@ def main(argv: list[str] | None = None) -> int:
             return {"input_ids": self.ids[i], "labels": self.ids[i]}
 
     class Pace(TrainerCallback):  # the job's own pacing and progress file (what the tests watch)
+        def on_train_begin(self, _args, _state, control, **_kw):
+            # gradients summed in rank order (powerguard.sim.train.ordered_allreduce): with more
+            # than two ranks a ring all-reduce adds in an order that depends on DDP's bucket layout,
+            # which a restart rebuilds at another step; without it a resume matches only to ~1e-7
+            wrapped = trainer.model_wrapped
+            if isinstance(wrapped, torch.nn.parallel.DistributedDataParallel):
+                wrapped.register_comm_hook(None, ordered_allreduce)
+            return control
+
         def on_step_end(self, _args, state, control, **_kw):
             if args.progress:
                 with open(args.progress, "a") as f:
@@ -94,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
         job=args.job,
         nats_url=args.nats_url,
         names=BusNames(prefix=args.prefix, stream=args.stream, agents=args.agents_bucket),
-        node=args.node,
+        node=rank_node(args),
         hold_policy=args.hold_policy,
         **({"agree_every_s": args.agree_every_s} if args.agree_every_s is not None else {}),
     )

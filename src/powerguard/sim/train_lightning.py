@@ -33,6 +33,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--stream", default="PG_EVENTS")
     p.add_argument("--agents-bucket", default="pg_agents")
     p.add_argument("--node", default=os.environ.get("POWERGUARD_NODE"))
+    p.add_argument("--nodes", help="n1,n2: ranks are spread over these nodes in order (simulated multi-node)")
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--samples", type=int, default=512)
     p.add_argument("--batch", type=int, default=16)
@@ -44,8 +45,19 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def rank_node(args: argparse.Namespace) -> str | None:
+    """This rank's node: from ``--nodes`` in rank order (simulated multi-node), else ``--node``."""
+    if not args.nodes:
+        return args.node
+    nodes = args.nodes.split(",")
+    return nodes[int(os.environ.get("RANK", 0)) * len(nodes) // int(os.environ.get("WORLD_SIZE", 1))]
+
+
 def main(argv: list[str] | None = None) -> int:
     import pytorch_lightning as pl
+    from pytorch_lightning.strategies import DDPStrategy
+
+    from powerguard.sim.train import ordered_allreduce
 
     args = parse(argv)
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s rank{os.environ.get('RANK', 0)} %(message)s")
@@ -65,6 +77,14 @@ def main(argv: list[str] | None = None) -> int:
             return {"optimizer": opt, "lr_scheduler": torch.optim.lr_scheduler.StepLR(opt, step_size=25, gamma=0.5)}
 
     class Pace(pl.Callback):  # the job's own pacing and progress file (what the tests watch)
+        def on_train_start(self, trainer, _module):
+            # gradients summed in rank order (powerguard.sim.train.ordered_allreduce): with more
+            # than two ranks a ring all-reduce adds in an order that depends on DDP's bucket layout,
+            # which a restart rebuilds at another step; without it a resume matches only to ~1e-7.
+            # (Lightning's own ddp_comm_hook option registers hooks on CUDA only.)
+            if isinstance(trainer.strategy.model, torch.nn.parallel.DistributedDataParallel):
+                trainer.strategy.model.register_comm_hook(None, ordered_allreduce)
+
         def on_train_batch_end(self, trainer, _module, _out, _batch, _idx):
             if args.progress:
                 with open(args.progress, "a") as f:
@@ -88,14 +108,15 @@ def main(argv: list[str] | None = None) -> int:
         dirpath=args.local_dir,
         nats_url=args.nats_url,
         names=BusNames(prefix=args.prefix, stream=args.stream, agents=args.agents_bucket),
-        node=args.node,
+        node=rank_node(args),
         hold_policy=args.hold_policy,
         **({"agree_every_s": args.agree_every_s} if args.agree_every_s is not None else {}),
     )
+    strategy = DDPStrategy(process_group_backend="gloo") if world > 1 else "auto"
     trainer = pl.Trainer(
         accelerator="cpu",
         devices=world,
-        strategy="ddp" if world > 1 else "auto",
+        strategy=strategy,
         max_steps=args.steps,
         use_distributed_sampler=False,  # the loader above is already per rank
         callbacks=[guard, Pace()],

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from powerguard.schemas import CheckpointFailed
+from powerguard.schemas import CheckpointFailed, JobResumed
 
 from .frameworks import checkpoint_then_kill
 from .runner import Trainer, run
@@ -33,7 +33,14 @@ async def test_lightning_request_acks_one_step_and_the_restart_resumes_bit_exact
     commit = json.loads((directory / "COMMIT").read_text())
     assert commit["framework"] == "lightning" and commit["world_size"] == 2 and commit["saga_id"] == "saga-t"
     assert (directory / "checkpoint.ckpt").is_file()
-    t2 = await run(b_dir, "jlight", out=tmp_path / "b.pt", **opts)
+    resumed = bus.subscribe(JobResumed, deliver="new")
+    await resumed.start()
+    try:
+        t2 = await run(b_dir, "jlight", out=tmp_path / "b.pt", nats_url=nats_server.url, names=bus.names, **opts)
+        (announced,) = await answers(resumed, 1)
+    finally:
+        await resumed.aclose()
+    assert announced.data.step == step and announced.data.saga_id == "saga-t"  # names what it restored
     assert f"step-{step}/checkpoint.ckpt" in t2.output()  # Lightning restored from it
     assert "RNG state restored" in t2.output()
     assert equal_params(reference, tmp_path / "b.pt"), "the resumed run must end with the uninterrupted run's weights"

@@ -175,6 +175,21 @@ class _FrameworkMixin:
         )
         self._due = Due(step, list(requests.values()), max(0.0, t_agree - first_seen), span)
 
+    def restored_from(self, directory: str | os.PathLike | None, step: int) -> None:
+        """The framework resumed from ``directory`` at ``step`` (None: it started afresh): the
+        ``job.resumed`` announcement after the first step names the step and the saga whose
+        checkpoint it was."""
+        if directory is None:
+            return
+        self._restored = (step, "local")
+        self.last_committed_step = step
+        if self.rank == 0:
+            fs, _ = L.fs_for(os.fspath(directory))
+            try:
+                self._restored_saga = L.read_commit(fs, os.fspath(directory)).get("saga_id")
+            except CheckpointError:
+                self._restored_saga = None
+
     def commit_saved(self, directory: str | os.PathLike, step: int) -> bool:
         """Every rank, after the framework wrote a checkpoint of its own schedule (no request):
         commit it the same way, so a resume may pick it. Returns whether it is committed; a

@@ -87,6 +87,10 @@ class PowerGuardCallback(TrainerCallback):
                 job=self.job, model=model, local_dir=args.output_dir, framework="hf", **self._options
             )
 
+        if state.global_step and self.agent is not None:  # resumed: job.resumed names the step and saga
+            directory = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
+            self.agent.restored_from(directory if os.path.isdir(directory) else None, state.global_step)
+
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
         if self.agent is None:
             return control

@@ -176,6 +176,10 @@ class _Callback:
             job=self.job, model=pl_module, local_dir=self.dirpath, framework="lightning", **self._options
         )
 
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        if self.agent is not None and trainer.ckpt_path:  # restored: job.resumed names the step and saga
+            self.agent.restored_from(os.path.dirname(os.fspath(trainer.ckpt_path)), trainer.global_step)
+
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         step = trainer.global_step
         if self.agent is None or step == self._last_step:  # gradient accumulation: optimizer steps only
