@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
         hold_policy=args.hold_policy,
         **({"agree_every_s": args.agree_every_s} if args.agree_every_s is not None else {}),
     )
-    trainer = Trainer(model=model, args=training, train_dataset=Tokens(), callbacks=[guard, Pace()])
+    trainer = Trainer(model=model, args=training, train_dataset=Tokens(), callbacks=[Pace(), guard])
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a scheduler's stop: exit cleanly
     trainer.train(resume_from_checkpoint=latest_checkpoint(args.local_dir))
     if args.out and trainer.is_world_process_zero():

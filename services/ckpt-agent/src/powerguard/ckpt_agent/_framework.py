@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -36,6 +37,8 @@ class Due:
     requests: list[CheckpointRequestData]
     agree_s: float
     span: Any
+    watchdog: threading.Timer | None = None
+    finished: bool = False
 
     @property
     def pause(self) -> bool:
@@ -173,7 +176,27 @@ class _FrameworkMixin:
                 "powerguard.saga_id": next(iter(requests.values())).saga_id,
             },
         )
-        self._due = Due(step, list(requests.values()), max(0.0, t_agree - first_seen), span)
+        due = Due(step, list(requests.values()), max(0.0, t_agree - first_seen), span)
+        left = due.deadline_ts - time.time() if due.deadline_ts is not None else None
+        if left is not None and left > 0:  # (a deadline already past means "now": no watchdog)
+            due.watchdog = threading.Timer(left, self._overdue, args=(due,))
+            due.watchdog.daemon = True
+            due.watchdog.start()
+        self._due = due
+
+    def _overdue(self, due: Due) -> None:
+        """The deadline passed while the framework still writes: answer ``ckpt.failed`` now (the
+        coordinator must not wait on a save that may never end); the one answer per request is
+        this one, even if the checkpoint commits later (a resume may still use it)."""
+        if due.finished:
+            return
+        self._answer_failed(
+            due.requests,
+            CheckpointError(
+                f"rank {self.rank}: the {self.framework} checkpoint of step {due.step} was not durable by the "
+                "request's deadline (the framework is still writing it)"
+            ),
+        )
 
     def restored_from(self, directory: str | os.PathLike | None, step: int) -> None:
         """The framework resumed from ``directory`` at ``step`` (None: it started afresh): the
@@ -240,6 +263,9 @@ class _FrameworkMixin:
         due, self._due = self._due, None
         if due is None:
             return None
+        due.finished = True
+        if due.watchdog is not None:
+            due.watchdog.cancel()
         directory = os.path.abspath(os.fspath(directory))
         t0 = time.perf_counter()
         saved = None

@@ -322,8 +322,9 @@ class CheckpointAgent(_StateMixin, _AckMixin, _RestoreMixin, _NodeTierMixin, _Fr
     def _agree(self, step: int) -> None:
         """The agreement at this boundary (see :meth:`step`)."""
         self.stats["agreements"] = self.stats.get("agreements", 0) + 1
-        if not self.distributed:
-            self._act(step, self._flags(), self._bus.pending() if self._bus is not None else None)
+        if not self.distributed:  # one rank: what it sees is what all agree on
+            pending = self._bus.pending() if self._bus is not None else None
+            self._act(step, self._flags(pending), pending)
             return
         if not self._pipelined:  # agree and act at this very boundary (benchmarks compare the two)
             pending = self._bus.pending() if self._bus is not None else None
@@ -671,6 +672,8 @@ class CheckpointAgent(_StateMixin, _AckMixin, _RestoreMixin, _NodeTierMixin, _Fr
     # ------------------------------------------------------------------ shutdown
     def close(self) -> None:
         """Finish a periodic save in flight, stop the remote copier, deregister."""
+        if self._due is not None and self._due.watchdog is not None:  # a framework save never finished
+            self._due.watchdog.cancel()
         log.info(
             "rank %d: %d step agreements over %d step boundaries",
             self.rank,
