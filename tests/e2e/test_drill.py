@@ -123,3 +123,20 @@ def test_race_finishes_the_shutdown_then_restores(tmp_path):
     assert report["nodes_powered_off"] == 2 and report["nodes_on_at_end"] == 2
     assert report["training_resumed_s"] is not None and report["bit_exact"] is True
     assert names(spans)["resume demo-train"] == 1
+
+
+@pytest.mark.parametrize("framework", ["lightning", "hf"])
+def test_a_framework_job_checkpoints_through_its_callback_and_resumes_bit_exact(tmp_path, framework):
+    """`powerguard demo --framework ...`: the 4 ranks train with PyTorch Lightning or the Hugging
+    Face Trainer; the power checkpoints are the framework's own, committed and acked."""
+    report, spans, r = drill(tmp_path, "--framework", framework)
+    assert r.returncode == 0, r.stdout[-3000:]
+    assert report["framework"] == framework and report["local_scope"] == "shared"
+    assert report["rpo_steps"] == 0 and report["bit_exact"] is True
+    assert report["saga_states"][-4:] == ["down", "restoring", "resumed", "done"]
+    work = report["work"]
+    assert report["restored_step"] == report["final_checkpoint_step"] == work["stop_step"]
+    assert work["lost_steps"] == 0 and work["steps_kept"] == work["steps_trained_since_detection"] > 20
+    ckpt = [s for s in spans if s["name"] == "checkpoint demo-train" and s["service"] == "powerguard-ckpt-agent"]
+    assert len(ckpt) == 8  # one per rank, the power checkpoint and the final one
+    assert names(spans)["resume demo-train"] == 1
