@@ -295,6 +295,21 @@ def main() -> None:
                 "`bench/step_boundary.py`",
             )
         )
+    if fc := load("framework_callbacks"):
+        cells = "; ".join(
+            f"{'Lightning' if r['framework'] == 'lightning' else 'HF Trainer'}: {r['hook_p50_us']:.1f} / "
+            f"{r['hook_mean_us']:.0f} µs (step p50 {r['step_p50_ms']:.2f} ms with, "
+            f"{r['step_p50_ms_without_callback']:.2f} ms without)"
+            for r in fc["runs"]
+        )
+        rows.append(
+            (
+                f"framework callback's hook per step, nothing due, {fc['ranks']} ranks: p50 / mean",
+                "≤ 50 µs",
+                f"{cells} ({fc['cores']} cores; p99 in `bench/results/framework_callbacks.json`)",
+                "`bench/framework_callbacks.py`",
+            )
+        )
     if rp := load("ramp"):
         rows.append(
             (
