@@ -21,6 +21,25 @@ from typing import Any
 
 REF = "$parts"
 TYPE = "$type"
+LIT = "$lit"  # wraps a dict of the record that looks like a reference (or like such a wrapper)
+
+
+def _lookalike(d: dict) -> bool:
+    """A dict of the record that :func:`join` would take for a reference or a wrapper."""
+    return 0 < len(d) <= 2 and (d.keys() == {REF, TYPE} or d.keys() == {LIT})  # what join() takes apart
+
+
+def _escaped(value: Any) -> Any:
+    """``value`` with every lookalike dict wrapped in ``{LIT: ...}`` (the same object when none)."""
+    if isinstance(value, dict):
+        items = {k: _escaped(v) for k, v in value.items()}
+        same = all(items[k] is v for k, v in value.items())
+        out = value if same else items
+        return {LIT: out} if _lookalike(value) else out
+    if isinstance(value, list):
+        items = [_escaped(v) for v in value]
+        return value if all(a is b for a, b in zip(items, value, strict=True)) else items
+    return value
 
 
 @dataclass(frozen=True)
@@ -83,7 +102,7 @@ def split(
     of one record) holds the chunks of its large flat containers: a chunk whose items did not
     change is not serialized again, so a batch of acks costs what it added, not the record."""
     if (size if size is not None else len(_dumps(data))) <= limits.inline_bytes:
-        return data, {}
+        return _escaped(data), {}
     parts: dict[str, bytes] = {}
     memo = memo if memo is not None else SplitMemo()
 
@@ -156,6 +175,13 @@ def split(
     def shrink(value: Any, path: str) -> tuple[Any, str]:
         """(value with large containers replaced, its JSON text); a container equal to the one
         at the same path last time (a node's plan that did not change) is not walked again."""
+        if isinstance(value, dict) and _lookalike(value):  # wrapped, never cut (two items at most)
+            items = [
+                (k, *(shrink(v, f"{path}/{k}") if isinstance(v, dict | list) else (v, _dumps(v))))
+                for k, v in value.items()
+            ]
+            body = ",".join(f"{encode_basestring_ascii(k)}:{t}" for k, _, t in items)
+            return {LIT: {k: small for k, small, _ in items}}, f'{{"{LIT}":{{{body}}}}}'
         same = memo.inline.get(path)
         if same is not None and same[0] == value:
             return same
@@ -202,7 +228,9 @@ def references(value: Any) -> list[str]:
     """Every part key a head (or a part) refers to directly."""
     out: list[str] = []
     if isinstance(value, dict):
-        if REF in value:
+        if value.keys() == {LIT}:
+            return references(value[LIT])
+        if value.keys() == {REF, TYPE}:
             return list(value[REF])
         for v in value.values():
             out += references(v)
@@ -215,20 +243,31 @@ def references(value: Any) -> list[str]:
 def join(head: dict[str, Any], parts: Mapping[str, bytes]) -> dict[str, Any]:
     """The record's JSON form back from its head and parts; raises :class:`MissingPart`."""
 
-    def fill(value: Any) -> Any:
+    def resolve(ref: dict[str, Any]) -> Any:
+        """A reference's container, its chunks merged (their values not filled yet)."""
+        chunks = []
+        for key in ref[REF]:
+            if key not in parts:
+                raise MissingPart(key)
+            chunks.append(json.loads(parts[key]))
+        if ref.get(TYPE) == "list":
+            return [v for c in chunks for v in c]
+        return {k: v for c in chunks for k, v in c.items()}
+
+    def children(value: Any) -> Any:
+        """A container of the record as it is (never taken for a reference), its children filled."""
         if isinstance(value, dict):
-            if REF in value:
-                chunks = []
-                for key in value[REF]:
-                    if key not in parts:
-                        raise MissingPart(key)
-                    chunks.append(json.loads(parts[key]))
-                if value.get(TYPE) == "list":
-                    return [fill(v) for c in chunks for v in c]
-                return {k: fill(v) for c in chunks for k, v in c.items()}
             return {k: fill(v) for k, v in value.items()}
         if isinstance(value, list):
             return [fill(v) for v in value]
         return value
+
+    def fill(value: Any) -> Any:
+        if isinstance(value, dict):
+            if value.keys() == {LIT}:  # a dict of the record that looked like a reference: as it is
+                return children(value[LIT])
+            if value.keys() == {REF, TYPE}:
+                return children(resolve(value))
+        return children(value)
 
     return fill(head)
