@@ -13,6 +13,7 @@ import asyncio
 import json
 import os
 import shutil
+import signal
 import tempfile
 import time
 from pathlib import Path
@@ -48,6 +49,8 @@ async def run_demo(
     steps: int = 300,
     hold_policy: str = "checkpoint-at-stop",
     framework: str = "",
+    console_port: int | None = 0,
+    keep_console: bool = False,
     json_out: Path | None = None,
     workdir: Path | None = None,
     keep: bool = False,
@@ -75,16 +78,29 @@ async def run_demo(
     reference = await asyncio.to_thread(site.reference_run)
     console.print(f"[dim]reference run done in {time.monotonic() - t:.1f}s[/dim]")
     bus: Bus | None = None
+    stop_console = None
     try:
         await site.start()
         assert site.nats is not None
         console.print(f"[dim]nats {site.nats.url}, site file {site.site_file}, OTLP receiver {site.otlp_url}[/dim]")
         bus = await Bus.connect(site.nats.url, service="demo", names=BusNames())
+        if console_port is not None:
+            from powerguard.schemas import load_site
+
+            from .console import start_console
+
+            stop_console, page = await start_console(
+                url=site.nats.url, site=load_site(site.site_file), port=console_port
+            )
+            console.print(f"[bold]operator console: {page}[/bold]")
 
         def notify(at: float, phase: str, text: str) -> None:
             console.print(f"[{COLORS.get(phase, 'white')}]{at:7.2f}s  {phase:<10}  {text}[/]")
 
         report = await run_drill(site, scenario, notify=notify, bus=bus)
+        if stop_console is not None and keep_console:
+            console.print(f"[bold]the drill is over; the console stays open at {page} (Ctrl-C ends it)[/bold]")
+            await _until_interrupted()
         report["bit_exact"] = _bit_exact(site.final, reference)
         report["seed"] = seed
         report["framework"] = framework or "torch"
@@ -117,11 +133,25 @@ async def run_demo(
         _summary(console, report)
         return report
     finally:
+        if stop_console is not None:
+            await stop_console()
         if bus is not None:
             await bus.close()
         await site.stop()
         if own_dir and not keep:
             shutil.rmtree(work, ignore_errors=True)
+
+
+async def _until_interrupted() -> None:
+    done = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, done.set)
+    try:
+        await done.wait()
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
 
 
 def _outage_trace(site, report: dict) -> tuple[str | None, list]:

@@ -252,6 +252,10 @@ def demo(
         help="Train the job with PyTorch Lightning (lightning) or the Hugging Face Trainer (hf) and PowerGuard's "
         "callback, instead of a plain PyTorch loop (needs powerguard-ckpt-agent[lightning] or [hf])",
     ),
+    keep_console: bool = typer.Option(
+        False, "--console", help="Keep the operator console open after the drill (until Ctrl-C)"
+    ),
+    console_port: int = typer.Option(0, "--console-port", help="The operator console's port (0: a free one)"),
     json_out: Path = typer.Option(None, "--json", help="Write the report here; trace and timeline go next to it"),
     workdir: Path = typer.Option(None, "--workdir", help="Keep the site's files (logs, checkpoints) here"),
 ) -> None:
@@ -279,6 +283,8 @@ def demo(
                 steps=steps,
                 hold_policy=hold_policy,
                 framework=framework,
+                console_port=console_port,
+                keep_console=keep_console,
                 json_out=json_out,
                 workdir=workdir,
                 keep=workdir is not None,
@@ -296,6 +302,54 @@ def demo(
     if not ok:
         err.print("[red]the drill did not meet its checks[/red] (see the table above)")
         raise typer.Exit(1)
+
+
+@app.command()
+def console(
+    config: Path = typer.Option(None, "--config", "-c", help="Site YAML: NATS names, UPS list, shutdown reserve"),
+    url: str = typer.Option(None, "--url", "-s", help="NATS URL (default: the site file's nats.url, else NATS_URL)"),
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to bind (default loopback only)"),
+    port: int = typer.Option(8080, "--port", help="Port (0: pick a free one)"),
+    creds: Path = typer.Option(None, "--creds", help="NATS credential (the observer's; default NATS_CREDS)"),
+    token_file: Path = typer.Option(
+        None, "--token-file", help="Require this token: 'Authorization: Bearer' or basic auth with it as password"
+    ),
+    tls_cert: Path = typer.Option(None, "--tls-cert", help="Serve HTTPS with this certificate (PEM)"),
+    tls_key: Path = typer.Option(None, "--tls-key", help="... and this key"),
+    trace_url: str = typer.Option(
+        None, "--trace-url", help="Link trace ids, e.g. http://jaeger:16686/trace/{trace_id}"
+    ),
+) -> None:
+    """Serve the operator console: a read-only live web page of the site (UPSes, nodes, jobs, the open
+    outage with acks and its deadline, past outages). Publishes nothing on the bus."""
+    from .console import run_console
+
+    if host not in ("127.0.0.1", "::1", "localhost") and token_file is None and tls_cert is None:
+        err.print(
+            f"[yellow]warning:[/yellow] serving on {host} without --token-file or TLS: "
+            "anyone who reaches it sees the site"
+        )
+    token = token_file.read_text().strip() if token_file else None
+    if token_file is not None and not token:
+        err.print(f"[red]error:[/red] {token_file} is empty")
+        raise typer.Exit(2)
+    try:
+        asyncio.run(
+            run_console(
+                config,
+                url or (None if config else DEFAULT_URL),
+                host=host,
+                port=port,
+                token=token,
+                tls_cert=str(tls_cert) if tls_cert else None,
+                tls_key=str(tls_key) if tls_key else None,
+                trace_url=trace_url,
+                creds=str(creds) if creds else None,
+            )
+        )
+    except (BusError, PowerGuardError, OSError) as exc:
+        err.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(1) from None
 
 
 @app.command()

@@ -1,0 +1,71 @@
+"""``powerguard console``: serve the operator console until SIGINT/SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from pathlib import Path
+
+from powerguard.bus import Bus, BusNames
+from powerguard.bus.env import auth_options
+from powerguard.schemas import SiteConfig, load_site
+
+log = logging.getLogger("powerguard.console")
+
+
+async def start_console(
+    *,
+    url: str,
+    site: SiteConfig | None,
+    host: str = "127.0.0.1",
+    port: int = 8080,
+    token: str | None = None,
+    tls_cert: str | None = None,
+    tls_key: str | None = None,
+    trace_url: str | None = None,
+    creds: str | None = None,
+):
+    """Connect (read-only), start the feed and the web server; returns (stop coroutine fn, URL)."""
+    from powerguard.console import ConsoleState, Feed, make_app, serve
+
+    reserve = budget = None
+    if site is not None:
+        from powerguard.coordinator.policy import Policy
+
+        policy = site.settings("coordinator", Policy)
+        reserve, budget = policy.shutdown_reserve_s, policy.ckpt_timeout_s
+    auth = auth_options(site.nats if site is not None else None)
+    if creds:
+        auth["creds_file"] = creds
+    names = BusNames.from_settings(site.nats) if site is not None else BusNames()
+    bus = await Bus.connect(url, service="console", names=names, setup=False, **auth)
+    state = ConsoleState(reserve_s=reserve, budget_s=budget, trace_url=trace_url)
+    feed = Feed(bus, state, site=site)
+    await feed.start()
+    runner, page = await serve(
+        make_app(state, feed, token=token), host=host, port=port, tls_cert=tls_cert, tls_key=tls_key
+    )
+
+    async def stop() -> None:
+        await runner.cleanup()
+        await feed.stop()
+        await bus.close()
+
+    return stop, page
+
+
+async def run_console(config: Path | None, url: str | None, **options) -> None:
+    site = load_site(config) if config else None
+    stop, page = await start_console(
+        url=url or (site.nats.url if site else "nats://127.0.0.1:4222"), site=site, **options
+    )
+    print(f"PowerGuard console: {page}", flush=True)
+    done = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, done.set)
+    try:
+        await done.wait()
+    finally:
+        await stop()

@@ -1,0 +1,108 @@
+"""The operator console in a real browser (Debian's headless Chromium, driven by Playwright)
+during a simulated-site outage drill (`powerguard demo --console`): the page shows the UPS on
+battery, the acks going from 0 to all, the deadline countdown, the nodes going off and on, and
+the saga done; screenshots go to the test's directory; the browser logs no JavaScript error."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+SHOTS = Path(os.environ.get("POWERGUARD_CONSOLE_SHOTS", "")) if os.environ.get("POWERGUARD_CONSOLE_SHOTS") else None
+
+
+def _start_demo(tmp_path: Path) -> tuple[subprocess.Popen, str]:
+    log = open(tmp_path / "demo.log", "w")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "powerguard.cli", "demo", "--console", "--json", str(tmp_path / "report.json")],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+        env={**os.environ, "COLUMNS": "200"},
+    )
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        m = re.search(r"operator console: (http://127\.0\.0\.1:\d+/)", (tmp_path / "demo.log").read_text())
+        if m:
+            return proc, m.group(1)
+        assert proc.poll() is None, (tmp_path / "demo.log").read_text()[-3000:]
+        time.sleep(0.5)
+    raise AssertionError("the demo never printed the console URL")
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium")
+def test_console_shows_an_outage_from_on_battery_to_done_in_a_real_browser(tmp_path):
+    from playwright.sync_api import sync_playwright
+
+    shots = SHOTS or tmp_path
+    shots.mkdir(parents=True, exist_ok=True)
+    proc, url = _start_demo(tmp_path)
+    errors: list[str] = []
+    seen: dict[str, object] = {"acks": set(), "node_states": set(), "countdowns": set(), "saga_states": set()}
+    try:
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+            page = browser.new_page(viewport={"width": 1280, "height": 1400})
+            page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+            page.on("pageerror", lambda e: errors.append(str(e)))
+            page.goto(url)
+            page.wait_for_selector("#conn.ok", timeout=30_000)
+            page.screenshot(path=str(shots / "console-1-idle.png"), full_page=True)
+            page.wait_for_selector('#ups [data-state="on_battery"]', timeout=240_000)  # the outage began
+            page.screenshot(path=str(shots / "console-2-on-battery.png"), full_page=True)
+            deadline = time.monotonic() + 240
+            shot_acks = shot_off = False
+            while time.monotonic() < deadline:
+                state = page.evaluate(
+                    """() => ({
+                        acks: document.getElementById('acks')?.textContent || null,
+                        countdown: document.getElementById('countdown')?.textContent || null,
+                        saga: document.getElementById('saga-state')?.textContent || null,
+                        nodes: [...document.querySelectorAll('#nodes .node-state')].map(e => e.dataset.state),
+                        past: [...document.querySelectorAll('#past .past-state')].map(e => e.textContent),
+                    })"""
+                )
+                if state["acks"]:
+                    seen["acks"].add(state["acks"])
+                if state["countdown"] and state["countdown"] != "–":
+                    seen["countdowns"].add(state["countdown"])
+                if state["saga"]:
+                    seen["saga_states"].add(state["saga"])
+                seen["node_states"].update(state["nodes"])
+                if not shot_acks and state["acks"] and state["acks"].split("/")[0] == state["acks"].split("/")[1]:
+                    page.screenshot(path=str(shots / "console-3-acked.png"), full_page=True)
+                    shot_acks = True
+                if not shot_off and "off" in state["nodes"]:
+                    page.screenshot(path=str(shots / "console-4-nodes-off.png"), full_page=True)
+                    shot_off = True
+                if "done" in state["past"] and not state["saga"]:
+                    break
+                time.sleep(0.2)
+            page.screenshot(path=str(shots / "console-5-done.png"), full_page=True)
+            browser.close()
+    finally:
+        proc.send_signal(signal.SIGINT)  # ends --console; the demo writes its report and exits
+        try:
+            proc.wait(120)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+    acks = seen["acks"]
+    assert any(a.startswith("0/") for a in acks), acks  # the acks went from 0 ...
+    assert any(a.split("/")[0] == a.split("/")[1] != "0" for a in acks), acks  # ... to all
+    assert len(seen["countdowns"]) >= 2, seen["countdowns"]  # the deadline counted down
+    assert {"off", "on"} <= seen["node_states"] or {"off", "ready"} <= seen["node_states"], seen["node_states"]
+    assert {"checkpointing", "down"} <= seen["saga_states"], seen["saga_states"]
+    assert not errors, errors
+    for name in ("console-2-on-battery.png", "console-3-acked.png", "console-4-nodes-off.png", "console-5-done.png"):
+        assert (shots / name).stat().st_size > 10_000
