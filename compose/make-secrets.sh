@@ -4,6 +4,7 @@
 #                       one .creds per service, one per training job: JOBS="demo-train other-job")
 #   secrets/tls/        a CA and the NATS server certificate (make-certs.sh)
 #   bmc_*, pdu_community, snmp_community: placeholders for the site's device credentials (edit those)
+#   console_token: the operator console's password (basic auth, any user name)
 # Needs the `powerguard` command (POWERGUARD=/path/to/.venv/bin/powerguard) and ./site.yaml.
 set -eu
 cd "$(dirname "$0")"
@@ -23,11 +24,13 @@ done
 [ -f secrets/bmc_password ] || printf '%s' "$(pw)" > secrets/bmc_password
 [ -f secrets/pdu_community ] || printf 'private' > secrets/pdu_community
 [ -f secrets/snmp_community ] || printf 'public' > secrets/snmp_community
-chmod 600 secrets/bmc_* secrets/pdu_community secrets/snmp_community
+[ -f secrets/console_token ] || printf '%s' "$(pw)" > secrets/console_token   # the operator console's password
+chmod 600 secrets/bmc_* secrets/pdu_community secrets/snmp_community secrets/console_token
 # compose (v1) mounts file secrets with their host owner and mode: the services' user (uid 10001)
 # reads its credential, the broker (uid 10002) its certificate and resolver.conf
 if [ "$(id -u)" = 0 ]; then
-  chown 10001 secrets/nats/*.creds secrets/bmc_* secrets/pdu_community secrets/snmp_community secrets/tls/ca.pem
+  chown 10001 secrets/nats/*.creds secrets/bmc_* secrets/pdu_community secrets/snmp_community secrets/tls/ca.pem \
+    secrets/console_token
   chown 10002 secrets/nats/resolver.conf secrets/tls/server-*.pem
   chmod 755 secrets secrets/nats secrets/tls
 fi
