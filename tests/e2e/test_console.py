@@ -91,6 +91,9 @@ def test_console_shows_an_outage_from_on_battery_to_done_in_a_real_browser(tmp_p
                     break
                 time.sleep(0.2)
             page.screenshot(path=str(shots / "console-5-done.png"), full_page=True)
+            link = page.get_attribute("#past tbody tr:first-child a[href$='timeline.svg']", "href")
+            svg = page.request.get(url + link)  # the past outage's phase timeline picture
+            seen["svg"] = svg.status == 200 and "<svg" in svg.text() and "shutting_down" in svg.text()
             browser.close()
     finally:
         proc.send_signal(signal.SIGINT)  # ends --console; the demo writes its report and exits
@@ -104,6 +107,7 @@ def test_console_shows_an_outage_from_on_battery_to_done_in_a_real_browser(tmp_p
     assert len(seen["countdowns"]) >= 2, seen["countdowns"]  # the deadline counted down
     assert {"off", "on"} <= seen["node_states"] or {"off", "ready"} <= seen["node_states"], seen["node_states"]
     assert {"checkpointing", "down"} <= seen["saga_states"], seen["saga_states"]
+    assert seen.get("svg") is True
     assert not errors, errors
     for name in ("console-2-on-battery.png", "console-3-acked.png", "console-4-nodes-off.png", "console-5-done.png"):
         assert (shots / name).stat().st_size > 10_000
