@@ -88,7 +88,7 @@ def test_alert_rules_check_and_unit_tests():
 
 def _exported_metrics() -> set[str]:
     names = set()
-    for path in ROOT.glob("*/**/metrics.py"):
+    for path in [*ROOT.glob("*/**/metrics.py"), ROOT / "bus" / "src" / "powerguard" / "bus" / "health.py"]:
         for kind, name in re.findall(r"(Gauge|Counter|Histogram)\(\s*\"(\w+)\"", path.read_text()):
             counter = kind == "Counter" and not name.endswith("_total")
             names.add(name + ("_total" if counter else ""))
@@ -105,3 +105,22 @@ def test_rules_and_dashboard_use_only_metrics_the_services_export():
         for target in panel["targets"]:
             used |= set(re.findall(r"\b(powerguard_\w+)", target["expr"]))
     assert used and used <= exported, sorted(used - exported)
+
+
+def test_every_alert_has_a_severity_and_a_runbook_section():
+    rules = yaml.safe_load((COMPOSE / "prometheus" / "alerts.yml").read_text())
+    sections = set(re.findall(r"^## (\w+)$", (ROOT / "docs" / "runbooks.md").read_text(), re.M))
+    for group in rules["groups"]:
+        for rule in group["rules"]:
+            name = rule["alert"]
+            assert rule["labels"]["severity"] in ("critical", "warning", "info"), name
+            assert rule["annotations"]["runbook_url"] == f"docs/runbooks.md#{name.lower()}", name
+            assert name in sections, f"docs/runbooks.md has no section for {name}"
+
+
+def test_alertmanager_config_checks():
+    amtool = require_binary("amtool", "prometheus-alertmanager")
+    check = subprocess.run(
+        [amtool, "check-config", str(COMPOSE / "alertmanager" / "alertmanager.yml")], capture_output=True, text=True
+    )
+    assert check.returncode == 0, check.stdout + check.stderr

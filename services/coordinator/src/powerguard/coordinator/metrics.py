@@ -2,6 +2,11 @@ from prometheus_client import Counter, Gauge, Histogram
 
 LEADER = Gauge("powerguard_coordinator_leader", "1 while this replica holds the lease")
 OPEN_SAGAS = Gauge("powerguard_sagas_open", "Sagas not yet terminal")
+SHUTTING_DOWN = Gauge(
+    "powerguard_sagas_shutting_down",
+    "Open sagas shutting nodes down on purpose or holding them down (alert inhibition: nodes off is expected)",
+    ["site"],
+)
 TRANSITIONS = Counter("powerguard_saga_transitions_total", "Saga state changes", ["state"])
 COMMANDS = Counter("powerguard_saga_commands_total", "Commands issued", ["kind"])
 SQUATTED = Counter(

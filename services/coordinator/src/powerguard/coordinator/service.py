@@ -152,7 +152,7 @@ class Coordinator:
             rec = self.open[sid]
             log.info("resuming saga %s in state %s; re-sending %d command(s)", sid, rec.state, len(again))
             await self._publish(rec, again, resend=True)
-        metrics.OPEN_SAGAS.set(len(self.open))
+        self._gauges()
         durable = durable_names(self.site.site)["coordinator"]
         self._consumer = await self.bus.consume_batches(
             *INPUT_TYPES,
@@ -255,7 +255,12 @@ class Coordinator:
             await self._publish(rec, cmds, state_from=n_hist)
             if rec.terminal:
                 self.revisions.pop(sid, None)
+        self._gauges()
+
+    def _gauges(self) -> None:
         metrics.OPEN_SAGAS.set(len(self.open))
+        down = sum(r.state.value in ("shutting_down", "down", "restoring") for r in self.open.values())
+        metrics.SHUTTING_DOWN.labels(self.site.site).set(down)
 
     async def _publish(
         self, rec: SagaRecord, cmds: list[Command], state_from: int | None = None, *, resend: bool = False

@@ -1,0 +1,214 @@
+"""JetStream health as Prometheus metrics: what PowerGuard's own failures look like on the bus -
+a service's durable consumer falling behind (the coordinator not reading power events), messages
+redelivered, dead letters per service, the stream and its replicas, the KV buckets.
+
+``collect()`` reads it with the observer's permissions (stream and consumer info, no publish);
+``JetStreamHealth`` keeps gauges current on a timer; ``python -m powerguard.bus.health`` (or
+``powerguard jetstream-exporter``) serves them on ``/metrics`` for Prometheus.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+
+from prometheus_client import Gauge
+
+from .client import Bus
+from .roles import durable_names
+
+log = logging.getLogger("powerguard.bus.health")
+
+UP = Gauge("powerguard_jetstream_up", "1 when the last read of the stream and consumers succeeded")
+CONSUMER_PENDING = Gauge(
+    "powerguard_jetstream_consumer_pending", "Messages stored but not yet delivered to the durable", ["consumer"]
+)
+CONSUMER_ACK_PENDING = Gauge(
+    "powerguard_jetstream_consumer_ack_pending", "Messages delivered and not yet acknowledged", ["consumer"]
+)
+CONSUMER_REDELIVERED = Gauge(
+    "powerguard_jetstream_consumer_redelivered", "Messages delivered more than once, not yet acknowledged", ["consumer"]
+)
+CONSUMER_ACK_FLOOR_AGE = Gauge(
+    "powerguard_jetstream_consumer_ack_floor_age_seconds",
+    "Seconds since the durable's ack floor last moved (with messages pending: how long it has been stuck)",
+    ["consumer"],
+)
+CONSUMER_PRESENT = Gauge("powerguard_jetstream_consumer_present", "1 when the durable exists", ["consumer"])
+STREAM_MESSAGES = Gauge("powerguard_jetstream_stream_messages", "Messages in the events stream", ["stream"])
+STREAM_BYTES = Gauge("powerguard_jetstream_stream_bytes", "Bytes in the events stream", ["stream"])
+STREAM_REPLICAS = Gauge("powerguard_jetstream_stream_replicas", "Replicas the stream is configured with", ["stream"])
+STREAM_REPLICAS_CURRENT = Gauge(
+    "powerguard_jetstream_stream_replicas_current", "Replicas that are current (the leader included)", ["stream"]
+)
+STREAM_LEADER = Gauge("powerguard_jetstream_stream_has_leader", "1 when the stream has a leader", ["stream"])
+DEAD_LETTERS = Gauge(
+    "powerguard_jetstream_dead_letters", "Messages in the DLQ, per service that rejected them", ["service"]
+)
+KV_VALUES = Gauge("powerguard_jetstream_kv_values", "Values (with history) in a KV bucket", ["bucket"])
+KV_PRESENT = Gauge("powerguard_jetstream_kv_present", "1 when the KV bucket exists", ["bucket"])
+
+
+@dataclass
+class Snapshot:
+    """What one read found (also what the tests look at)."""
+
+    consumers: dict[str, dict[str, float]] = field(default_factory=dict)
+    stream: dict[str, float] = field(default_factory=dict)
+    dead_letters: dict[str, int] = field(default_factory=dict)
+    kv: dict[str, int | None] = field(default_factory=dict)
+
+
+async def collect(bus: Bus, site: str, *, now: float | None = None) -> Snapshot:
+    """Read the stream, the site's durables, the DLQ counts and the buckets."""
+    now = time.time() if now is None else now
+    snap = Snapshot()
+    stream = bus.names.stream
+    info = await bus.js.stream_info(stream, subjects_filter=bus.subjects.dlq("*"))
+    snap.stream = {
+        "messages": info.state.messages,
+        "bytes": info.state.bytes,
+        "replicas": info.config.num_replicas or 1,
+        "replicas_current": 1 + sum(1 for p in (info.cluster.replicas or []) if p.current) if info.cluster else 1,
+        "has_leader": 1 if (info.cluster is None or info.cluster.leader) else 0,
+    }
+    for subject, count in (info.state.subjects or {}).items():
+        snap.dead_letters[subject.rsplit(".", 1)[-1]] = count
+    for durable in durable_names(site).values():
+        try:
+            c = await bus.js.consumer_info(stream, durable)
+        except Exception as exc:
+            log.warning("durable %s not read: %s", durable, exc)
+            snap.consumers[durable] = {"present": 0}
+            continue
+        floor = c.ack_floor.last_active if c.ack_floor is not None else None
+        since = floor or c.created  # the floor never moved: since the durable was made
+        age = max(0.0, now - since.timestamp()) if since is not None else 0.0
+        snap.consumers[durable] = {
+            "present": 1,
+            "pending": c.num_pending or 0,
+            "ack_pending": c.num_ack_pending or 0,
+            "redelivered": c.num_redelivered or 0,
+            "ack_floor_age_s": age,
+        }
+    for bucket in (bus.names.sagas, bus.names.agents, bus.names.leases, bus.names.ups, bus.names.power):
+        try:
+            kv = await bus.js.stream_info(f"KV_{bucket}")
+            snap.kv[bucket] = kv.state.messages
+        except Exception:
+            snap.kv[bucket] = None
+    return snap
+
+
+def publish(snap: Snapshot, stream: str) -> None:
+    """Set the gauges from a snapshot."""
+    for name, c in snap.consumers.items():
+        CONSUMER_PRESENT.labels(name).set(c["present"])
+        if c["present"]:
+            CONSUMER_PENDING.labels(name).set(c["pending"])
+            CONSUMER_ACK_PENDING.labels(name).set(c["ack_pending"])
+            CONSUMER_REDELIVERED.labels(name).set(c["redelivered"])
+            CONSUMER_ACK_FLOOR_AGE.labels(name).set(c["ack_floor_age_s"])
+    STREAM_MESSAGES.labels(stream).set(snap.stream["messages"])
+    STREAM_BYTES.labels(stream).set(snap.stream["bytes"])
+    STREAM_REPLICAS.labels(stream).set(snap.stream["replicas"])
+    STREAM_REPLICAS_CURRENT.labels(stream).set(snap.stream["replicas_current"])
+    STREAM_LEADER.labels(stream).set(snap.stream["has_leader"])
+    for service, count in snap.dead_letters.items():
+        DEAD_LETTERS.labels(service).set(count)
+    for bucket, values in snap.kv.items():
+        KV_PRESENT.labels(bucket).set(0 if values is None else 1)
+        if values is not None:
+            KV_VALUES.labels(bucket).set(values)
+
+
+class JetStreamHealth:
+    """Keeps the gauges current every ``every_s``; a failed read sets ``powerguard_jetstream_up`` 0."""
+
+    def __init__(self, bus: Bus, site: str, *, every_s: float = 5.0) -> None:
+        self.bus, self.site, self.every_s = bus, site, every_s
+        self._task: asyncio.Task | None = None
+
+    async def refresh(self) -> Snapshot | None:
+        try:
+            snap = await collect(self.bus, self.site)
+        except Exception as exc:
+            log.warning("JetStream health not read: %s", exc)
+            UP.set(0)
+            return None
+        publish(snap, self.bus.names.stream)
+        UP.set(1)
+        return snap
+
+    def start(self) -> None:
+        async def loop() -> None:
+            while True:
+                await self.refresh()
+                await asyncio.sleep(self.every_s)
+
+        self._task = asyncio.create_task(loop(), name="jetstream-health")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+
+
+async def _serve(args: argparse.Namespace) -> None:
+    import signal
+
+    from powerguard.schemas import load_site
+
+    from .env import auth_options
+    from .http import HealthServer
+    from .names import BusNames
+
+    site = load_site(args.config)
+    bus = await Bus.connect(
+        args.nats_url or site.nats.url,
+        service="jetstream-exporter",
+        names=BusNames.from_settings(site.nats),
+        setup=False,
+        **auth_options(site.nats),
+    )
+    health = JetStreamHealth(bus, site.site, every_s=args.every_s)
+    health.start()
+    server = HealthServer(host=args.http_host, port=args.http_port, ready=lambda: (True, "ok"))
+    port = await server.start()
+    log.info("JetStream health metrics on http://%s:%d/metrics", args.http_host, port)
+    print(f"JetStream health metrics on http://{args.http_host}:{port}/metrics", flush=True)
+    done = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        asyncio.get_running_loop().add_signal_handler(sig, done.set)
+    try:
+        await done.wait()
+    finally:
+        await health.stop()
+        await server.stop()
+        await bus.close()
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(
+        prog="python -m powerguard.bus.health",
+        description="Serve JetStream health (durable lag, redeliveries, dead letters, stream replicas, KV buckets) "
+        "as Prometheus metrics. Needs only the observer's credential (NATS_CREDS).",
+    )
+    p.add_argument("--config", "-c", required=True, help="Site YAML (site name, NATS names and URL)")
+    p.add_argument("--nats-url", help="NATS URL (default: the site file's)")
+    p.add_argument("--http-host", default="127.0.0.1")
+    p.add_argument("--http-port", type=int, default=9104, help="0: a free port (printed)")
+    p.add_argument("--every-s", type=float, default=5.0, help="how often JetStream is read")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO)
+    asyncio.run(_serve(args))
+
+
+if __name__ == "__main__":
+    main()
