@@ -310,6 +310,18 @@ def main() -> None:
                 "`bench/framework_callbacks.py`",
             )
         )
+    if al := load("alerting"):
+        rows.append(
+            (
+                "utility failure → the on-call's webhook receives UpsOnBattery (real Prometheus and Alertmanager, "
+                f"scrape/evaluation {al['scrape_and_evaluation_s']} s, group_wait {al['group_wait_s']} s)",
+                "≤ scrape + evaluation + group_wait + 2 s",
+                f"{al['utility_failure_to_page_s']} s (on_battery event → page {al['on_battery_event_to_page_s']} s); "
+                f"dead letter → page {al['dead_letter_to_page_s']} s; service killed → page "
+                f"{al['service_killed_to_page_s']} s (rules' for: {al['rules_for_s']} s in the drill)",
+                "`bench/alerting.py`",
+            )
+        )
     if rp := load("ramp"):
         rows.append(
             (

@@ -22,6 +22,8 @@ from .roles import durable_names
 
 log = logging.getLogger("powerguard.bus.health")
 
+SERVICES = ("ups-monitor", "coordinator", "power-control")  # the services that dead-letter their input
+
 UP = Gauge("powerguard_jetstream_up", "1 when the last read of the stream and consumers succeeded")
 CONSUMER_PENDING = Gauge(
     "powerguard_jetstream_consumer_pending", "Messages stored but not yet delivered to the durable", ["consumer"]
@@ -75,6 +77,8 @@ async def collect(bus: Bus, site: str, *, now: float | None = None) -> Snapshot:
         "replicas_current": 1 + sum(1 for p in (info.cluster.replicas or []) if p.current) if info.cluster else 1,
         "has_leader": 1 if (info.cluster is None or info.cluster.leader) else 0,
     }
+    # every service's count exists from the start (0), so the first dead letter is a change
+    snap.dead_letters = dict.fromkeys(SERVICES, 0)
     for subject, count in (info.state.subjects or {}).items():
         snap.dead_letters[subject.rsplit(".", 1)[-1]] = count
     for durable in durable_names(site).values():
