@@ -61,6 +61,14 @@ async def run_console(config: Path | None, url: str | None, **options) -> None:
         url=url or (site.nats.url if site else "nats://127.0.0.1:4222"), site=site, **options
     )
     print(f"PowerGuard console: {page}", flush=True)
+    try:
+        await until_interrupted()
+    finally:
+        await stop()
+
+
+async def until_interrupted() -> None:
+    """Wait for SIGINT or SIGTERM (then leave the handlers as they were)."""
     done = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -68,4 +76,5 @@ async def run_console(config: Path | None, url: str | None, **options) -> None:
     try:
         await done.wait()
     finally:
-        await stop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)

@@ -13,7 +13,6 @@ import asyncio
 import json
 import os
 import shutil
-import signal
 import tempfile
 import time
 from pathlib import Path
@@ -87,7 +86,7 @@ async def run_demo(
         if console_port is not None:
             from powerguard.schemas import load_site
 
-            from .console import start_console
+            from .console import start_console, until_interrupted
 
             stop_console, page = await start_console(
                 url=site.nats.url, site=load_site(site.site_file), port=console_port
@@ -100,7 +99,7 @@ async def run_demo(
         report = await run_drill(site, scenario, notify=notify, bus=bus)
         if stop_console is not None and keep_console:
             console.print(f"[bold]the drill is over; the console stays open at {page} (Ctrl-C ends it)[/bold]")
-            await _until_interrupted()
+            await until_interrupted()
         report["bit_exact"] = _bit_exact(site.final, reference)
         report["seed"] = seed
         report["framework"] = framework or "torch"
@@ -140,18 +139,6 @@ async def run_demo(
         await site.stop()
         if own_dir and not keep:
             shutil.rmtree(work, ignore_errors=True)
-
-
-async def _until_interrupted() -> None:
-    done = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, done.set)
-    try:
-        await done.wait()
-    finally:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.remove_signal_handler(sig)
 
 
 def _outage_trace(site, report: dict) -> tuple[str | None, list]:

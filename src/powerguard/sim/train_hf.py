@@ -17,38 +17,19 @@ import time
 
 import torch
 
-from powerguard.bus import BusNames
+from ._framework_job import guard_options, job_parser
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--job", required=True)
-    p.add_argument("--steps", type=int, default=100, help="optimizer steps in all (the Trainer's max_steps)")
-    p.add_argument("--local-dir", required=True, help="the Trainer's output_dir (shared by every rank)")
-    p.add_argument("--nats-url")
-    p.add_argument("--prefix", default="pg")
-    p.add_argument("--stream", default="PG_EVENTS")
-    p.add_argument("--agents-bucket", default="pg_agents")
-    p.add_argument("--node", default=os.environ.get("POWERGUARD_NODE"))
-    p.add_argument("--nodes", help="n1,n2: ranks are spread over these nodes in order (simulated multi-node)")
-    p.add_argument("--seed", type=int, default=1234)
+    p = job_parser(
+        __doc__.split("\n\n")[0],
+        steps_help="optimizer steps in all (the Trainer's max_steps)",
+        local_dir_help="the Trainer's output_dir (shared by every rank)",
+    )
     p.add_argument("--samples", type=int, default=256)
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--save-steps", type=int, default=0, help="the Trainer's own save schedule (0: none)")
-    p.add_argument("--step-sleep", type=float, default=0.0, help="seconds per step (to make room for requests)")
-    p.add_argument("--agree-every-s", type=float, help="the agent's agree_every_s (default: the agent's)")
-    p.add_argument("--hold-policy", choices=["checkpoint-at-stop", "pause", "continue"], help="override the site's")
-    p.add_argument("--out", help="rank 0 writes the final parameters here (torch.save)")
-    p.add_argument("--progress", help="each rank appends '<rank> <step> <unix time>' lines here")
     return p.parse_args(argv)
-
-
-def rank_node(args: argparse.Namespace) -> str | None:
-    """This rank's node: from ``--nodes`` in rank order (simulated multi-node), else ``--node``."""
-    if not args.nodes:
-        return args.node
-    nodes = args.nodes.split(",")
-    return nodes[int(os.environ.get("RANK", 0)) * len(nodes) // int(os.environ.get("WORLD_SIZE", 1))]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -109,14 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(args.seed)
     config = GPT2Config(n_layer=2, n_head=2, n_embd=32, vocab_size=128, n_positions=16, bos_token_id=0, eos_token_id=0)
     model = GPT2LMHeadModel(config)
-    guard = PowerGuardCallback(
-        job=args.job,
-        nats_url=args.nats_url,
-        names=BusNames(prefix=args.prefix, stream=args.stream, agents=args.agents_bucket),
-        node=rank_node(args),
-        hold_policy=args.hold_policy,
-        **({"agree_every_s": args.agree_every_s} if args.agree_every_s is not None else {}),
-    )
+    guard = PowerGuardCallback(**guard_options(args))
     trainer = Trainer(model=model, args=training, train_dataset=Tokens(), callbacks=[Pace(), guard])
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a scheduler's stop: exit cleanly
     trainer.train(resume_from_checkpoint=latest_checkpoint(args.local_dir))

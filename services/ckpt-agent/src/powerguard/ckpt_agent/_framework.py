@@ -158,24 +158,10 @@ class _FrameworkMixin:
 
     def _defer(self, step: int, pending: Any) -> None:
         """Framework mode: the agreed request becomes due instead of the agent saving."""
-        t_agree = time.time()
-        gathered = self._gather([(pending.data, pending.traceparent)] if pending else [])
-        requests = {data.request_id: data for rs in gathered for data, _ in rs}
-        if not requests:
+        agreed = self._agreed_requests(step, pending)
+        if agreed is None:
             return
-        first_seen = pending.received if pending else t_agree
-        span = _spans.start(
-            f"checkpoint {self.job}",
-            _spans.parent(tp for rs in gathered for _, tp in rs),
-            first_seen,
-            **{
-                "powerguard.job": self.job,
-                "powerguard.rank": self.rank,
-                "powerguard.step": step,
-                "powerguard.framework": self.framework,
-                "powerguard.saga_id": next(iter(requests.values())).saga_id,
-            },
-        )
+        requests, span, first_seen, t_agree = agreed
         due = Due(step, list(requests.values()), max(0.0, t_agree - first_seen), span)
         left = due.deadline_ts - time.time() if due.deadline_ts is not None else None
         if left is not None and left > 0:  # (a deadline already past means "now": no watchdog)

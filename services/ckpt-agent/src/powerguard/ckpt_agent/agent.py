@@ -438,24 +438,10 @@ class CheckpointAgent(_StateMixin, _AckMixin, _RestoreMixin, _NodeTierMixin, _Fr
     def _checkpoint_for_requests(self, step: int, pending: Request | None) -> tuple[list[CheckpointRequestData], bool]:
         """One checkpoint of ``step`` for every rank's pending requests; returns them and whether
         the checkpoint is durable."""
-        t_agree = time.time()
-        gathered = self._gather([(pending.data, pending.traceparent)] if pending else [])
-        requests = {data.request_id: data for rs in gathered for data, _ in rs}
-        if not requests:  # agreed on a request that every rank has answered since (pipelined agreement)
+        agreed = self._agreed_requests(step, pending)
+        if agreed is None:  # agreed on a request that every rank has answered since (pipelined agreement)
             return [], False
-        first_seen = pending.received if pending else t_agree
-        span = _spans.start(
-            f"checkpoint {self.job}",
-            _spans.parent(tp for rs in gathered for _, tp in rs),
-            first_seen,
-            **{
-                "powerguard.job": self.job,
-                "powerguard.rank": self.rank,
-                "powerguard.world_size": self.world_size,
-                "powerguard.step": step,
-                "powerguard.saga_id": next(iter(requests.values())).saga_id if requests else None,
-            },
-        )
+        requests, span, first_seen, t_agree = agreed
         try:
             if self._async is not None:  # finish the periodic save first: one save at a time on the group
                 self._async[1].result()
@@ -481,6 +467,33 @@ class CheckpointAgent(_StateMixin, _AckMixin, _RestoreMixin, _NodeTierMixin, _Fr
             if not self._remote.copy_if_time_allows(step, min(deadlines) if deadlines else None):
                 self._remote_waiting.pop(step, None)
         return list(requests.values()), True
+
+    def _agreed_requests(
+        self, step: int, pending: Request | None
+    ) -> tuple[dict[str, CheckpointRequestData], Any, float, float] | None:
+        """Every rank's pending request, gathered (one checkpoint serves them all), and the span of
+        that checkpoint: (requests by id, span, when this rank first saw one, when they agreed);
+        None when every rank has answered them since."""
+        t_agree = time.time()
+        gathered = self._gather([(pending.data, pending.traceparent)] if pending else [])
+        requests = {data.request_id: data for rs in gathered for data, _ in rs}
+        if not requests:
+            return None
+        first_seen = pending.received if pending else t_agree
+        span = _spans.start(
+            f"checkpoint {self.job}",
+            _spans.parent(tp for rs in gathered for _, tp in rs),
+            first_seen,
+            **{
+                "powerguard.job": self.job,
+                "powerguard.rank": self.rank,
+                "powerguard.world_size": self.world_size,
+                "powerguard.step": step,
+                "powerguard.framework": self.framework,
+                "powerguard.saga_id": next(iter(requests.values())).saga_id,
+            },
+        )
+        return requests, span, first_seen, t_agree
 
     # ------------------------------------------------------------------ saving
     def save(self, step: int) -> Saved:
