@@ -7,7 +7,7 @@ import logging
 import signal
 from pathlib import Path
 
-from powerguard.bus import Bus, BusNames
+from powerguard.bus import Bus, BusError, BusNames
 from powerguard.bus.env import auth_options
 from powerguard.schemas import SiteConfig, load_site
 
@@ -50,7 +50,10 @@ async def start_console(
     async def stop() -> None:
         await runner.cleanup()
         await feed.stop()
-        await bus.close()
+        try:
+            await bus.close()
+        except (OSError, BusError) as exc:  # the server went first: nothing left to close cleanly
+            log.info("console's NATS connection closed with %r", exc)
 
     return stop, page
 

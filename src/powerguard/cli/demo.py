@@ -97,9 +97,12 @@ async def run_demo(
             console.print(f"[{COLORS.get(phase, 'white')}]{at:7.2f}s  {phase:<10}  {text}[/]")
 
         report = await run_drill(site, scenario, notify=notify, bus=bus)
-        if stop_console is not None and keep_console:
-            console.print(f"[bold]the drill is over; the console stays open at {page} (Ctrl-C ends it)[/bold]")
-            await until_interrupted()
+        if stop_console is not None:
+            if keep_console:
+                console.print(f"[bold]the drill is over; the console stays open at {page} (Ctrl-C ends it)[/bold]")
+                await until_interrupted()
+            stop, stop_console = stop_console, None
+            await stop()  # before the site (and its NATS) goes
         report["bit_exact"] = _bit_exact(site.final, reference)
         report["seed"] = seed
         report["framework"] = framework or "torch"

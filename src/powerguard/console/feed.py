@@ -99,7 +99,9 @@ class Feed:
                     store = SagaStore(await self.bus.sagas())
                 rows = []
                 for rec, _ in await store.load(open_only=False):
-                    rows.append(summarize(rec, self.state.clock()))
+                    row = summarize(rec, self.state.clock())
+                    row["state_at"] = rec.history[-1].at if rec.history else rec.created_at
+                    rows.append(row)
                     self.histories[rec.saga_id] = [
                         {"state": h.state.value, "at": h.at, "reason": h.reason} for h in rec.history
                     ]

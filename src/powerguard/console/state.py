@@ -26,6 +26,8 @@ from powerguard.schemas import (
 )
 
 TIMELINE_MAX = 400  # events kept for the live timeline
+TERMINAL = ("done", "cancelled", "failed")
+DEADLINE_STATES = ("checkpointing", "final_checkpoint")
 
 
 def _describe(e: Envelope) -> str:
@@ -72,6 +74,9 @@ class ConsoleState:
         self.agents: dict[str, AgentData] = {}  # by KV key
         self.last_ckpt: dict[str, dict[str, Any]] = {}  # job -> last durable ack seen
         self.steps: dict[str, int] = {}  # job -> the newest step its heartbeats reported
+        # what the events said of each saga since the last poll of its record: state, deadline, acks
+        # (a phase shorter than the poll interval is still shown)
+        self.live: dict[str, dict[str, Any]] = {}
         self.sagas: list[dict[str, Any]] = []
         self.timeline: deque[dict[str, Any]] = deque(maxlen=TIMELINE_MAX)
         self.bus_connected = False
@@ -114,6 +119,19 @@ class ConsoleState:
             )
         elif isinstance(e, CheckpointDurable):
             self.last_ckpt[d.job] = {"step": d.step, "durability": d.durability, "at": e.time.timestamp()}
+            if d.saga_id:
+                self.live.setdefault(d.saga_id, {"acked": set()})["acked"].add((d.job, d.rank))
+        elif isinstance(e, SagaStateChanged):
+            live = self.live.setdefault(d.saga_id, {"acked": set()})
+            live.update(
+                state=d.state.value,
+                reason=d.reason,
+                ups=d.ups,
+                nodes=d.nodes,
+                deadline_ts=d.deadline.timestamp() if d.deadline and d.state.value in DEADLINE_STATES else None,
+                at=e.time.timestamp(),
+                started=live.get("started", e.time.timestamp()),
+            )
         elif isinstance(e, AgentHeartbeat):
             if d.step is not None:
                 self.steps[d.job] = d.step if d.rank == 0 else max(self.steps.get(d.job, 0), d.step)
@@ -140,6 +158,9 @@ class ConsoleState:
     def set_sagas(self, rows: list[dict[str, Any]]) -> None:
         """Saga summaries (``powerguard.coordinator.status.summarize``), newest first."""
         rows = sorted(rows, key=lambda r: r.get("started") or 0, reverse=True)
+        for r in rows:
+            if r.get("state") in TERMINAL:
+                self.live.pop(r.get("saga"), None)
         if rows != self.sagas:
             self.sagas = rows
             self._changed()
@@ -191,16 +212,53 @@ class ConsoleState:
             out.append(info)
         return out
 
+    def _merged(self) -> list[dict[str, Any]]:
+        """The polled saga summaries with what events said since (newer: events arrive at once,
+        the poll up to a second late); a saga only events know of yet comes first."""
+        now = self.clock()
+        rows = []
+        for r in self.sagas:
+            row = dict(r)
+            budget = row.get("budget_left_s")
+            row["deadline_ts"] = now + budget if budget is not None else None  # the page counts down to it
+            live = self.live.get(row.get("saga"))
+            if live and "state" in live and live["at"] >= (row.get("state_at") or 0):  # the newer says
+                row["state"] = live["state"]
+                row["deadline_ts"] = live["deadline_ts"] if live["deadline_ts"] is not None else row["deadline_ts"]
+                if live["state"] not in DEADLINE_STATES:
+                    row["deadline_ts"] = None
+            if live and live["acked"]:
+                got, _, want = str(row.get("acks", "0/0")).partition("/")
+                row["acks"] = f"{max(int(got or 0), len(live['acked']))}/{want}"
+            rows.append(row)
+        known = {r.get("saga") for r in rows}
+        for sid, live in self.live.items():
+            if sid not in known and live.get("state") not in (None, *TERMINAL):
+                rows.insert(
+                    0,
+                    {
+                        "saga": sid,
+                        "state": live["state"],
+                        "reason": live.get("reason"),
+                        "acks": f"{len(live['acked'])}/?",
+                        "ups_on_battery": live.get("ups") or [],
+                        "nodes_at_risk": live.get("nodes") or [],
+                        "jobs": {},
+                        "missing": {},
+                        "started": live.get("started"),
+                        "deadline_ts": live.get("deadline_ts"),
+                    },
+                )
+        return rows
+
     def snapshot(self) -> dict[str, Any]:
         now = self.clock()
         ups = []
         for u in sorted(self.ups.values(), key=lambda x: x["name"]):
             age = now - u["reading_at"] if "reading_at" in u else None
             ups.append({**u, "reading_age_s": None if age is None else round(max(0.0, age), 1)})
-        open_saga = next((r for r in self.sagas if r.get("state") not in ("done", "cancelled", "failed")), None)
-        deadline = None
-        if open_saga is not None and open_saga.get("budget_left_s") is not None:
-            deadline = now + open_saga["budget_left_s"]  # the page counts down to this
+        rows = self._merged()
+        open_saga = next((r for r in rows if r.get("state") not in TERMINAL), None)
         saga_events = (
             [t for t in self.timeline if t["saga"] in (None, open_saga["saga"])] if open_saga else list(self.timeline)
         )
@@ -213,9 +271,9 @@ class ConsoleState:
             "ups": ups,
             "nodes": self._nodes(),
             "jobs": self._jobs(),
-            "saga": None if open_saga is None else {**open_saga, "deadline_ts": deadline},
+            "saga": open_saga,
             "timeline": saga_events[-60:],
-            "past": [r for r in self.sagas if r is not open_saga][:50],
+            "past": [r for r in rows if r is not open_saga][:50],
         }
 
 
