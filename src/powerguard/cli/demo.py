@@ -135,8 +135,11 @@ async def run_demo(
         _summary(console, report)
         return report
     finally:
-        if stop_console is not None:
-            await stop_console()
+        if stop_console is not None:  # the drill failed: still stop every process of the site below
+            try:
+                await stop_console()
+            except Exception as exc:
+                console.print(f"[yellow]the operator console did not stop cleanly: {exc!r}[/yellow]")
         if bus is not None:
             await bus.close()
         await site.stop()
