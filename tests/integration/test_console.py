@@ -5,6 +5,7 @@ again) and a coordinator restart (a new leader's saga record is simply read); it
 from __future__ import annotations
 
 import asyncio
+import base64
 import time
 
 import aiohttp
@@ -101,7 +102,7 @@ async def test_console_token_is_required_when_set(nats_server, names):
                 assert r.status == 401
             async with session.get(url + "api/state", headers={"Authorization": "Bearer s3cret"}) as r:
                 assert r.status == 200
-            async with session.get(url + "api/state", auth=aiohttp.BasicAuth("ops", "s3cret")) as r:
+            async with session.get(url + "api/state", headers={"Authorization": "Basic " + base64.b64encode(b"ops:s3cret").decode()}) as r:
                 assert r.status == 200
     finally:
         await stop_console()

@@ -13,6 +13,8 @@ from powerguard.schemas import SiteConfig, load_site
 
 log = logging.getLogger("powerguard.console")
 
+STOP_STEP_S = 20.0
+
 
 async def start_console(
     *,
@@ -48,12 +50,15 @@ async def start_console(
     )
 
     async def stop() -> None:
-        await runner.cleanup()
-        await feed.stop()
-        try:
-            await bus.close()
-        except (OSError, BusError) as exc:  # the server went first: nothing left to close cleanly
-            log.info("console's NATS connection closed with %r", exc)
+        """Each step bounded and logged: stopping the console never hangs its caller (the demo
+        stops the site after it)."""
+        for what, step in (("web server", runner.cleanup), ("feed", feed.stop), ("NATS connection", bus.close)):
+            try:
+                await asyncio.wait_for(step(), STOP_STEP_S)
+            except TimeoutError:
+                log.error("console's %s did not stop within %.0f s; left behind", what, STOP_STEP_S)
+            except (OSError, BusError) as exc:  # the server went first: nothing left to close cleanly
+                log.info("console's %s closed with %r", what, exc)
 
     return stop, page
 

@@ -18,6 +18,7 @@ from .state import ConsoleState
 log = logging.getLogger("powerguard.console")
 
 SAGA_POLL_S = 1.0
+STOP_WAIT_S = 5.0  # per round of cancelling the sources on stop
 
 
 class Feed:
@@ -25,6 +26,7 @@ class Feed:
         self.bus, self.state, self.site = bus, state, site
         self.histories: dict[str, list[dict[str, Any]]] = {}  # saga -> its transitions (the timeline picture)
         self._tasks: list[asyncio.Task] = []
+        self._stopped = False
 
     async def start(self) -> None:
         await self._initial_power()
@@ -35,11 +37,18 @@ class Feed:
         ]
 
     async def stop(self) -> None:
-        for t in self._tasks:
-            t.cancel()
-        for t in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await t
+        """Stop every source, bounded: a cancellation that a library call swallowed (Python
+        3.11's ``wait_for`` can) is repeated, and the loops also end on the stop flag."""
+        self._stopped = True
+        live = [t for t in self._tasks if not t.done()]
+        for _ in range(3):
+            if not live:
+                return
+            for t in live:
+                t.cancel()
+            _, pending = await asyncio.wait(live, timeout=STOP_WAIT_S)
+            live = list(pending)
+        log.error("console feed sources did not stop: %s", ", ".join(t.get_name() for t in live))
 
     async def _initial_power(self) -> None:
         """The newest reading of every UPS of the site file (the stream keeps them)."""
@@ -51,10 +60,12 @@ class Feed:
                 self.state.apply(got.event)
 
     async def _events(self) -> None:
-        while True:
+        while not self._stopped:
             try:
                 async with self.bus.subscribe(subject=self.bus.subjects.all, deliver="new") as sub:
                     async for event in sub:
+                        if self._stopped:
+                            return
                         self.state.apply(event)
             except asyncio.CancelledError:
                 raise
@@ -63,7 +74,7 @@ class Feed:
                 await asyncio.sleep(1.0)
 
     async def _agents(self) -> None:
-        while True:
+        while not self._stopped:
             try:
                 kv = await self.bus.agents()
                 watcher = await kv.raw.watchall()
@@ -92,7 +103,7 @@ class Feed:
         from powerguard.coordinator.store import SagaStore
 
         store: SagaStore | None = None
-        while True:
+        while not self._stopped:
             try:
                 self.state.set_connected(self.bus.nc.is_connected)
                 if store is None:
