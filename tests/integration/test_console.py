@@ -102,7 +102,8 @@ async def test_console_token_is_required_when_set(nats_server, names):
                 assert r.status == 401
             async with session.get(url + "api/state", headers={"Authorization": "Bearer s3cret"}) as r:
                 assert r.status == 200
-            async with session.get(url + "api/state", headers={"Authorization": "Basic " + base64.b64encode(b"ops:s3cret").decode()}) as r:
+            basic = {"Authorization": "Basic " + base64.b64encode(b"ops:s3cret").decode()}
+            async with session.get(url + "api/state", headers=basic) as r:
                 assert r.status == 200
     finally:
         await stop_console()
