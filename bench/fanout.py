@@ -33,10 +33,103 @@ RESULTS = Path(__file__).parent / "results" / "fanout.json"
 PROCS = 4
 
 
+def ack_events(on_node: list[tuple[str, int]], jobs: dict[str, int], raw: bytes) -> list:
+    """The durable acks of a node's ranks of the request's job (what each rank's agent sends)."""
+    from powerguard.schemas import CheckpointDurable, CheckpointDurableData, decode
+
+    d = decode(raw).data
+    return [
+        CheckpointDurable(
+            data=CheckpointDurableData(
+                request_id=d.request_id,
+                saga_id=d.saga_id,
+                job=job,
+                rank=rank,
+                world_size=jobs[job],
+                step=1001,
+                path="/ckpt",
+                bytes=1,
+                digest="0" * 32,
+            )
+        )
+        for job, rank in on_node
+        if job == d.job
+    ]
+
+
+async def wire_clients(ranks: int, proc: int, urls: list[str], prefix: str, timeout_s: float, ckpt_s: float) -> dict:
+    """This process's nodes as protocol-level connections (bench/_wire.py)."""
+    from _wire import connect_node
+
+    from powerguard.schemas import encode
+    from powerguard.schemas.subjects import Subjects
+
+    subjects = Subjects(prefix)
+    site = Layout.of(ranks)
+    mine = site.nodes[proc::PROCS]
+    got: dict[str, float] = {}
+    acked: list[float] = []
+    done = asyncio.Event()
+    total = sum(len(site.on[n]) for n in mine)
+    nodes_in_flight = asyncio.Semaphore(256)  # 8 acks each: ~2,048 publishes in flight, as with nats.py
+    conns = {}
+    answering: set[asyncio.Task] = set()
+
+    async def answer(node: str, raw: bytes) -> None:
+        await asyncio.sleep(ckpt_s)  # the node's ranks write their checkpoint
+        evs = ack_events(site.on[node], site.jobs, raw)
+        msgs = [(subjects.ckpt_ack(e.data.job, e.data.rank), e.id, encode(e)) for e in evs]
+        async with nodes_in_flight:
+            await conns[node].publish_acks(msgs, 60)
+        acked.extend([time.time()] * conns[node].stored)
+        if len(acked) >= total:
+            done.set()
+
+    def receiver(node: str):
+        def on_msg(raw: bytes) -> None:
+            got.setdefault(node, time.time())
+            task = asyncio.get_running_loop().create_task(answer(node, raw))
+            answering.add(task)
+            task.add_done_callback(answering.discard)
+
+        return on_msg
+
+    for i in range(0, len(mine), 200):  # connect in waves
+        wave = mine[i : i + 200]
+        made = await asyncio.gather(
+            *(
+                connect_node(
+                    urls[(i + k) % len(urls)],
+                    node,
+                    [subjects.ckpt_request(j) for j in sorted({j for j, _ in site.on[node]})],
+                    receiver(node),
+                )
+                for k, node in enumerate(wave)
+            )
+        )
+        conns.update(zip(wave, made, strict=True))
+    print("ready", flush=True)
+    try:
+        await asyncio.wait_for(done.wait(), timeout_s)
+    except TimeoutError:
+        pass
+    for c in conns.values():
+        c.close()
+    errors = [e for c in conns.values() for e in c.errors]
+    return {
+        "received": list(got.values()),
+        "nodes": len(mine),
+        "acks": len(acked),
+        "acks_expected": total,
+        "last_ack": max(acked) if acked else None,
+        "errors": errors[:5],
+    }
+
+
 async def node_clients(ranks: int, proc: int, urls: list[str], prefix: str, timeout_s: float, ckpt_s: float) -> dict:
     import nats
 
-    from powerguard.schemas import CheckpointDurable, CheckpointDurableData, decode, encode
+    from powerguard.schemas import encode
     from powerguard.schemas.subjects import Subjects
 
     subjects = Subjects(prefix)
@@ -54,25 +147,11 @@ async def node_clients(ranks: int, proc: int, urls: list[str], prefix: str, time
         # request on its own CPU, here 3,125 nodes share one process: decoding after the write
         # keeps one node's decode from delaying the next node's delivery (with --ckpt-s 0 it does)
         await asyncio.sleep(ckpt_s)
-        d = decode(raw).data
-        for job, rank in on[node]:
-            if job != d.job:
-                continue
-            ev = CheckpointDurable(
-                data=CheckpointDurableData(
-                    request_id=d.request_id,
-                    saga_id=d.saga_id,
-                    job=job,
-                    rank=rank,
-                    world_size=jobs[job],
-                    step=1001,
-                    path="/ckpt",
-                    bytes=1,
-                    digest="0" * 32,
-                )
-            )
+        for ev in ack_events(on[node], jobs, raw):
             async with ack_slots:
-                await js.publish(subjects.ckpt_ack(job, rank), encode(ev), headers={"Nats-Msg-Id": ev.id}, timeout=60)
+                await js.publish(
+                    subjects.ckpt_ack(ev.data.job, ev.data.rank), encode(ev), headers={"Nats-Msg-Id": ev.id}, timeout=60
+                )
             acked.append(time.time())
             if len(acked) == total:
                 done.set()
@@ -108,7 +187,10 @@ async def node_clients(ranks: int, proc: int, urls: list[str], prefix: str, time
     }
 
 
-async def run(ranks: int, urls: list[str], ckpt_s: float) -> dict:
+CLIENTS = {"wire": wire_clients, "nats.py": node_clients}
+
+
+async def run(ranks: int, urls: list[str], ckpt_s: float, client: str) -> dict:
     from datetime import UTC, datetime
 
     from powerguard.bus import BusNames
@@ -154,6 +236,8 @@ async def run(ranks: int, urls: list[str], ckpt_s: float) -> dict:
             names.prefix,
             "--ckpt-s",
             str(ckpt_s),
+            "--client",
+            client,
             stdout=asyncio.subprocess.PIPE,
         )
         for p in range(PROCS)
@@ -181,6 +265,7 @@ async def run(ranks: int, urls: list[str], ckpt_s: float) -> dict:
         "ranks": ranks,
         "nodes": len(nodes),
         "connections": len(nodes),
+        "node_client": client,
         "jobs": len(jobs),
         "connect_all_s": round(connect_s, 1),
         "ckpt_s": ckpt_s,
@@ -195,6 +280,7 @@ async def run(ranks: int, urls: list[str], ckpt_s: float) -> dict:
         "request_to_all_acks_stored_s": round(last, 2),
         "request_to_all_acks_stored_less_ckpt_s": round(last - ckpt_s, 2),
         "acks_per_s": round(acks / max(last - ckpt_s, 1e-3)),
+        "client_errors": [e for o in outs for e in o.get("errors", [])][:5],
     }
 
 
@@ -208,20 +294,27 @@ def main() -> None:
         default="1,0",
         help="comma-separated simulated checkpoint write times before the acks, a row each (default: 1,0)",
     )
+    ap.add_argument(
+        "--client",
+        default="wire",
+        help="how the simulated nodes connect, comma-separated for a row each: wire (protocol-level "
+        "connections, bench/_wire.py; default) or nats.py",
+    )
     args = ap.parse_args()
     if args.worker is not None:
-        res = asyncio.run(
-            node_clients(int(args.ranks), args.worker, args.urls.split(","), args.prefix, 300, float(args.ckpt_s))
-        )
+        clients = CLIENTS[args.client]
+        urls = args.urls.split(",")
+        res = asyncio.run(clients(int(args.ranks), args.worker, urls, args.prefix, 300, float(args.ckpt_s)))
         print(json.dumps(res), flush=True)
         return
     rows = []
     with nats_cluster() as urls:
         for ranks in (int(x) for x in args.ranks.split(",")):
-            for ckpt_s in (float(x) for x in args.ckpt_s.split(",")):
-                row = asyncio.run(run(ranks, urls, ckpt_s))
-                print(json.dumps(row), flush=True)
-                rows.append(row)
+            for client in args.client.split(","):
+                for ckpt_s in (float(x) for x in args.ckpt_s.split(",")):
+                    row = asyncio.run(run(ranks, urls, ckpt_s, client))
+                    print(json.dumps(row), flush=True)
+                    rows.append(row)
     result = {
         "benchmark": "fanout",
         "per_node": PER_NODE,

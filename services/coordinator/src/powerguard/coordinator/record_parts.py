@@ -98,9 +98,10 @@ def split(
 ) -> tuple[dict[str, Any], dict[str, bytes]]:
     """(head, parts by key) for a record's JSON form. ``key_for(name, content)`` names the key of
     the part called ``name`` (a path such as ``jobs/j1/acked#3``) holding ``content``. ``size``:
-    the record's JSON size when the caller knows it. ``memo`` (kept by the caller between splits
-    of one record) holds the chunks of its large flat containers: a chunk whose items did not
-    change is not serialized again, so a batch of acks costs what it added, not the record."""
+    the record's JSON size when the caller knows it (or a lower bound of it above the inline
+    limit). ``memo`` (kept by the caller between splits of one record) holds the chunks of its
+    large flat containers: a chunk whose items did not change is not serialized again, so a
+    batch of acks costs what it added, not the record."""
     if (size if size is not None else len(_dumps(data))) <= limits.inline_bytes:
         return _escaped(data), {}
     parts: dict[str, bytes] = {}
@@ -172,6 +173,22 @@ def split(
         open_, close = _BRACKETS[kind]
         return value, open_ + ",".join(b for _, b in chunks) + close
 
+    def small_flat(value: Any) -> tuple[Any, str] | None:
+        """A small container of scalars that stays whole (a node's plan, a run of ranks: tens of
+        thousands of them in a large saga), serialized without walking it as a tree; None: not
+        such a container."""
+        if isinstance(value, dict):
+            if len(value) >= _MEMO_MIN or not all(isinstance(v, _SCALARS) for v in value.values()):
+                return None
+            text = "{" + ",".join(f"{encode_basestring_ascii(str(k))}:{_dumps(v)}" for k, v in value.items()) + "}"
+        elif isinstance(value, list):
+            if len(value) >= _MEMO_MIN or not all(isinstance(v, _SCALARS) for v in value):
+                return None
+            text = "[" + ",".join(map(_dumps, value)) + "]"
+        else:
+            return None
+        return (value, text) if len(text) + 1 <= limits.container_bytes else None
+
     def shrink(value: Any, path: str) -> tuple[Any, str]:
         """(value with large containers replaced, its JSON text); a container equal to the one
         at the same path last time (a node's plan that did not change) is not walked again."""
@@ -185,6 +202,10 @@ def split(
         same = memo.inline.get(path)
         if same is not None and same[0] == value:
             return same
+        if (done := small_flat(value)) is not None:
+            if path:
+                memo.inline[path] = done
+            return done
         if isinstance(value, dict | list) and (done := shrink_flat(value, path)) is not None:
             return done
         done = _shrink(value, path)

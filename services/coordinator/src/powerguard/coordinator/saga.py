@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, field_serializer
+from pydantic import BaseModel, Field, field_serializer, field_validator, model_serializer
 
 from powerguard.schemas import HoldPolicy, SagaState, command_key
 
@@ -175,7 +175,7 @@ class JobPlan(CkptRound):
     stop, where it stopped and where it resumed."""
 
     job: str
-    ranks: dict[int, str]  # rank -> node at detection
+    ranks: dict[int, str]  # rank -> node at detection (stored as runs: see _ranks_as_runs)
     step_at_detection: int | None = None
     hold_policy: HoldPolicy = "checkpoint-at-stop"
     final: CkptRound | None = None  # the checkpoint at the stop (checkpoint-at-stop)
@@ -186,6 +186,29 @@ class JobPlan(CkptRound):
     restart_at: float | None = None
     resumed_at: float | None = None
     resumed_step: int | None = None
+
+    @field_serializer("ranks")
+    def _ranks_as_runs(self, ranks: dict[int, str]) -> list[list[int | str]]:
+        """``[[first rank, count, node], ...]``: a node's ranks are usually consecutive, so a
+        4,096-rank job is 512 runs instead of 4,096 entries (the largest part of a 100k-rank
+        saga's first write). Any placement works: in the worst case a run per rank."""
+        runs: list[list[int | str]] = []
+        for rank in sorted(ranks):
+            node = ranks[rank]
+            last = runs[-1] if runs else None
+            if last is not None and last[2] == node and last[0] + last[1] == rank:
+                last[1] += 1
+            else:
+                runs.append([rank, 1, node])
+        return runs
+
+    @field_validator("ranks", mode="before")
+    @classmethod
+    def _ranks_from_runs(cls, value: Any) -> Any:
+        """Runs as stored, or the rank -> node map itself (records written before runs)."""
+        if isinstance(value, list):
+            return {first + i: node for first, count, node in value for i in range(count)}
+        return value
 
     @property
     def durable_step(self) -> int | None:
@@ -208,6 +231,14 @@ class NodePlan(BaseModel):
     ready_at: float | None = None
     error: str | None = None
     waiting: str | None = None  # why a node to restore is still off (power-control's ramp)
+
+    @model_serializer(mode="plain")
+    def _without_unset(self) -> dict[str, Any]:
+        """Only what happened to the node: a 12,500-node saga starts with every node's plan
+        empty, and stored that way it is a quarter of the bytes to write and split (every field
+        but ``node`` defaults to None, so reading it back gives the same plan; all are JSON
+        scalars as they are)."""
+        return {k: v for k, v in self.__dict__.items() if v is not None}
 
 
 class Transition(BaseModel):

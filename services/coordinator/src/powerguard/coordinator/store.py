@@ -159,18 +159,20 @@ class SagaStore:
                 new[h] = (d, BusNames.saga_part_key(sid, h, generation))
             return new[h][1]
 
-        whole = rec.model_dump_json().encode()
-        if len(whole) <= self.limits.inline_bytes:
+        # the nodes' entries alone ("name":{"node":"name"}) bound the record's size from below:
+        # a record surely above the inline limit is not serialized once more just to measure it
+        at_least = sum(2 * len(n) + 14 for n in rec.nodes)
+        whole = rec.model_dump_json().encode() if at_least <= self.limits.inline_bytes else b""
+        if whole and len(whole) <= self.limits.inline_bytes:
             head, parts = {}, {}
         else:
             memo = self._memo.setdefault(sid, SplitMemo())
-            head, parts = split(
-                rec.model_dump(mode="json"), limits=self.limits, key_for=key_for, size=len(whole), memo=memo
-            )
+            size = len(whole) or at_least
+            head, parts = split(rec.model_dump(mode="json"), limits=self.limits, key_for=key_for, size=size, memo=memo)
         kept = {k for _, k in old.values()}
         fresh = {k: _pack(v) for k, v in parts.items() if k not in kept}
         await asyncio.gather(*(self.kv.put(k, v) for k, v in fresh.items()))
-        body = json.dumps(head, separators=(",", ":")).encode() if parts else whole
+        body = json.dumps(head, separators=(",", ":")).encode() if parts or not whole else whole
         try:
             if revision is None:
                 rev = await self.kv.create(saga_key(sid), body)
