@@ -195,6 +195,7 @@ async def run(ranks: int, urls: list[str], ckpt_s: float, client: str) -> dict:
 
     from powerguard.bus import BusNames
     from powerguard.coordinator.core import SiteCore
+    from powerguard.coordinator.heap import settle
     from powerguard.coordinator.outbox import command_event
     from powerguard.coordinator.policy import Policy
     from powerguard.coordinator.store import SagaStore
@@ -246,6 +247,7 @@ async def run(ranks: int, urls: list[str], ckpt_s: float, client: str) -> dict:
     for w in workers:
         assert (await asyncio.wait_for(w.stdout.readline(), 600)).strip() == b"ready"
     connect_s = time.time() - t_connect
+    heap_settle_s = settle()  # what the idle coordinator does every minute (coordinator/heap.py)
     t_event = time.time()
     requests = [ev for ev in await on_battery() if isinstance(ev, CheckpointRequested)]
     assert len(requests) == len(jobs), (len(requests), len(jobs))
@@ -271,6 +273,7 @@ async def run(ranks: int, urls: list[str], ckpt_s: float, client: str) -> dict:
         "ckpt_s": ckpt_s,
         "on_battery_to_requests_published_s": round(t0 - t_event + published, 4),
         "coordinator_s": split,
+        "idle_heap_settle_s": round(heap_settle_s, 3),
         "on_battery_to_node_s": {"p50": round(statistics.median(end_to_end), 4), "max": round(end_to_end[-1], 4)},
         "requests_published_s": round(published, 4),
         "nodes_with_request": len(delivery),

@@ -42,6 +42,7 @@ async def one(ranks: int, urls: list[str]) -> dict:
     from datetime import UTC, datetime
 
     from powerguard.coordinator.core import SiteCore
+    from powerguard.coordinator.heap import settle
     from powerguard.coordinator.policy import Policy
     from powerguard.coordinator.service import INPUT_BATCH as BATCH
     from powerguard.coordinator.store import SagaStore
@@ -69,6 +70,7 @@ async def one(ranks: int, urls: list[str]) -> dict:
             rev = await (store.create(rec) if rev == 0 else store.save(rec, rev))
             saves.append(dict(store.last_write))
 
+    heap_settle_s = settle()  # what the idle coordinator does every minute (coordinator/heap.py)
     cpu0, t0 = time.process_time(), time.perf_counter()
     step = core.apply([(power(3000.0), None)], now)
     await store_changed(step)
@@ -144,6 +146,7 @@ async def one(ranks: int, urls: list[str]) -> dict:
         },
         "cpu_s": round(time.process_time() - cpu0, 2),
         "rss_mib": round(_rss_mib(), 1),
+        "idle_heap_settle_s": round(heap_settle_s, 3),
         "rss_mib_before": round(rss_base, 1),
         "rss_kib_per_rank": round((_rss_mib() - rss_base) * 1024 / ranks, 2),
     }

@@ -37,6 +37,7 @@ from powerguard.schemas import (
 
 from . import metrics, saga
 from .core import SiteCore, Step
+from .heap import Settler
 from .lease import Lease
 from .outbox import command_event, state_events
 from .policy import Policy
@@ -83,6 +84,7 @@ class Coordinator:
         self._watch: AgentWatch | None = None
         self._store: SagaStore | None = None
         self._lease: Lease | None = None
+        self._heap = Settler()  # the registry out of the GC's reach before an outage (heap.py)
         self._resend: set[str] = set()  # sagas whose last publish failed: re-send what is pending
         # sagas changed in memory but not yet stored: (record, first new history entry, commands)
         self._unsaved: dict[str, tuple[SagaRecord, int, list[Command]]] = {}
@@ -203,7 +205,12 @@ class Coordinator:
     # ------------------------------------------------------------------ clock
     async def tick(self) -> None:
         async with self._lock:
-            if not self.leader or not (self.open or self._unsaved):
+            if not self.leader:
+                return
+            if not (self.open or self._unsaved):
+                took = self._heap.idle()
+                if took is not None and took > 0.05:
+                    log.debug("heap settled in %.3f s", took)
                 return
             for sid in list(self._resend):
                 if sid in self.open:
