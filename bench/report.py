@@ -115,14 +115,29 @@ the record stored after each batch. Scope: {sc["scope"]}.
 """
 
 
+FANOUT_NOTES = """At 100k with `wire` nodes, on_battery → every node has its request: **p50 0.55-0.80 s over five
+runs** here (max 0.71-1.44 s; target p50 ≤ 1 s: met). Where it goes: the coordinator's apply
+(0.12-0.21 s), the saga's first store (0.12-0.15 s: 0.78 MB of JSON in ~14 compressed parts of
+the R3 bucket), publishing 25 requests (0.16-0.26 s, overlapping the servers' fan-out to 12,500
+connections) and delivery (request → node p50 0.30-0.45 s), all on 2 cores shared with three
+servers and four client processes. What brought it from 1.2-2.3 s (the last report) to there,
+each measured: a node's plan stores only what happened and a job's rank → node map is stored as
+runs (the first record 3.5 → 0.78 MB of JSON), small containers are serialized without a tree
+walk (first store 0.37 → 0.11 s standalone); the idle coordinator freezes its long-lived
+objects out of the garbage collector's walks (`coordinator/heap.py`: a full collection over 100k
+agent records took ~0.2 s and landed in the first store); and the lighter simulated nodes
+(`nats.py` nodes: p50 1.25-1.77 s in the same run). The ack path stores ~12,600-12,900 acks/s
+with R3 (`wire`; ~2,400-3,000/s with nats.py nodes, the clients being the bound)."""
+
+
 def fanout_section(fo: dict) -> str:
     rows = "\n".join(
-        f"| {r['ranks']:,} | {r['connections']:,} | {r.get('ckpt_s', 0)} s "
-        f"| {r['coordinator_s']['apply_s']} + {r['coordinator_s']['store_s']} s "
+        f"| {r['ranks']:,} | {r.get('node_client', 'nats.py')} | {r['connections']:,} | {r.get('ckpt_s', 0)} s "
+        f"| {r['coordinator_s']['apply_s']} + {r['coordinator_s']['store_s']} + {r['requests_published_s']} s "
         f"| {r['request_to_node_s']['p50']} / {r['request_to_node_s']['max']} s "
         f"| **{r['on_battery_to_node_s']['p50']}** / {r['on_battery_to_node_s']['max']} s "
         f"| {r['acks_stored']:,} of {r['acks_expected']:,} in {r['request_to_all_acks_stored_less_ckpt_s']} s "
-        f"({r['acks_per_s']:,}/s) | {r['connect_all_s']} s |"
+        f"({r['acks_per_s']:,}/s) |"
         for r in fo["sizes"]
         if "on_battery_to_node_s" in r
     )
@@ -137,18 +152,19 @@ one message per rank to JetStream (R3) after a simulated checkpoint write (`ckpt
 the acks competing with the fan-out for the two cores). Target at 100k: on_battery → every node
 has its request, p50 ≤ 1 s.
 
-| ranks | connections | ckpt | coordinator apply + store | request → node (p50 / max) \
-| on_battery → node (p50 / max) | acks stored (after ckpt) | connecting all |
+Node client `wire` (the default) is a connection that speaks the NATS client protocol itself
+(`bench/_wire.py`: CONNECT, SUB, MSG, HPUB with a reply inbox; an ack counts once JetStream's
+PubAck arrives); `nats.py` is one nats.py client per node. Both talk to the same servers, subjects
+and stream; the difference is what simulating 3,125 nodes in one process costs (nats.py runs
+three tasks per connection). On a site each node's connection is its leaf nats-server on its own
+CPU (docs/architecture.md, "Ranks on the bus at scale").
+
+| ranks | node client | connections | ckpt | coordinator apply + store + publish \
+| request → node (p50 / max) | on_battery → node (p50 / max) | acks stored (after ckpt) |
 |---|---|---|---|---|---|---|---|
 {rows}
 
-What bounds it here: 12,500 Python clients in 4 processes and three servers share 2 cores, so
-the later nodes of a process wait for the earlier ones' callbacks; on a real site each node reads
-its own message. The coordinator's share at 100k is the saga's first store (a 3.5 MB record,
-compressed parts) and the site core's apply. The ack path stores ~2,900-3,700 acks/s with R3.
-Run to run the 100k delivery varies: request → node p50 0.55-1.44 s, on_battery → node p50
-1.23-2.30 s over four runs here; the target is not met on this machine. On a site the nodes'
-connections are their leaf nats-servers (docs/architecture.md, "Ranks on the bus at scale").
+{FANOUT_NOTES}
 """
 
 

@@ -116,8 +116,15 @@ async def one(ranks: int, urls: list[str]) -> dict:
     shutdown_s = time.perf_counter() - t1
 
     kv = await bus.sagas()
-    largest = 0
-    for key in await kv.keys():
+    for _ in range(10):  # a listing of an R3 bucket right after the writes came back empty once
+        keys = await kv.keys()
+        if keys:
+            break
+        await asyncio.sleep(0.5)
+    else:
+        raise RuntimeError("the sagas bucket listed no keys after the saga was stored")
+    largest = max(s["largest_written"] for s in saves)
+    for key in keys:
         entry = await kv.get(key)
         largest = max(largest, len(entry.value) if entry else 0)
     await bus.close()

@@ -1,13 +1,16 @@
 """The console's feed from the bus (read-only, the observer credential suffices): every event as
-it is stored, the agents bucket, and the saga records polled from KV. Each source runs on its own
-and logs its failures: a bad record or a lost connection never stops the others; after a NATS
-reconnect or a coordinator restart the KV state is simply read again."""
+it is stored, the agents bucket, and the saga records (their heads watched in KV: a record is
+read again only when its head changed, so a site with thousands of past outages costs nothing
+per second). Each source runs on its own and logs its failures: a bad record or a lost
+connection never stops the others; after a NATS reconnect or a coordinator restart each watch
+starts again and reads the current state."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from powerguard.bus import Bus
@@ -17,7 +20,8 @@ from .state import ConsoleState
 
 log = logging.getLogger("powerguard.console")
 
-SAGA_POLL_S = 1.0
+SAGA_POLL_S = 1.0  # how often the saga rows are summarized again (from memory)
+RESTART_S = 1.0  # a source that failed starts again after this long
 STOP_WAIT_S = 5.0  # per round of cancelling the sources on stop
 
 
@@ -25,15 +29,17 @@ class Feed:
     def __init__(self, bus: Bus, state: ConsoleState, *, site: SiteConfig | None = None) -> None:
         self.bus, self.state, self.site = bus, state, site
         self.histories: dict[str, list[dict[str, Any]]] = {}  # saga -> its transitions (the timeline picture)
+        self.records: dict[str, Any] = {}  # saga -> its SagaRecord as last read
         self._tasks: list[asyncio.Task] = []
         self._stopped = False
 
     async def start(self) -> None:
         await self._initial_power()
         self._tasks = [
-            asyncio.create_task(self._events(), name="console-events"),
-            asyncio.create_task(self._agents(), name="console-agents"),
-            asyncio.create_task(self._sagas(), name="console-sagas"),
+            asyncio.create_task(self._keep("event feed", self._events), name="console-events"),
+            asyncio.create_task(self._keep("agents watch", self._agents), name="console-agents"),
+            asyncio.create_task(self._keep("saga records watch", self._sagas), name="console-sagas"),
+            asyncio.create_task(self._summaries(), name="console-summaries"),
         ]
 
     async def stop(self) -> None:
@@ -59,67 +65,91 @@ class Feed:
             if got is not None:
                 self.state.apply(got.event)
 
-    async def _events(self) -> None:
+    async def _keep(self, what: str, source: Callable[[], Awaitable[None]]) -> None:
+        """Run a source until the feed stops; an error is logged and the source starts again."""
         while not self._stopped:
             try:
-                async with self.bus.subscribe(subject=self.bus.subjects.all, deliver="new") as sub:
-                    async for event in sub:
-                        if self._stopped:
-                            return
-                        self.state.apply(event)
+                await source()
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                log.warning("event feed interrupted (%s); subscribing again", exc)
-                await asyncio.sleep(1.0)
+                log.warning("%s interrupted (%s); starting again", what, exc)
+            if not self._stopped:
+                await asyncio.sleep(RESTART_S)
+
+    async def _events(self) -> None:
+        async with self.bus.subscribe(subject=self.bus.subjects.all, deliver="new") as sub:
+            async for event in sub:
+                if self._stopped:
+                    return
+                self.state.apply(event)
 
     async def _agents(self) -> None:
-        while not self._stopped:
-            try:
-                kv = await self.bus.agents()
-                watcher = await kv.raw.watchall()
-                try:
-                    async for entry in watcher:
-                        if entry is None:
-                            continue
-                        if entry.operation in ("DEL", "PURGE") or not entry.value:
-                            self.state.set_agent(entry.key, None)
-                            continue
-                        try:
-                            self.state.set_agent(entry.key, AgentData.model_validate_json(entry.value))
-                        except ValueError as exc:
-                            log.warning("agent record %s ignored: %s", entry.key, exc)
-                finally:
-                    with contextlib.suppress(Exception):
-                        await watcher.stop()
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                log.warning("agents watch interrupted (%s); watching again", exc)
-                await asyncio.sleep(1.0)
+        kv = await self.bus.agents()
+        await self._watch(kv.raw.watchall(), self._agent)
+
+    def _agent(self, key: str, value: bytes | None) -> None:
+        if not value:
+            self.state.set_agent(key, None)
+            return
+        try:
+            self.state.set_agent(key, AgentData.model_validate_json(value))
+        except ValueError as exc:
+            log.warning("agent record %s ignored: %s", key, exc)
 
     async def _sagas(self) -> None:
-        from powerguard.coordinator.status import summarize
         from powerguard.coordinator.store import SagaStore
 
-        store: SagaStore | None = None
+        kv = await self.bus.sagas()
+        store = SagaStore(kv)
+
+        async def changed(key: str, value: bytes | None) -> None:
+            sid = key.removeprefix("saga.")
+            got = await store.read(key) if value else None
+            if got is None:
+                self.records.pop(sid, None)
+                self.histories.pop(sid, None)
+                return
+            rec = got[0]
+            self.records[sid] = rec
+            self.histories[sid] = [{"state": h.state.value, "at": h.at, "reason": h.reason} for h in rec.history]
+
+        await self._watch(kv.raw.watch("saga.*"), changed)
+
+    async def _watch(self, starting, on_entry: Callable[[str, bytes | None], Any]) -> None:
+        """Every entry of a KV watch (the current values first, then changes) to ``on_entry``
+        (value None: deleted); returns when the watch ends."""
+        watcher = await starting
+        try:
+            async for entry in watcher:
+                if self._stopped:
+                    return
+                if entry is None:  # the current values have all been delivered
+                    continue
+                gone = entry.operation in ("DEL", "PURGE") or not entry.value
+                done = on_entry(entry.key, None if gone else entry.value)
+                if asyncio.iscoroutine(done):
+                    await done
+        finally:
+            with contextlib.suppress(Exception):
+                await watcher.stop()
+
+    async def _summaries(self) -> None:
+        """Every second: the sagas' rows from the records in memory (a countdown moves), and
+        whether the bus is connected."""
+        from powerguard.coordinator.status import summarize
+
         while not self._stopped:
-            try:
-                self.state.set_connected(self.bus.nc.is_connected)
-                if store is None:
-                    store = SagaStore(await self.bus.sagas())
-                rows = []
-                for rec, _ in await store.load(open_only=False):
-                    row = summarize(rec, self.state.clock())
-                    row["state_at"] = rec.history[-1].at if rec.history else rec.created_at
-                    rows.append(row)
-                    self.histories[rec.saga_id] = [
-                        {"state": h.state.value, "at": h.at, "reason": h.reason} for h in rec.history
-                    ]
-                self.state.set_sagas(rows)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                log.warning("saga records not read: %s", exc)
-                self.state.set_connected(False)
+            self.state.set_connected(self.bus.nc.is_connected)
+            now = self.state.clock()
+            rows = []
+            for rec in list(self.records.values()):
+                try:
+                    row = summarize(rec, now)
+                except Exception as exc:  # one odd record never blanks the others
+                    log.warning("saga %s not summarized: %s", rec.saga_id, exc)
+                    continue
+                row["state_at"] = rec.history[-1].at if rec.history else rec.created_at
+                rows.append(row)
+            self.state.set_sagas(rows)
             await asyncio.sleep(SAGA_POLL_S)
