@@ -113,7 +113,8 @@ def worker(args: argparse.Namespace) -> None:
     # restore (verify + load) of the newest durable checkpoint
     restore_s = timed(guard.restore)
 
-    # guard.step() when nothing is due (one tiny all-reduce per step)
+    # guard.step() when nothing is due, back to back (no training between: every paced agreement
+    # falls due within these calls; bench/step_boundary.py measures it between real steps)
     n = args.step_iters
     dist.barrier(group)
     t0 = time.perf_counter()
@@ -151,6 +152,9 @@ def worker(args: argparse.Namespace) -> None:
                 "step_overhead_us": "<= 1000",
             },
         }
+        previous = json.loads(Path(args.out).read_text()) if Path(args.out).exists() else {}
+        if "step_boundary" in previous:  # bench/step_boundary.py's summary
+            out["step_boundary"] = previous["step_boundary"]
         Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
     guard.close()
     dist.destroy_process_group()

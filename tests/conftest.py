@@ -33,6 +33,18 @@ def require_binary(name: str, package: str) -> str:
     pytest.skip(message)
 
 
+def require_module(name: str, extra: str) -> None:
+    """Import check for an optional dependency; skip (locally) or fail (CI, which installs the
+    extras: ``make venv``) when it is missing."""
+    try:
+        __import__(name)
+    except ImportError as exc:
+        message = f"{name} not importable ({exc}): pip install 'powerguard-ckpt-agent[{extra}]'"
+        if IN_CI:
+            pytest.fail(message + " (CI must install every extra)", pytrace=False)
+        pytest.skip(message, allow_module_level=True)
+
+
 WATCHDOG_GRACE_S = float(os.environ.get("POWERGUARD_TEST_WATCHDOG_GRACE_S", "120"))  # past a test's timeout
 
 

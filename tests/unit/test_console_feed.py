@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import asyncio
 
-from powerguard.console import ConsoleState, Feed, feed as feed_module
+from powerguard.console import ConsoleState, Feed
+from powerguard.console import feed as feed_module
 
 
 async def test_feed_stop_survives_a_swallowed_cancellation(monkeypatch) -> None:

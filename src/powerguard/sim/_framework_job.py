@@ -1,5 +1,5 @@
-"""What the framework training sims (Lightning, HF Trainer) share: their command line (the same
-as ``powerguard.sim.train``'s where they overlap) and the rank's simulated node."""
+"""What the training sims (``train``, Lightning, HF Trainer) share: the command line of a
+simulated job and the rank's simulated node."""
 
 from __future__ import annotations
 

@@ -11,11 +11,12 @@ from pathlib import Path
 from typing import Any
 
 from powerguard.bus import Bus, BusNames
+from powerguard.bus.roles import SERVICES
 from powerguard.schemas import OnBattery
 
 from .alerts import FOR_S, Alerting, Pager, dump, service_port, start_exporter
 from .drill import run_drill
-from .site import SERVICES, SimSite, SiteOptions
+from .site import SimSite, SiteOptions
 
 
 async def alert_drill(workdir: Path, *, steps: int = 200) -> dict[str, Any]:

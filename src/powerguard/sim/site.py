@@ -20,12 +20,12 @@ from pathlib import Path
 import yaml
 
 from powerguard.bus import EmbeddedNats, embedded_cluster
+from powerguard.bus.roles import SERVICES
 
 from .otlp import OtlpReceiver
 from .pdu import SimPdu
 from .ups import Battery, ups_agent
 
-SERVICES = ("ups-monitor", "coordinator", "power-control")
 # what the simulated site waits on purpose (the drill benchmark subtracts these from its timings)
 BOOT_DELAY_S = 1.0
 RESTORE_STABLE_S = 2.0

@@ -24,6 +24,8 @@ from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 from powerguard.bus import BusNames
 from powerguard.ckpt_agent import CheckpointAgent
 
+from ._framework_job import job_parser, rank_node
+
 
 def build(seed: int, width: int, samples: int):
     g = torch.Generator().manual_seed(seed)
@@ -35,10 +37,11 @@ def build(seed: int, width: int, samples: int):
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--job", required=True)
-    p.add_argument("--steps", type=int, default=100)
-    p.add_argument("--local-dir", required=True, help="local tier root; {node} becomes the rank's node name")
+    p = job_parser(
+        __doc__.split("\n\n")[0],
+        steps_help="training steps (default 100)",
+        local_dir_help="local tier root; {node} becomes the rank's node name",
+    )
     p.add_argument("--remote-url")
     p.add_argument(
         "--local-scope",
@@ -47,27 +50,15 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         help="local tier: one shared directory, or each node's own disk (with peer replicas)",
     )
     p.add_argument("--replicas", type=int, default=1, help="node scope: peer nodes holding a copy of each node's files")
-    p.add_argument("--nats-url")
-    p.add_argument("--prefix", default="pg")
-    p.add_argument("--stream", default="PG_EVENTS")
-    p.add_argument("--agents-bucket", default="pg_agents")
-    p.add_argument("--node", default=os.environ.get("POWERGUARD_NODE"))
-    p.add_argument("--nodes", help="n1,n2: ranks are spread over these nodes in order (simulated multi-node)")
     p.add_argument("--reshard", action="store_true", help="resume a checkpoint of more ranks (not bit-exact)")
-    p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--width", type=int, default=64)
     p.add_argument("--samples", type=int, default=512)
     p.add_argument("--batch", type=int, default=16)
-    p.add_argument("--step-sleep", type=float, default=0.0, help="seconds per step (to make room for requests)")
     p.add_argument("--local-every-s", type=float, default=0.0)
     p.add_argument("--remote-every-s", type=float, default=0.0)
-    p.add_argument("--agree-every-s", type=float, help="the agent's agree_every_s (default: the agent's)")
     p.add_argument("--hang-rank", type=int, default=-1, help="this rank stops at --hang-step (a hung rank)")
     p.add_argument("--hang-step", type=int, default=-1)
     p.add_argument("--save-at", type=int, default=-1, help="a synchronous checkpoint at this step")
-    p.add_argument("--out", help="rank 0 writes the final parameters here (torch.save)")
-    p.add_argument("--progress", help="each rank appends '<rank> <step> <unix time>' lines here")
-    p.add_argument("--hold-policy", choices=["checkpoint-at-stop", "pause", "continue"], help="override the site's")
     p.add_argument("--pg-timeout-s", type=float, help="timeout of the training's own process group (default torch's)")
     p.add_argument("--http-port", type=int, help="serve POST /api/v1/trigger_checkpoint on rank 0")
     return p.parse_args(argv)
@@ -112,9 +103,7 @@ def main(argv: list[str] | None = None) -> int:
         data, batch_size=args.batch, sampler=sampler, generator=torch.Generator().manual_seed(args.seed)
     )
     names = BusNames(prefix=args.prefix, stream=args.stream, agents=args.agents_bucket)
-    node = (
-        args.nodes.split(",")[rank * len(args.nodes.split(",")) // dist.get_world_size()] if args.nodes else args.node
-    )
+    node = rank_node(args)
     guard = CheckpointAgent(
         job=args.job,
         model=ddp,

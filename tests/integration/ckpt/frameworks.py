@@ -6,10 +6,10 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from powerguard.schemas import CheckpointDurable
+from powerguard.schemas import CheckpointDurable, JobResumed
 
-from .runner import Trainer
-from .test_agent import answers, registered, request
+from .runner import Trainer, run
+from .test_agent import answers, equal_params, registered, request
 
 
 async def checkpoint_then_kill(bus, nats_server, workdir: Path, job: str, *, after_steps: int, **opts) -> int:
@@ -34,3 +34,18 @@ async def checkpoint_then_kill(bus, nats_server, workdir: Path, job: str, *, aft
     (step,) = {a.data.step for a in got}  # one agreed step on every rank
     assert all(a.data.saga_id == "saga-t" and a.data.durations.total_s >= 0 for a in got)
     return step
+
+
+async def resume_matches(bus, nats_server, workdir: Path, job: str, *, step: int, reference: Path, out: Path, **opts):
+    """Restart the killed job: it announces ``job.resumed`` naming the acked step and its saga,
+    and ends with the uninterrupted run's weights (``reference``); returns its output."""
+    resumed = bus.subscribe(JobResumed, deliver="new")
+    await resumed.start()
+    try:
+        t = await run(workdir, job, out=out, nats_url=nats_server.url, names=bus.names, **opts)
+        (announced,) = await answers(resumed, 1)
+    finally:
+        await resumed.aclose()
+    assert announced.data.step == step and announced.data.saga_id == "saga-t"  # names what it restored
+    assert equal_params(reference, out), "the resumed run must end with the uninterrupted run's weights"
+    return t.output()

@@ -9,13 +9,13 @@ import json
 
 import pytest
 
-from powerguard.schemas import JobResumed
+from tests.conftest import require_module
 
-from .frameworks import checkpoint_then_kill
+from .frameworks import checkpoint_then_kill, resume_matches
 from .runner import run
-from .test_agent import answers, equal_params
+from .test_agent import equal_params
 
-pytest.importorskip("transformers")
+require_module("transformers", "hf")
 pytestmark = pytest.mark.integration
 MODULE = "powerguard.sim.train_hf"
 STEPS = 60
@@ -38,16 +38,10 @@ async def test_trainer_request_acks_one_step_and_the_restart_resumes_bit_exact(b
     )
     periodic = json.loads((out / "checkpoint-20" / "COMMIT").read_text())  # the Trainer's own schedule, committed
     assert periodic["framework"] == "hf" and "saga_id" not in periodic
-    resumed = bus.subscribe(JobResumed, deliver="new")
-    await resumed.start()
-    try:
-        t2 = await run(b_dir, "jhf", out=tmp_path / "b.pt", nats_url=nats_server.url, names=bus.names, **opts)
-        (announced,) = await answers(resumed, 1)
-    finally:
-        await resumed.aclose()
-    assert announced.data.step == step and announced.data.saga_id == "saga-t"  # names what it restored
-    assert f"resuming from {out}/checkpoint-{step}" in t2.output()
-    assert equal_params(reference, tmp_path / "b.pt"), "the resumed run must end with the uninterrupted run's weights"
+    output = await resume_matches(
+        bus, nats_server, b_dir, "jhf", step=step, reference=reference, out=tmp_path / "b.pt", **opts
+    )
+    assert f"resuming from {out}/checkpoint-{step}" in output
 
 
 async def test_trainer_resume_skips_a_corrupt_newest_checkpoint_with_the_reason(bus, nats_server, tmp_path):

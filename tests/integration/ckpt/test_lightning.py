@@ -9,13 +9,14 @@ import json
 
 import pytest
 
-from powerguard.schemas import CheckpointFailed, JobResumed
+from powerguard.schemas import CheckpointFailed
+from tests.conftest import require_module
 
-from .frameworks import checkpoint_then_kill
+from .frameworks import checkpoint_then_kill, resume_matches
 from .runner import Trainer, run
-from .test_agent import answers, equal_params, registered, request
+from .test_agent import answers, registered, request
 
-pytest.importorskip("pytorch_lightning")
+require_module("pytorch_lightning", "lightning")
 pytestmark = pytest.mark.integration
 MODULE = "powerguard.sim.train_lightning"
 STEPS = 60
@@ -33,17 +34,10 @@ async def test_lightning_request_acks_one_step_and_the_restart_resumes_bit_exact
     commit = json.loads((directory / "COMMIT").read_text())
     assert commit["framework"] == "lightning" and commit["world_size"] == 2 and commit["saga_id"] == "saga-t"
     assert (directory / "checkpoint.ckpt").is_file()
-    resumed = bus.subscribe(JobResumed, deliver="new")
-    await resumed.start()
-    try:
-        t2 = await run(b_dir, "jlight", out=tmp_path / "b.pt", nats_url=nats_server.url, names=bus.names, **opts)
-        (announced,) = await answers(resumed, 1)
-    finally:
-        await resumed.aclose()
-    assert announced.data.step == step and announced.data.saga_id == "saga-t"  # names what it restored
-    assert f"step-{step}/checkpoint.ckpt" in t2.output()  # Lightning restored from it
-    assert "RNG state restored" in t2.output()
-    assert equal_params(reference, tmp_path / "b.pt"), "the resumed run must end with the uninterrupted run's weights"
+    out = tmp_path / "b.pt"
+    output = await resume_matches(bus, nats_server, b_dir, "jlight", step=step, reference=reference, out=out, **opts)
+    assert f"step-{step}/checkpoint.ckpt" in output  # Lightning restored from it
+    assert "RNG state restored" in output
 
 
 async def test_lightning_save_that_fails_answers_ckpt_failed_and_training_goes_on(bus, nats_server, tmp_path):

@@ -18,11 +18,10 @@ from dataclasses import dataclass, field
 from prometheus_client import Gauge
 
 from .client import Bus
-from .roles import durable_names
+from .roles import SERVICES, durable_names
 
 log = logging.getLogger("powerguard.bus.health")
 
-SERVICES = ("ups-monitor", "coordinator", "power-control")  # the services that dead-letter their input
 
 UP = Gauge("powerguard_jetstream_up", "1 when the last read of the stream and consumers succeeded")
 CONSUMER_PENDING = Gauge(

@@ -18,6 +18,7 @@ from .jwt import Permissions
 from .names import JS_DOMAIN, BusNames
 
 ROLES = ("admin", "ups-monitor", "coordinator", "power-control", "observer", "operator", "agent")
+SERVICES = ("ups-monitor", "coordinator", "power-control")  # the site's services: each dead-letters its input
 
 
 def durable_names(site: str) -> dict[str, str]:

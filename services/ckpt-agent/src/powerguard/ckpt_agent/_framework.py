@@ -241,11 +241,21 @@ class _FrameworkMixin:
             raise CommitError(result)
         return result
 
-    def finish_due(self, directory: str | os.PathLike, error: BaseException | None = None) -> Saved | None:
+    def gather(self, obj: Any) -> list[Any]:
+        """Every rank's ``obj``, in rank order (an all-gather over the agent's own process group;
+        every rank must call it). For a framework hook that needs what each rank holds (the
+        Lightning callback gathers each rank's RNG state and whether it could prepare the save)."""
+        return self._gather(obj)
+
+    def finish_due(
+        self, directory: str | os.PathLike, error: BaseException | None = None, *, retain: bool = False
+    ) -> Saved | None:
         """Every rank, after the framework wrote the due checkpoint into ``directory`` (or failed
         to: ``error``): commit it, ack every request it serves (``ckpt.failed`` with the reason on
-        any rank's failure), then pause if a request says so. Never raises a checkpoint failure
-        into the framework's loop; returns what was saved, or None."""
+        any rank's failure), then pause if a request says so. ``retain``: the checkpoints live in
+        the agent's own layout (``<local_root>/<job>/step-N``), so rank 0 prunes them to ``keep``
+        in the background once this one is committed. Never raises a checkpoint failure into the
+        framework's loop; returns what was saved, or None."""
         due, self._due = self._due, None
         if due is None:
             return None
@@ -273,6 +283,8 @@ class _FrameworkMixin:
             self._answer_failed(due.requests, exc, ctx=_spans.inside(due.span))
         finally:
             due.span.end()
+        if saved is not None and retain and self.rank == 0:
+            self._retain_in_background()
         if saved is not None and due.pause:
             self._pause(due.step, due.requests)
         return saved

@@ -202,7 +202,7 @@ class _Callback:
                 os.makedirs(directory, exist_ok=True)
             except OSError as exc:
                 problem = f"rank 0: cannot prepare {directory}: {exc}"
-        answers = agent._gather((problem, _rng_state()))
+        answers = agent.gather((problem, _rng_state()))
         problems = [p for p, _ in answers if p]
         error: BaseException | None = CheckpointError("; ".join(problems)) if problems else None
         if error is None:
@@ -217,8 +217,7 @@ class _Callback:
                     log.warning("rank %d: barrier after a failed save: %s", self._rank, barrier_exc)
             finally:
                 self._rngs = None
-        if agent.finish_due(directory, error) is not None and self._rank == 0:
-            agent._retain_in_background()
+        agent.finish_due(directory, error, retain=True)
 
     def state_dict(self) -> dict[str, Any]:
         return {"rng": self._rngs} if self._rngs is not None else {}
