@@ -109,21 +109,11 @@ async def wire_clients(ranks: int, proc: int, urls: list[str], prefix: str, time
         )
         conns.update(zip(wave, made, strict=True))
     print("ready", flush=True)
-    try:
-        await asyncio.wait_for(done.wait(), timeout_s)
-    except TimeoutError:
-        pass
+    await _wait(done, timeout_s)
     for c in conns.values():
         c.close()
     errors = [e for c in conns.values() for e in c.errors]
-    return {
-        "received": list(got.values()),
-        "nodes": len(mine),
-        "acks": len(acked),
-        "acks_expected": total,
-        "last_ack": max(acked) if acked else None,
-        "errors": errors[:5],
-    }
+    return _outcome(got, len(mine), acked, total) | {"errors": errors[:5]}
 
 
 async def node_clients(ranks: int, proc: int, urls: list[str], prefix: str, timeout_s: float, ckpt_s: float) -> dict:
@@ -173,14 +163,24 @@ async def node_clients(ranks: int, proc: int, urls: list[str], prefix: str, time
     for i in range(0, len(mine), 200):  # connect in waves
         conns += await asyncio.gather(*(one(i + k, n) for k, n in enumerate(mine[i : i + 200])))
     print("ready", flush=True)
+    await _wait(done, timeout_s)
+    await asyncio.gather(*(nc.close() for nc in conns), return_exceptions=True)
+    return _outcome(got, len(mine), acked, total)
+
+
+async def _wait(done: asyncio.Event, timeout_s: float) -> None:
+    """Until every ack of this process is stored, or the time is up (the figures say how many)."""
     try:
         await asyncio.wait_for(done.wait(), timeout_s)
     except TimeoutError:
         pass
-    await asyncio.gather(*(nc.close() for nc in conns), return_exceptions=True)
+
+
+def _outcome(got: dict[str, float], nodes: int, acked: list[float], total: int) -> dict:
+    """One client process's figures, as the parent reads them."""
     return {
         "received": list(got.values()),
-        "nodes": len(mine),
+        "nodes": nodes,
         "acks": len(acked),
         "acks_expected": total,
         "last_ack": max(acked) if acked else None,
