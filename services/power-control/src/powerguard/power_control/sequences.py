@@ -322,14 +322,14 @@ class Sequencer:
                 if i + n < len(powered) and self.s.batch_interval_s:
                     await asyncio.sleep(self.s.batch_interval_s)
             if group == last and issued is not None:
-                issued.set()
+                issued.set()  # without a ramp (or nothing powered): once the last group's power-ons ran
             for node, task in readiness.items():
                 result[node] = await task
         return result
 
     async def _ramp_wait(self, o: Order, until: Callable[[RampSlot], Awaitable[T]]) -> T:
-        """Take this node's slot in the power-on ramp and run ``until(slot)`` (default: wait for
-        it), which returns once the node has started (a BMC driver's ``on_at`` sets its session
+        """Take this node's slot in the power-on ramp and run ``until(slot)``, which returns
+        once the node has started (a BMC driver's ``on_at`` sets its session
         up before the slot, then sends at it). No ramp configured: the slot is now."""
         if not self.s.ramp.enabled:
             return await until(RampSlot(None, o.node, (), time.monotonic(), self._ramp_signal))
