@@ -39,3 +39,48 @@ async def test_feed_stop_survives_a_swallowed_cancellation(monkeypatch) -> None:
     await asyncio.wait_for(feed.stop(), 30)
     assert all(t.done() for t in feed._tasks)
     assert swallowed == 3
+
+
+class _Entry:
+    def __init__(self, key: str, value: bytes, operation: str | None = None) -> None:
+        self.key, self.value, self.operation = key, value, operation
+
+
+class _Watcher:
+    """What nats.py's KV watcher yields: the current values, None, then changes."""
+
+    def __init__(self, items: list) -> None:
+        self.items, self.stopped = list(items), False
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self):
+        if not self.items:
+            raise StopAsyncIteration
+        return self.items.pop(0)
+
+    async def stop(self) -> None:
+        self.stopped = True
+
+
+async def test_a_restarted_watch_forgets_keys_deleted_while_it_was_down() -> None:
+    feed = Feed(bus=None, state=ConsoleState())  # type: ignore[arg-type]
+    have = {"saga.a": b"1", "saga.gone": b"1"}  # what the feed held before the watch restarted
+    calls: list[tuple[str, bytes | None]] = []
+
+    def on_entry(key: str, value: bytes | None) -> None:
+        calls.append((key, value))
+        if value is None:
+            have.pop(key, None)
+        else:
+            have[key] = value
+
+    watcher = _Watcher([_Entry("saga.a", b"2"), None, _Entry("saga.b", b"3"), _Entry("saga.a", b"", "DEL")])
+
+    async def starting():
+        return watcher
+
+    await feed._watch(starting(), on_entry, lambda: list(have))
+    assert calls == [("saga.a", b"2"), ("saga.gone", None), ("saga.b", b"3"), ("saga.a", None)]
+    assert have == {"saga.b": b"3"} and watcher.stopped

@@ -86,7 +86,7 @@ class Feed:
 
     async def _agents(self) -> None:
         kv = await self.bus.agents()
-        await self._watch(kv.raw.watchall(), self._agent)
+        await self._watch(kv.raw.watchall(), self._agent, lambda: list(self.state.agents))
 
     def _agent(self, key: str, value: bytes | None) -> None:
         if not value:
@@ -114,18 +114,30 @@ class Feed:
             self.records[sid] = rec
             self.histories[sid] = [{"state": h.state.value, "at": h.at, "reason": h.reason} for h in rec.history]
 
-        await self._watch(kv.raw.watch("saga.*"), changed)
+        await self._watch(kv.raw.watch("saga.*"), changed, lambda: [f"saga.{sid}" for sid in self.records])
 
-    async def _watch(self, starting, on_entry: Callable[[str, bytes | None], Any]) -> None:
+    async def _watch(
+        self, starting, on_entry: Callable[[str, bytes | None], Any], known: Callable[[], list[str]]
+    ) -> None:
         """Every entry of a KV watch (the current values first, then changes) to ``on_entry``
-        (value None: deleted); returns when the watch ends."""
+        (value None: deleted); once the current values are in, a key of ``known()`` that was not
+        among them is deleted too (it went while the watch was down). Returns when the watch ends."""
         watcher = await starting
+        seen: set[str] | None = set()
         try:
             async for entry in watcher:
                 if self._stopped:
                     return
                 if entry is None:  # the current values have all been delivered
+                    if seen is not None:
+                        for key in set(known()) - seen:
+                            done = on_entry(key, None)
+                            if asyncio.iscoroutine(done):
+                                await done
+                    seen = None
                     continue
+                if seen is not None:
+                    seen.add(entry.key)
                 gone = entry.operation in ("DEL", "PURGE") or not entry.value
                 done = on_entry(entry.key, None if gone else entry.value)
                 if asyncio.iscoroutine(done):
