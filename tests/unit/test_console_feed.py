@@ -69,7 +69,7 @@ async def test_a_restarted_watch_forgets_keys_deleted_while_it_was_down() -> Non
     have = {"saga.a": b"1", "saga.gone": b"1"}  # what the feed held before the watch restarted
     calls: list[tuple[str, bytes | None]] = []
 
-    def on_entry(key: str, value: bytes | None) -> None:
+    async def on_entry(key: str, value: bytes | None) -> None:
         calls.append((key, value))
         if value is None:
             have.pop(key, None)

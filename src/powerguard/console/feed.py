@@ -28,7 +28,6 @@ STOP_WAIT_S = 5.0  # per round of cancelling the sources on stop
 class Feed:
     def __init__(self, bus: Bus, state: ConsoleState, *, site: SiteConfig | None = None) -> None:
         self.bus, self.state, self.site = bus, state, site
-        self.histories: dict[str, list[dict[str, Any]]] = {}  # saga -> its transitions (the timeline picture)
         self.records: dict[str, Any] = {}  # saga -> its SagaRecord as last read
         self._tasks: list[asyncio.Task] = []
         self._stopped = False
@@ -88,7 +87,7 @@ class Feed:
         kv = await self.bus.agents()
         await self._watch(kv.raw.watchall(), self._agent, lambda: list(self.state.agents))
 
-    def _agent(self, key: str, value: bytes | None) -> None:
+    async def _agent(self, key: str, value: bytes | None) -> None:
         if not value:
             self.state.set_agent(key, None)
             return
@@ -108,16 +107,13 @@ class Feed:
             got = await store.read(key) if value else None
             if got is None:
                 self.records.pop(sid, None)
-                self.histories.pop(sid, None)
-                return
-            rec = got[0]
-            self.records[sid] = rec
-            self.histories[sid] = [{"state": h.state.value, "at": h.at, "reason": h.reason} for h in rec.history]
+            else:
+                self.records[sid] = got[0]
 
         await self._watch(kv.raw.watch("saga.*"), changed, lambda: [f"saga.{sid}" for sid in self.records])
 
     async def _watch(
-        self, starting, on_entry: Callable[[str, bytes | None], Any], known: Callable[[], list[str]]
+        self, starting, on_entry: Callable[[str, bytes | None], Awaitable[None]], known: Callable[[], list[str]]
     ) -> None:
         """Every entry of a KV watch (the current values first, then changes) to ``on_entry``
         (value None: deleted); once the current values are in, a key of ``known()`` that was not
@@ -131,20 +127,21 @@ class Feed:
                 if entry is None:  # the current values have all been delivered
                     if seen is not None:
                         for key in set(known()) - seen:
-                            done = on_entry(key, None)
-                            if asyncio.iscoroutine(done):
-                                await done
+                            await on_entry(key, None)
                     seen = None
                     continue
                 if seen is not None:
                     seen.add(entry.key)
                 gone = entry.operation in ("DEL", "PURGE") or not entry.value
-                done = on_entry(entry.key, None if gone else entry.value)
-                if asyncio.iscoroutine(done):
-                    await done
+                await on_entry(entry.key, None if gone else entry.value)
         finally:
             with contextlib.suppress(Exception):
                 await watcher.stop()
+
+    def history(self, saga: str) -> list[dict[str, Any]]:
+        """A saga's transitions, for its timeline picture (none when the record is not known)."""
+        rec = self.records.get(saga)
+        return [{"state": h.state.value, "at": h.at, "reason": h.reason} for h in rec.history] if rec else []
 
     async def _summaries(self) -> None:
         """Every second: the sagas' rows from the records in memory (a countdown moves), and

@@ -92,7 +92,7 @@ def make_app(state: ConsoleState, feed: Feed | None = None, *, token: str | None
     async def saga_svg(request: web.Request) -> web.Response:
         saga = request.match_info["saga"]
         row: dict[str, Any] = next((r for r in state.sagas if r.get("saga") == saga), {})
-        history = feed.histories.get(saga, []) if feed is not None else []
+        history = feed.history(saga) if feed is not None else []
         if not row:
             raise web.HTTPNotFound(text=f"no saga {saga}")
         return web.Response(text=timeline_svg(row, history), content_type="image/svg+xml")

@@ -161,10 +161,23 @@ def split(
         return emit(bodies, path, kind)
 
     def shrink_flat(value: dict | list, path: str) -> tuple[Any, str] | None:
-        """A large container of scalars, through the memo (None: not such a container)."""
+        """A container of scalars (None: not such a container). A small one (a node's plan, a
+        run of ranks: tens of thousands in a large saga) is serialized in one pass and kept
+        whole unless too large; a large one goes through the memo's chunks."""
         is_dict = isinstance(value, dict)
-        if len(value) < _MEMO_MIN or not all(isinstance(v, _SCALARS) for v in (value.values() if is_dict else value)):
+        if not all(isinstance(v, _SCALARS) for v in (value.values() if is_dict else value)):
             return None
+        if len(value) < _MEMO_MIN:
+            if is_dict:
+                body = ",".join(f"{encode_basestring_ascii(str(k))}:{_dumps(v)}" for k, v in value.items())
+                text = "{" + body + "}"
+            else:
+                text = "[" + ",".join(map(_dumps, value)) + "]"
+            if len(text) + 1 > limits.container_bytes:
+                return None  # too large to keep whole: walked and cut like any container
+            if path:
+                memo.inline[path] = (value, text)
+            return value, text
         chunks = flat(list(value.items()) if is_dict else value, path, is_dict)
         kind = "dict" if is_dict else "list"
         if sum(len(b) + 1 for _, b in chunks) + 1 > limits.container_bytes and path:
@@ -172,22 +185,6 @@ def split(
             return ref, _dumps(ref)
         open_, close = _BRACKETS[kind]
         return value, open_ + ",".join(b for _, b in chunks) + close
-
-    def small_flat(value: Any) -> tuple[Any, str] | None:
-        """A small container of scalars that stays whole (a node's plan, a run of ranks: tens of
-        thousands of them in a large saga), serialized without walking it as a tree; None: not
-        such a container."""
-        if isinstance(value, dict):
-            if len(value) >= _MEMO_MIN or not all(isinstance(v, _SCALARS) for v in value.values()):
-                return None
-            text = "{" + ",".join(f"{encode_basestring_ascii(str(k))}:{_dumps(v)}" for k, v in value.items()) + "}"
-        elif isinstance(value, list):
-            if len(value) >= _MEMO_MIN or not all(isinstance(v, _SCALARS) for v in value):
-                return None
-            text = "[" + ",".join(map(_dumps, value)) + "]"
-        else:
-            return None
-        return (value, text) if len(text) + 1 <= limits.container_bytes else None
 
     def shrink(value: Any, path: str) -> tuple[Any, str]:
         """(value with large containers replaced, its JSON text); a container equal to the one
@@ -202,10 +199,6 @@ def split(
         same = memo.inline.get(path)
         if same is not None and same[0] == value:
             return same
-        if (done := small_flat(value)) is not None:
-            if path:
-                memo.inline[path] = done
-            return done
         if isinstance(value, dict | list) and (done := shrink_flat(value, path)) is not None:
             return done
         done = _shrink(value, path)

@@ -165,18 +165,18 @@ class SagaStore:
 
         # the nodes' entries alone ("name":{"node":"name"}) bound the record's size from below:
         # a record surely above the inline limit is not serialized once more just to measure it
-        at_least = sum(2 * len(n) + 14 for n in rec.nodes)
-        whole = rec.model_dump_json().encode() if at_least <= self.limits.inline_bytes else b""
-        if whole and len(whole) <= self.limits.inline_bytes:
-            head, parts = {}, {}
+        size = sum(2 * len(n) + 14 for n in rec.nodes)
+        whole = rec.model_dump_json().encode() if size <= self.limits.inline_bytes else None
+        if whole is not None and len(whole) <= self.limits.inline_bytes:
+            body, parts = whole, {}
         else:
             memo = self._memo.setdefault(sid, SplitMemo())
-            size = len(whole) or at_least
+            size = len(whole) if whole is not None else size
             head, parts = split(rec.model_dump(mode="json"), limits=self.limits, key_for=key_for, size=size, memo=memo)
+            body = json.dumps(head, separators=(",", ":")).encode()
         kept = {k for _, k in old.values()}
         fresh = {k: _pack(v) for k, v in parts.items() if k not in kept}
         await asyncio.gather(*(self.kv.put(k, v) for k, v in fresh.items()))
-        body = json.dumps(head, separators=(",", ":")).encode() if parts or not whole else whole
         try:
             if revision is None:
                 rev = await self.kv.create(saga_key(sid), body)
