@@ -296,6 +296,7 @@ def timeline_svg(row: dict[str, Any], history: list[dict[str, Any]]) -> str:
         "final_checkpoint": "#5bc0de",
         "shutting_down": "#d9534f",
         "down": "#777",
+        "partly_down": "#a94442",
         "restoring": "#5cb85c",
         "resumed": "#5cb85c",
     }

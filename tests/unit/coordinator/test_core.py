@@ -83,9 +83,16 @@ def test_a_failed_power_off_is_recorded_with_its_reason():
     s = Site()
     shut_down(s)
     failed = PowerResultData(saga_id="s1", node="n1", action="off", error="BMC unreachable")
-    s.send(PowerActionFailed(data=failed), s.node("n2", "off", "s1"))
+    step = s.send(PowerActionFailed(data=failed), s.node("n2", "off", "s1"))
     rec = s.core.open["s1"]
-    assert rec.state.value == "down" and rec.nodes["n1"].error == "BMC unreachable"
+    # the off is commanded again (a new key: power-control falls back to the outlets on a retry)
+    assert rec.state.value == "shutting_down" and rec.nodes["n1"].error == "BMC unreachable"
+    again = step.commands["s1"]
+    assert [(c.kind, c.target, c.key, c.args["retry"]) for c in again] == [("shutdown", "n1", "s1/n1/shutdown.r1", 1)]
+    s.send(PowerActionFailed(data=failed))
+    # retries spent: never "down" while a node's off failed; the reason names it
+    assert rec.state.value == "partly_down"
+    assert "off failed on n1 (BMC unreachable): its power state is unknown; off: n2" in rec.reason
 
 
 def restore_started(s: Site) -> None:
@@ -123,14 +130,56 @@ def test_a_real_restart_is_not_a_resume_but_a_drills_dry_run_restart_is():
     assert s.core.open["s1"].state.value == "restoring" and "unmatched" in s.notices()
 
 
-def test_power_failing_again_while_restoring_starts_the_next_saga_when_the_last_ends():
+def test_power_failing_again_while_restoring_is_protected_at_once():
+    """The restoring saga does not look at power: a new outage must not wait for it to end."""
     s = Site()
     restore(s)
-    s.send(s.power("A", True))  # fails again: the restoring saga finishes first
+    step = s.send(s.power("A", True))  # fails again before j1 resumed
+    assert step.started == ["s2"] and s.kinds(step) == [("ckpt_request", "j1")]
+    states = {r.saga_id: r.state.value for r in step.changed}
+    assert states == {"s1": "failed", "s2": "checkpointing"}
+    old = next(r for r in step.changed if r.saga_id == "s1")
+    assert old.reason.startswith("superseded by s2: power failed again during the restore")
+    assert old.superseded_by == "s2" and list(s.core.open) == ["s2"]
+
+
+def test_a_stuck_restore_never_blocks_the_next_outage_and_its_restore_is_carried():
+    """n2's power-on failed (no IPMI answer); the saga waits for it (restore_timeout_s) while
+    the UPS goes on battery again with j1 training on n1: checkpoint, shutdown, and later a
+    restore of both nodes and the job, by the new saga."""
+    s = Site()
+    restore_started(s)
+    failed = PowerResultData(saga_id="s1", node="n2", action="on", error="bmc:n2: no IPMI answer")
+    s.send(s.node("n1", "ready", "s1"), PowerActionFailed(data=failed))
+    s.advance(60)
     assert s.core.open["s1"].state.value == "restoring"
-    step = s.send(s.resumed("j1", "s1"))
-    assert [(r.saga_id, r.state.value) for r in step.changed] == [("s1", "done"), ("s2", "checkpointing")]
-    assert step.started == ["s2"] and s.kinds(step) == [("ckpt_request", "j1")] and list(s.core.open) == ["s2"]
+    step = s.send(s.power("A", True, runtime_s=100))
+    assert step.started == ["s2"] and ("ckpt_request", "j1") in s.kinds(step)
+    s2 = s.core.open["s2"]
+    assert s2.at_risk == ["n1", "n2"] and "s1" not in s.core.open
+    s.send(*s.acks("s2", "j1"))
+    step = s.send(s.power("A", True, runtime_s=50))  # below the reserve
+    assert sorted(t for k, t in s.kinds(step) if k == "shutdown") == ["n1", "n2"]
+    s.send(s.node("n1", "off", "s2"), s.node("n2", "off", "s2"), s.power("A", False))
+    step = s.advance(s.policy.restore_stable_s + 1)
+    assert sorted(t for k, t in s.kinds(step) if k == "power_on") == ["n1", "n2"]
+
+
+def test_a_second_ups_failing_while_one_saga_is_down_starts_a_saga_beside_it():
+    """n1, n2 are off (saga s1, feed A still out); B fails: n4 is at risk and only n4 joins the
+    new saga (n3 is fed by A+B and was never shut down: it joins too); nothing is shut down twice."""
+    s = Site()
+    shut_down(s)
+    s.send(s.node("n1", "off", "s1"), s.node("n2", "off", "s1"))
+    assert s.core.open["s1"].state.value == "down"
+    step = s.send(s.power("B", True))
+    assert step.started == ["s2"]
+    s2 = s.core.open["s2"]
+    assert s2.at_risk == ["n3", "n4"] and s.core.open["s1"].state.value == "down"
+    s.send(*s.acks("s2", "j2"), *s.acks("s2", "j3"))
+    s.send(s.power("B", True, runtime_s=50))
+    shut = [t for st in s.steps for sid, cmds in st.commands.items() for c in cmds if c.kind == "shutdown" for t in [c.target]]
+    assert sorted(shut) == ["n1", "n2", "n3", "n4"], "a node shut down twice or not at all"
 
 
 def test_resume_takes_over_open_sagas_and_says_what_to_send_again():

@@ -7,6 +7,7 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from powerguard.coordinator import saga
 from powerguard.coordinator.saga import S
 
 from .harness import POLICY, TOPO
@@ -38,18 +39,42 @@ def apply(s: Site, step) -> None:
         case ("power", ups, on_battery, runtime, lb):
             s.send(s.power(ups, on_battery, runtime_s=runtime, status=["OB" if on_battery else "OL"] + ["LB"] * lb))
         case ("acks", job, rnd):
-            if sid and job in s.core.open[sid].jobs:
-                s.send(*s.acks(sid, job, round=rnd))
+            mine = [o for o, r in s.core.open.items() if job in r.jobs]
+            if mine:
+                s.send(*[a for o in mine for a in s.acks(o, job, round=rnd)])
         case ("node", node, state, ours):
-            s.send(s.node(node, state, sid if ours else "s999"))
+            mine = [o for o, r in s.core.open.items() if node in r.nodes] or [sid]
+            s.send(*[s.node(node, state, o if ours else "s999") for o in mine])
         case ("resumed", job, ours):
-            s.send(s.resumed(job, sid if ours else None))
+            mine = [o for o, r in s.core.open.items() if job in r.jobs or job in r.carried] or [sid]
+            s.send(*[s.resumed(job, o if ours else None) for o in mine])
         case ("advance", dt):
             s.advance(dt)
 
 
-def check(s: Site, step) -> None:
-    assert len(s.core.open) <= 1, "two sagas open on one site"
+def check(s: Site, step, held_before: dict[str, set[str]]) -> None:
+    """After every input: every node at risk is held by exactly one open saga, at most one saga
+    protects (is before its shutdown), a protected node's jobs were all asked to checkpoint, and
+    no node is shut down twice for one reading nor by a saga while another holds it."""
+    protecting = [r for r in s.core.open.values() if r.state in saga.BEFORE_SHUTDOWN]
+    assert len(protecting) <= 1, "two sagas protecting one site"
+    held = {sid: saga.held_by(r) for sid, r in s.core.open.items()}
+    owners: dict[str, list[str]] = {}
+    for sid, nodes in held.items():
+        for n in nodes:
+            owners.setdefault(n, []).append(sid)
+    assert all(len(v) == 1 for v in owners.values()), f"a node held by two sagas: {owners}"
+    on_battery = [u for u, v in s.core.ups.items() if v.on_battery]
+    jobs = s.core.registry.jobs(s.now)
+    for node in TOPO.nodes_at_risk(on_battery):
+        assert node in owners, f"{node} at risk and no saga holds it: unprotected"
+        rec = s.core.open[owners[node][0]]
+        if rec.state in saga.BEFORE_SHUTDOWN:
+            for name, info in jobs.items():
+                if node in info.nodes:
+                    assert name in rec.jobs and rec.jobs[name].requested_at is not None, f"{name} on {node} not asked"
+    targets = [c.target for cmds in step.commands.values() for c in cmds if c.kind == "shutdown"]
+    assert len(targets) == len(set(targets)), f"a node shut down twice for one input: {targets}"
     for sid, cmds in step.commands.items():
         if not cmds:
             continue
@@ -57,6 +82,8 @@ def check(s: Site, step) -> None:
         for c in cmds:
             assert c.key.startswith(f"{sid}/"), "a command keyed outside its saga"
             if c.kind == "shutdown":
+                others = [o for o, nodes in held_before.items() if o != sid and c.target in nodes]
+                assert not others, f"{c.target} shut down by {sid} while {others} held it"
                 assert all(s.core.ups[u].on_battery for u in TOPO.feeds[c.target]), f"{c.target} off with mains"
                 unsettled = [j for j, p in rec.jobs.items() if c.target in p.ranks.values() and p.settled_at is None]
                 assert not unsettled, f"{c.target} off before {unsettled} checkpointed or ran out of time"
@@ -65,17 +92,16 @@ def check(s: Site, step) -> None:
 def drain(s: Site) -> None:
     """Mains back for good; every device and agent does what it is told."""
     s.send(s.power("A", False, charge_pct=100), s.power("B", False, charge_pct=100))
-    for _ in range(4):
-        sid = current(s)
-        if sid is None:
+    for _ in range(6):
+        if not s.core.open:
             return
-        rec = s.core.open[sid]
-        s.send(*[s.node(n, "off", sid) for n, p in rec.nodes.items() if p.shutdown_at is not None])
+        for sid, rec in list(s.core.open.items()):
+            s.send(*[s.node(n, "off", sid) for n, p in rec.nodes.items() if p.shutdown_at is not None])
         s.advance(s.policy.restore_stable_s + 1)
-        if sid in s.core.open:
+        for sid, rec in list(s.core.open.items()):
             s.send(*[s.node(n, "ready", sid) for n, p in rec.nodes.items() if p.power_on_at is not None])
-        if sid in s.core.open:
-            s.send(*[s.resumed(j, sid) for j in rec.jobs])
+        for sid, rec in list(s.core.open.items()):
+            s.send(*[s.resumed(j, sid) for j in sorted({*rec.jobs, *rec.carried})])
         s.advance(1)
 
 
@@ -85,9 +111,10 @@ def test_site_invariants(steps_, hold_policy):
     s = Site(policy=POLICY.model_copy(update={"hold_policy": hold_policy}))
     for step in steps_:
         seen = len(s.steps)
+        held_before = {sid: saga.held_by(r) for sid, r in s.core.open.items()}
         apply(s, step)
         for out in s.steps[seen:]:
-            check(s, out)
+            check(s, out, held_before)
     drain(s)
     assert not s.core.open, f"a saga is stuck: {[(r.saga_id, r.state.value) for r in s.core.open.values()]}"
     keys = [c.key for c in s.commands]
@@ -102,3 +129,8 @@ def test_site_invariants(steps_, hold_policy):
         shut = {c.target for c in mine if c.kind == "shutdown"}
         on = {c.target for c in mine if c.kind == "power_on"}
         assert shut <= on or rec.state == S.FAILED, f"saga {sid} left {shut - on} off"
+    last: dict[str, str] = {}  # a node's last power command over every saga: never left off
+    for c in s.commands:
+        if c.kind in ("shutdown", "power_on"):
+            last[c.target] = c.kind
+    assert all(k == "power_on" for k in last.values()), f"nodes left off: {last}"

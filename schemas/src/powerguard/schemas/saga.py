@@ -20,6 +20,7 @@ class SagaState(StrEnum):
     FINAL_CHECKPOINT = "final_checkpoint"
     SHUTTING_DOWN = "shutting_down"
     DOWN = "down"
+    PARTLY_DOWN = "partly_down"  # the shutdown ended with some node's off failed (named in the reason)
     RESTORING = "restoring"
     RESUMED = "resumed"
     DONE = "done"

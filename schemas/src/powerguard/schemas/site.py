@@ -94,6 +94,10 @@ class UpsConfig(_Model):
     host: str = "127.0.0.1"
     port: int | None = Field(default=None, ge=1, le=65535)
     options: dict[str, Any] = Field(default_factory=dict, description="Driver settings")
+    capacity_wh: float | None = Field(
+        default=None, gt=0, description="Battery energy at full charge, Wh: a runtime estimate of the coordinator's own"
+    )
+    rated_w: float | None = Field(default=None, gt=0, description="Rated output, W (the load % is a share of it)")
 
     _name = field_validator("name")(lambda v: token(v, what="ups"))
 

@@ -11,6 +11,21 @@ Here live the rules that decide which saga an event belongs to (routing and resu
 matching, always by saga id where the event carries one), when a saga starts, what a UPS's
 status flags mean, and how a drill and a real outage mix. The service (``service.py``)
 keeps only the lease, the consumer, compare-and-set writes and publishing.
+
+**Protection never pauses.** After every input, every node at risk (every feed on battery) is
+held by exactly one open saga: at most one saga *protects* (is before its shutdown) and joins
+the nodes at risk that no other saga holds; when none protects, a new saga starts for them,
+beside sagas that are down or restoring. A node a saga has shut down and not powered on is
+held by it (no other saga shuts it down again); a restoring saga whose nodes or jobs are at
+risk again is superseded: it ends ``failed`` with the reason, and the protecting saga carries
+what it had yet to restore. Node state reports still count only for the saga they name:
+power-control names the saga of its latest command for the node in its periodic read-backs
+and after an operator's ``powerguard power on/off``.
+
+**Measured shutdowns.** When a real saga's shutdown ends, the core keeps, per node group (feed
+set), how long its nodes took from the stop decision to off (the last five outages); each new
+saga starts with the slowest of them (``SagaRecord.shutdown_need``), and its battery budget
+uses them instead of the configured reserve.
 """
 
 from __future__ import annotations
@@ -116,33 +131,62 @@ class SiteCore:
         self.open: dict[str, SagaRecord] = {}
         self._newest: dict[str, float] = {}  # UPS -> time of the newest power event applied
         self._saga_id = saga_id
+        self.measured: dict[str, list[float]] = {}  # node group -> shutdowns of the latest real outages, s
+        self._learned: set[str] = set()
 
     # ------------------------------------------------------------------ state
     def resume(self, records: Iterable[SagaRecord]) -> dict[str, list[Command]]:
-        """Take over open sagas (read from the store); returns what each must re-send."""
+        """Take over open sagas (read from the store; ended ones teach the measured shutdowns);
+        returns what each open one must re-send."""
         self.open = {}
         again: dict[str, list[Command]] = {}
         for rec in records:
+            self.learn(rec)
             if rec.terminal:
                 continue
             self.open[rec.saga_id] = rec
             for u, v in rec.ups.items():
-                self.ups.setdefault(u, v.model_copy())
+                self.ups.setdefault(u, v.model_copy(deep=True))
             again[rec.saga_id] = saga.pending(rec, self.policy)
         return again
 
     # ------------------------------------------------------------------ inputs
+    def learn(self, rec: SagaRecord) -> None:
+        """Keep a real saga's measured shutdown per node group, once its shutdown has ended."""
+        if rec.drill or rec.saga_id in self._learned or rec.state in saga.BEFORE_SHUTDOWN:
+            return
+        if rec.state == saga.S.SHUTTING_DOWN or (rec.state == saga.S.FAILED and rec.shutdown_started_at is None):
+            return
+        took: dict[str, float] = {}
+        for node, p in rec.nodes.items():
+            if p.shutdown_at is None or p.off_at is None or p.error is not None or node not in self.topo.feeds:
+                continue
+            group = self.topo.group_key(self.topo.feeds[node])
+            took[group] = max(took.get(group, 0.0), p.off_at - p.shutdown_at)
+        self._learned.add(rec.saga_id)
+        for group, seconds in took.items():
+            kept = self.measured.setdefault(group, [])
+            kept.append(round(seconds, 3))
+            del kept[:-5]
+
+    def shutdown_need(self) -> dict[str, float]:
+        """Node group -> the slowest of its measured shutdowns (what a new saga starts with)."""
+        return {g: max(v) for g, v in self.measured.items() if v}
+
     def apply(self, events: Sequence[tuple[Envelope, Trace]], now: float) -> Step:
         """Apply received events in order, then advance every saga once."""
         before = {sid: (_snapshot(r), len(r.history)) for sid, r in self.open.items()}
         step = Step()
         inputs: dict[str, list[Input]] = {}
+        first_trace: list[Trace] = []
         for ev, trace in events:
+            if isinstance(ev, PowerEvent) and not first_trace:
+                first_trace.append(trace)
             self._route(ev, trace, now, inputs, step)
         for sid, batch in inputs.items():
             if sid in self.open:
                 self._handle(self.open[sid], batch, now, step)
-        return self._finish(before, step, now)
+        return self._finish(before, step, now, first_trace[0] if first_trace else None)
 
     def tick(self, now: float) -> Step:
         """Advance every open saga on the clock (deadlines, timeouts, stability windows)."""
@@ -156,13 +200,9 @@ class SiteCore:
         """One event -> saga inputs, queued per saga. Results go to the saga they name."""
         if isinstance(ev, PowerEvent):
             p = self._power(ev, now, step)
-            if p is None:
-                return
-            if self.open:
+            if p is not None:
                 for sid in self.open:
                     inputs.setdefault(sid, []).append(p)
-            else:
-                self._maybe_start(now, trace, step)
             return
         if not _concerns_sagas(ev):
             return
@@ -172,7 +212,10 @@ class SiteCore:
             # an agent that names no open saga: restarted without POWERGUARD_SAGA in its
             # environment and restored a periodic checkpoint (no saga) or an older outage's.
             # Its job resumed all the same: it counts for the saga restoring that job.
-            sid = next((s for s, r in self.open.items() if data.job in r.jobs and r.state == saga.S.RESTORING), sid)
+            sid = next(
+                (s for s, r in self.open.items() if (data.job in r.jobs or data.job in r.carried) and r.state == saga.S.RESTORING),
+                sid,
+            )
         rec = self.open.get(sid or "")
         if rec is None:
             step.notices.append(Notice("unknown_saga", f"{ev.short_type} for saga {sid} that is not open: ignored"))
@@ -226,52 +269,75 @@ class SiteCore:
             kind = "failed_on" if d.action == "on" else "failed_off"
             return NodeReport(node=d.node, state=kind, detail=d.error) if d.node in rec.nodes else None
         if isinstance(ev, JobResumed):
-            return Resumed(job=d.job, step=d.step) if d.job in rec.jobs else None
+            return Resumed(job=d.job, step=d.step) if d.job in rec.jobs or d.job in rec.carried else None
         if isinstance(ev, JobRestarted):  # a drill's dry-run restart: the job never stopped, so it "resumed"
             return Resumed(job=d.job, step=None) if rec.drill and d.job in rec.jobs else None
         return None
 
     # ------------------------------------------------------------------ sagas
+    def _held_elsewhere(self, rec: SagaRecord) -> frozenset[str]:
+        return frozenset().union(*(saga.held_by(r) for r in self.open.values() if r is not rec))
+
     def _handle(self, rec: SagaRecord, inp: Input | list[Input], now: float, step: Step) -> None:
-        cmds = saga.handle(rec, inp, now=now, topo=self.topo, policy=self.policy, jobs=lambda: self.registry.jobs(now))
+        cmds = saga.handle(
+            rec,
+            inp,
+            now=now,
+            topo=self.topo,
+            policy=self.policy,
+            jobs=lambda: self.registry.jobs(now),
+            held=self._held_elsewhere(rec) if len(self.open) > 1 else frozenset(),
+        )
         step.commands.setdefault(rec.saga_id, []).extend(cmds)
 
-    def _maybe_start(self, now: float, trace: Trace, step: Step) -> None:
-        """A saga starts when no saga is open and some node has every feed on battery."""
+    def _protect(self, now: float, trace: Trace, step: Step) -> None:
+        """Every node at risk held by one open saga: the protecting saga joins the ones no saga
+        holds, or a new saga starts for them; a restoring saga at risk again is superseded."""
         on_battery = [u for u, v in self.ups.items() if v.on_battery]
-        if self.open or not self.topo.nodes_at_risk(on_battery):
+        risk = set(self.topo.nodes_at_risk(on_battery))
+        if not risk:
             return
-        rec = saga.start(
-            saga_id=self._saga_id(self.topo.site, now),
-            topo=self.topo,
-            ups=self.ups,
-            jobs=self.registry.jobs(now),
-            now=now,
-            trace=trace,
-            hold_policy=self.policy.hold_policy,
-        )
-        self.open[rec.saga_id] = rec
-        step.started.append(rec.saga_id)
-        self._handle(rec, Tick(), now, step)
+        held = frozenset().union(*(saga.held_by(r) for r in self.open.values()))
+        protector = next((r for r in self.open.values() if r.state in saga.BEFORE_SHUTDOWN), None)
+        if risk - held:
+            if protector is not None:
+                self._handle(protector, Tick(), now, step)  # joins them (what others hold excluded)
+            else:
+                protector = saga.start(
+                    saga_id=self._saga_id(self.topo.site, now),
+                    topo=self.topo,
+                    ups=self.ups,
+                    jobs=self.registry.jobs(now),
+                    now=now,
+                    trace=trace,
+                    hold_policy=self.policy.hold_policy,
+                    held=held,
+                    shutdown_need=self.shutdown_need(),
+                )
+                self.open[protector.saga_id] = protector
+                step.started.append(protector.saga_id)
+                self._handle(protector, Tick(), now, step)
+        if protector is None or protector.terminal:
+            return
+        ours = set(protector.at_risk)
+        for rec in list(self.open.values()):
+            if rec is protector or rec.state != saga.S.RESTORING:
+                continue
+            jobs = set(rec.jobs) | set(rec.carried)
+            if ours & set(rec.nodes) or jobs & set(protector.jobs):
+                saga.supersede(rec, protector, now)
 
-    def _finish(self, before: dict[str, tuple[str, int]], step: Step, now: float) -> Step:
-        """Collect what changed; drop ended sagas; start the next one if power is still out
-        (e.g. it failed again while the last one restored)."""
+    def _finish(self, before: dict[str, tuple[str, int]], step: Step, now: float, trace: Trace = None) -> Step:
+        """Protect every node at risk (above); collect what changed; drop ended sagas (a real
+        one whose shutdown ended teaches its measured shutdown)."""
+        self._protect(now, trace, step)
         for sid, rec in list(self.open.items()):
             snap, n_hist = before.get(sid, ("", 0))
             if _snapshot(rec) == snap and not step.commands.get(sid):
                 continue
             step.changed.append(rec)
             step.history_from[sid] = n_hist
+            self.learn(rec)
             if rec.terminal:
                 del self.open[sid]
-        if not self.open:
-            more = Step()
-            self._maybe_start(now, None, more)
-            for rec in self.open.values():  # the one just started, if any
-                step.changed.append(rec)
-                step.history_from[rec.saga_id] = 0
-            step.started += more.started
-            for sid, cmds in more.commands.items():
-                step.commands.setdefault(sid, []).extend(cmds)
         return step

@@ -40,6 +40,25 @@ class Policy(BaseModel):
         description="Decide to stop when the budget left before the shutdown reserve falls to this many times "
         "the measured power checkpoint (so the final checkpoint fits)",
     )
+    shutdown_factor: float = Field(
+        default=1.5,
+        ge=1.0,
+        description="A node group's measured shutdown (stop decided -> every node off, from earlier real "
+        "outages) times this is what the shutdown needs of the battery; until a group has a measurement, "
+        "shutdown_reserve_s stands for it",
+    )
+    ckpt_retries: int = Field(
+        default=2,
+        ge=0,
+        description="A power checkpoint that failed (a rank reported an error) is requested again, as a new "
+        "round, up to this many times while the battery budget allows",
+    )
+    off_retries: int = Field(
+        default=1,
+        ge=0,
+        description="A node whose power-off failed is commanded off again (power-control falls back to its PDU "
+        "outlets on a retry) up to this many times while the battery lasts",
+    )
     max_event_age_s: float = Field(
         default=120.0,
         gt=0,

@@ -1,8 +1,25 @@
 """The outage saga as a pure state machine: inputs and a clock in, commands out. No I/O.
 
     detected -> checkpointing -> checkpointed | partial -> holding [-> final_checkpoint]
-             -> shutting_down -> down -> restoring -> resumed -> done
+             -> shutting_down -> down | partly_down -> restoring -> resumed -> done
     exits: cancelled (power back before shutdown), failed (with a reason)
+
+A power checkpoint that failed is requested again as a new round (its own request id and
+command key, ``ckpt.2``, ...) up to ``ckpt_retries`` times while the battery budget allows; a
+node whose power-off failed is commanded off again (``shutdown.r1``) up to ``off_retries`` times,
+and a shutdown where some node's off failed ends ``partly_down``, naming the nodes, never ``down``.
+
+The battery budget is the time left until the battery is empty (the most conservative of the
+UPS's estimate, the measured discharge and the site file's capacity: :mod:`.battery`) minus
+what the shutdown needs (the node groups' measured shutdowns of earlier real outages times
+``shutdown_factor``, or ``shutdown_reserve_s`` for a group never measured) minus ``margin_s``.
+The hold ends on the configured reserve; the final checkpoint is taken whenever it fits the
+budget, even below the reserve.
+
+Protection never pauses: the site core (:mod:`.core`) keeps at most one saga *protecting*
+nodes (before its shutdown) and passes every saga the nodes the others hold (``held``), so a
+node is shut down by one saga only; a restoring saga whose nodes or jobs are at risk again is
+superseded by the protecting one (:func:`supersede`), which carries its unfinished restore.
 
 The hold policy of each job (site default, overridden by the job's registration) decides what
 its ranks do during the hold: ``checkpoint-at-stop`` jobs train on and take a final checkpoint
@@ -30,6 +47,7 @@ from pydantic import BaseModel, Field, field_serializer, field_validator, model_
 
 from powerguard.schemas import HoldPolicy, SagaState, command_key
 
+from . import battery
 from .policy import Policy
 from .topology import JobInfo, Topology
 
@@ -49,6 +67,7 @@ class Power:
     low_battery: bool = False
     fsd: bool = False
     drill: bool = False  # a synthetic reading from `powerguard drill`
+    load_pct: float | None = None
 
 
 @dataclass(frozen=True)
@@ -104,6 +123,10 @@ class UpsView(BaseModel):
     fsd: bool = False
     since: float = 0.0  # when on_battery last changed
     drill: bool = False  # on battery only in a drill
+    load_pct: float | None = None
+    samples: list[list[float]] = Field(default_factory=list)  # on battery: [t, charge %, load % or -1]
+    start_charge_pct: float | None = None  # when it went on battery
+    start_runtime_s: float | None = None  # the UPS's own estimate then (judged against what happened)
 
 
 class CkptRound(BaseModel):
@@ -186,6 +209,7 @@ class JobPlan(CkptRound):
     restart_at: float | None = None
     resumed_at: float | None = None
     resumed_step: int | None = None
+    attempt: int = 1  # the power round's attempt (a failed one is requested again: ckpt.2, ...)
 
     @field_serializer("ranks")
     def _ranks_as_runs(self, ranks: dict[int, str]) -> list[list[int | str]]:
@@ -231,6 +255,7 @@ class NodePlan(BaseModel):
     ready_at: float | None = None
     error: str | None = None
     waiting: str | None = None  # why a node to restore is still off (power-control's ramp)
+    off_retry: int | None = None  # the off was commanded again this many times (it failed before)
 
     @model_serializer(mode="plain")
     def _without_unset(self) -> dict[str, Any]:
@@ -273,6 +298,9 @@ class SagaRecord(BaseModel):
     parent_span_id: str | None = None  # the span that published the first on_battery
     spans_done: set[str] = Field(default_factory=set)
     drill: bool = False  # started by `powerguard drill`: every power and job command is dry-run
+    shutdown_need: dict[str, float] = Field(default_factory=dict)  # node group -> measured shutdown, s
+    carried: dict[str, JobPlan] = Field(default_factory=dict)  # jobs a superseded saga had yet to restart
+    superseded_by: str | None = None
     id_secret: str = Field(default_factory=lambda: secrets.token_hex(16))  # keys the event ids (outbox)
 
     @field_serializer("issued", "spans_done")
@@ -311,17 +339,25 @@ def start(
     now: float,
     trace: tuple[str, str] | None = None,
     hold_policy: HoldPolicy = "checkpoint-at-stop",
+    held: frozenset[str] = frozenset(),
+    shutdown_need: dict[str, float] | None = None,
 ) -> SagaRecord:
-    """A new saga for the nodes at risk now (call only when some node is at risk).
+    """A new saga for the nodes at risk now that no other saga holds (``held``; call only when
+    some node is at risk). ``shutdown_need``: the node groups' measured shutdowns so far.
 
     ``trace`` is (trace id, span id) of the event that started it: the outage joins that trace."""
     rec = SagaRecord(
-        saga_id=saga_id, site=topo.site, created_at=now, updated_at=now, ups={u: v.model_copy() for u, v in ups.items()}
+        saga_id=saga_id,
+        site=topo.site,
+        created_at=now,
+        updated_at=now,
+        ups={u: v.model_copy(deep=True) for u, v in ups.items()},
+        shutdown_need=dict(shutdown_need or {}),
     )
     if trace is not None:
         rec.trace_id, rec.parent_span_id = trace
     rec.history.append(Transition(state=S.DETECTED, at=now, reason=f"on battery: {', '.join(rec.on_battery)}"))
-    rec.at_risk = topo.nodes_at_risk(rec.on_battery)
+    rec.at_risk = [n for n in topo.nodes_at_risk(rec.on_battery) if n not in held]
     rec.drill = all(rec.ups[u].drill for u in rec.on_battery)
     _join(rec, rec.at_risk, jobs, hold_policy)
     return rec
@@ -335,12 +371,14 @@ def handle(
     topo: Topology,
     policy: Policy,
     jobs: dict[str, JobInfo] | Callable[[], dict[str, JobInfo]] | None = None,
+    held: frozenset[str] = frozenset(),
 ) -> list[Command]:
     """Apply one input (or a batch of inputs, then advance once); return the new commands,
     never one already issued in this saga.
 
     ``jobs`` (the current agent registry, or a function returning it, called only when needed)
-    lets nodes that become at risk mid-saga join it.
+    lets nodes that become at risk mid-saga join it; ``held``: nodes other open sagas hold
+    (never joined by this one).
     """
     if rec.terminal:
         return []
@@ -349,20 +387,20 @@ def handle(
         match inp:
             case Power():
                 _observe(rec, inp, now)
-                _settle(rec, now, topo, policy, jobs, out)  # power readings count one by one, in order
+                _settle(rec, now, topo, policy, jobs, out, held)  # power readings count one by one, in order
             case Ack():
                 _ack(rec, inp, now, policy.require_durability)
             case NodeReport():
                 _node_report(rec, inp, now)
             case Resumed():
-                plan = rec.jobs.get(inp.job)
+                plan = rec.jobs.get(inp.job) or rec.carried.get(inp.job)
                 if plan is not None and rec.state == S.RESTORING and plan.resumed_at is None:
                     plan.resumed_at, plan.resumed_step = now, inp.step
             case Tick():
                 pass
         if rec.terminal:
             break
-    _settle(rec, now, topo, policy, jobs, out)
+    _settle(rec, now, topo, policy, jobs, out, held)
     rec.updated_at = now
     return out
 
@@ -374,9 +412,11 @@ def _jobs_now(jobs: JobsArg) -> dict[str, JobInfo]:
     return (jobs() if callable(jobs) else jobs) or {}
 
 
-def _settle(rec: SagaRecord, now: float, topo: Topology, policy: Policy, jobs, out: list[Command]) -> None:
+def _settle(
+    rec: SagaRecord, now: float, topo: Topology, policy: Policy, jobs, out: list[Command], held: frozenset[str]
+) -> None:
     if rec.state in BEFORE_SHUTDOWN:
-        risk = topo.nodes_at_risk(rec.on_battery)
+        risk = [n for n in topo.nodes_at_risk(rec.on_battery) if n not in held]
         new_nodes = [n for n in risk if n not in rec.nodes]
         rec.at_risk = risk
         if new_nodes and jobs is not None:
@@ -406,11 +446,21 @@ def observe(views: dict[str, UpsView], p: Power, now: float) -> None:
     view = views.setdefault(p.ups, UpsView(since=now))
     if view.on_battery != p.on_battery:
         view.since = now
+        if p.on_battery:  # a new discharge: its own samples, and the UPS's first word on it
+            view.samples, view.start_charge_pct, view.start_runtime_s = [], p.charge_pct, p.runtime_s
     view.on_battery = p.on_battery
     if p.runtime_s is not None:
         view.runtime_s = p.runtime_s
     if p.charge_pct is not None:
         view.charge_pct = p.charge_pct
+    if p.load_pct is not None:
+        view.load_pct = p.load_pct
+    if p.on_battery:
+        battery.add_sample(view.samples, now, p.charge_pct, p.load_pct)
+        if view.start_charge_pct is None:
+            view.start_charge_pct = p.charge_pct
+        if view.start_runtime_s is None:
+            view.start_runtime_s = p.runtime_s
     view.low_battery = p.low_battery and p.on_battery
     view.fsd = p.fsd
     view.drill = p.drill and p.on_battery
@@ -458,16 +508,39 @@ def _node_report(rec: SagaRecord, r: NodeReport, now: float) -> None:
         plan.error = r.detail or "power on failed"
 
 
-def _feeds_runtime(rec: SagaRecord, feeds: tuple[str, ...]) -> float | None:
+def ups_estimate(view: UpsView, capacity: tuple[float, float] | None = None) -> battery.Estimate:
+    """One UPS's runtime: the most conservative of its own estimate, its discharge, its capacity."""
+    return battery.estimate(
+        reported_s=view.runtime_s,
+        samples=view.samples if view.on_battery else (),
+        charge_pct=view.charge_pct,
+        load_pct=view.load_pct,
+        capacity=capacity,
+    )
+
+
+def _feeds_runtime(rec: SagaRecord, feeds: tuple[str, ...], topo: Topology) -> float | None:
     """Runtime left for nodes on these feeds: their best feed (None when no feed reports one)."""
-    known = [v for u in feeds if u in rec.ups and (v := rec.ups[u].runtime_s) is not None]
+    known = [
+        v for u in feeds if u in rec.ups and (v := ups_estimate(rec.ups[u], topo.capacity.get(u)).runtime_s) is not None
+    ]
     return max(known) if known else None
 
 
 def _runtime(rec: SagaRecord, topo: Topology) -> float | None:
     """Runtime left for the nodes at risk: the worst node's best feed."""
-    known = [r for fs in topo.feed_sets_at_risk(rec.on_battery) if (r := _feeds_runtime(rec, fs)) is not None]
+    known = [r for fs in topo.feed_sets_at_risk(rec.on_battery) if (r := _feeds_runtime(rec, fs, topo)) is not None]
     return min(known) if known else None
+
+
+def shutdown_need_s(rec: SagaRecord, topo: Topology, policy: Policy) -> float:
+    """What the shutdown of the nodes at risk needs of the battery: the slowest group's measured
+    shutdown times ``shutdown_factor``; ``shutdown_reserve_s`` for a group never measured."""
+    need = [
+        policy.shutdown_reserve_s if (m := rec.shutdown_need.get(topo.group_key(fs))) is None else m * policy.shutdown_factor
+        for fs in topo.feed_sets_at_risk(rec.on_battery)
+    ]
+    return max(need) if need else policy.shutdown_reserve_s
 
 
 FSD = "forced shutdown (FSD)"
@@ -485,12 +558,12 @@ def _low_battery(rec: SagaRecord, topo: Topology) -> str | None:
 
 
 def _budget_s(rec: SagaRecord, topo: Topology, policy: Policy) -> float:
-    """Seconds a checkpoint may take now: min(ckpt_timeout_s, runtime - shutdown_reserve_s -
+    """Seconds a checkpoint may take now: min(ckpt_timeout_s, runtime - what the shutdown needs -
     margin_s); with low battery and no runtime reading, or FSD, there is no budget left."""
     runtime = _runtime(rec, topo)
     budget = policy.ckpt_timeout_s
     if runtime is not None:
-        budget = min(budget, runtime - policy.shutdown_reserve_s - policy.margin_s)
+        budget = min(budget, runtime - shutdown_need_s(rec, topo, policy) - policy.margin_s)
     elif _low_battery(rec, topo):
         budget = 0.0
     if _low_battery(rec, topo) == FSD:
@@ -596,6 +669,9 @@ def _step(rec: SagaRecord, now: float, topo: Topology, policy: Policy, out: list
             return
     if state == S.CHECKPOINTING:
         if _settle_rounds(rec, now, topo, policy, out):
+            if retried := _retry_rounds(rec, now, topo, policy, out):
+                _set(rec, S.CHECKPOINTING, now, retried)
+                return
             missing = {j: p.missing for j, p in rec.jobs.items() if p.missing}
             if missing:
                 _set(
@@ -623,13 +699,22 @@ def _step(rec: SagaRecord, now: float, topo: Topology, policy: Policy, out: list
         return
     if state == S.SHUTTING_DOWN:
         shut = [rec.nodes[n] for n in rec.nodes if rec.nodes[n].shutdown_at is not None]
-        if all(p.off_at is not None for p in shut):
+        _retry_offs(rec, now, topo, policy, shut, out)
+        failed = [p for p in shut if p.off_at is not None and p.error is not None]
+        late = [p.node for p in shut if p.off_at is None]
+        timed_out = now - (rec.shutdown_started_at or now) >= policy.shutdown_timeout_s
+        if late and not timed_out:
+            return
+        why = [f"off failed on {p.node} ({p.error}): its power state is unknown" for p in failed]
+        if late:
+            why.append(f"no off report from {', '.join(late)} within {policy.shutdown_timeout_s:.0f}s")
+        if why:
+            off = [p.node for p in shut if p.off_at is not None and p.error is None]
+            _set(rec, S.PARTLY_DOWN, now, "; ".join(why) + f"; off: {', '.join(off) or 'none'}")
+        else:
             _set(rec, S.DOWN, now, "every node at risk is off")
-        elif now - (rec.shutdown_started_at or now) >= policy.shutdown_timeout_s:
-            late = [p.node for p in shut if p.off_at is None]
-            _set(rec, S.DOWN, now, f"no off report from {', '.join(late)} within {policy.shutdown_timeout_s:.0f}s")
         return
-    if state == S.DOWN:
+    if state in (S.DOWN, S.PARTLY_DOWN):
         feeds = {u for n, p in rec.nodes.items() if p.shutdown_at is not None for u in topo.feeds.get(n, ())}
         views = [rec.ups.get(u, UpsView()) for u in feeds]
         if views and all(not v.on_battery for v in views):
@@ -640,17 +725,17 @@ def _step(rec: SagaRecord, now: float, topo: Topology, policy: Policy, out: list
                 _restore(rec, now, out)
         return
     if state == S.RESTORING:
-        for name, plan in sorted(rec.jobs.items()):
+        for name, plan in _restartable(rec):
             nodes = set(plan.ranks.values())
             if all(rec.nodes[n].ready_at is not None for n in nodes if n in rec.nodes) and plan.restart_at is None:
                 plan.restart_at = now
                 _emit(rec, out, _job_command(rec, "job_restart", name))
         nodes_ready = all(p.ready_at is not None for p in rec.nodes.values() if p.power_on_at is not None)
-        if nodes_ready and all(p.resumed_at is not None for p in rec.jobs.values()):
+        if nodes_ready and all(p.resumed_at is not None for _, p in _restartable(rec)):
             _set(rec, S.RESUMED, now, "every job resumed")
         elif now - (rec.restore_started_at or now) >= policy.restore_timeout_s:
             late = [p.node for p in rec.nodes.values() if p.power_on_at is not None and p.ready_at is None]
-            stuck = [j for j, p in rec.jobs.items() if p.resumed_at is None]
+            stuck = [j for j, p in _restartable(rec) if p.resumed_at is None]
             _set(rec, S.FAILED, now, f"restore timed out: nodes not ready {late}, jobs not resumed {stuck}")
         return
     if state == S.RESUMED:
@@ -658,6 +743,92 @@ def _step(rec: SagaRecord, now: float, topo: Topology, policy: Policy, out: list
         for name, plan in sorted(rec.jobs.items()):
             if plan.paused:  # a safety net: nothing of this outage may keep a rank waiting
                 _issue(rec, out, "release", name, "release")
+
+
+def _restartable(rec: SagaRecord) -> list[tuple[str, JobPlan]]:
+    """The jobs this saga restarts: its own and those carried from a saga it superseded."""
+    return sorted({**rec.carried, **rec.jobs}.items())
+
+
+def _retry_rounds(rec: SagaRecord, now: float, topo: Topology, policy: Policy, out: list[Command]) -> str | None:
+    """A new round for each job whose power checkpoint failed (a rank reported an error, or
+    some rank did not answer in time) while retries and the battery budget are left; returns
+    the reason to record, or None when nothing is retried."""
+    budget = _budget_s(rec, topo, policy)
+    retried = []
+    for name, plan in sorted(rec.jobs.items()):
+        if plan.settled_at is None or not plan.missing or plan.attempt > policy.ckpt_retries:
+            continue
+        took = plan.settled_at - (plan.requested_at if plan.requested_at is not None else plan.settled_at)
+        if budget <= max(1.0, 0.0 if plan.failed else took):
+            continue  # no battery for another round (silent ranks get one only as long as the last)
+        why = "; ".join(f"rank {r}: {e}" for r, e in sorted(plan.failed.items())) or (
+            f"ranks {','.join(map(str, plan.missing))} did not ack"
+        )
+        plan.attempt += 1
+        plan.request_id = command_key(rec.saga_id, name, _round_action(plan.attempt))
+        plan.acked, plan.failed, plan.levels, plan.settled_at = {}, {}, {}, None
+        plan.requested_at, plan.deadline, plan.told_deadline = now, now + budget, now + budget
+        _emit(rec, out, ckpt_command(rec, plan, final=False, policy=policy))
+        retried.append(f"{name} (attempt {plan.attempt} of {policy.ckpt_retries + 1}: {why})")
+    return f"power checkpoint retried: {'; '.join(retried)}" if retried else None
+
+
+def _round_action(attempt: int) -> str:
+    return "ckpt" if attempt == 1 else f"ckpt.{attempt}"
+
+
+def _retry_offs(
+    rec: SagaRecord, now: float, topo: Topology, policy: Policy, shut: list[NodePlan], out: list[Command]
+) -> None:
+    """Command a node whose off failed off again (power-control falls back to the outlets on a
+    retry) while retries are left and the battery has not run out."""
+    runtime = _runtime(rec, topo)
+    if runtime is not None and runtime <= policy.margin_s:
+        return
+    by_node = None
+    for p in shut:
+        tries = p.off_retry or 0
+        if p.off_at is None or p.error is None or tries >= policy.off_retries:
+            continue
+        if not all(rec.ups.get(u, UpsView()).on_battery for u in topo.feeds.get(p.node, ())):
+            continue  # mains is back for it: the restore powers it on, whatever its state
+        p.off_retry, p.off_at = tries + 1, None
+        by_node = rec.jobs_by_node() if by_node is None else by_node
+        _emit(rec, out, _node_command(rec, "shutdown", p.node, by_node))
+
+
+def supersede(old: SagaRecord, new: SagaRecord, now: float) -> None:
+    """Power failed again while ``old`` restored: ``new`` protects the nodes at risk and carries
+    what ``old`` had yet to restore (nodes not ready, jobs not resumed); ``old`` ends failed."""
+    for node, p in sorted(old.nodes.items()):
+        if p.shutdown_at is None or p.ready_at is not None or node in new.nodes:
+            continue
+        new.nodes[node] = NodePlan(
+            node=node, shutdown_at=p.shutdown_at, off_at=p.off_at or now, error=p.error or f"carried from {old.saga_id}"
+        )
+    for name, plan in sorted({**old.carried, **old.jobs}.items()):
+        if plan.resumed_at is None and name not in new.jobs:
+            new.carried[name] = plan.model_copy(update={"restart_at": None})
+    old.superseded_by = new.saga_id
+    carried = sorted(new.carried)
+    _set(
+        old,
+        S.FAILED,
+        now,
+        f"superseded by {new.saga_id}: power failed again during the restore"
+        + (f"; it restores {', '.join(carried)}" if carried else ""),
+    )
+    old.updated_at = now
+
+
+def held_by(rec: SagaRecord) -> set[str]:
+    """The nodes a saga holds: at risk before its shutdown; shut down and not yet powered on after."""
+    if rec.terminal:
+        return set()
+    if rec.state in BEFORE_SHUTDOWN:
+        return set(rec.at_risk)
+    return {n for n, p in rec.nodes.items() if p.shutdown_at is not None and p.power_on_at is None}
 
 
 def _rounds(rec: SagaRecord) -> list[CkptRound]:
@@ -703,7 +874,7 @@ def ckpt_command(rec: SagaRecord, plan: JobPlan, *, final: bool, policy: Policy)
     then = "pause" if final or plan.hold_policy == "pause" else "continue"
     return Command(
         kind="ckpt_request",
-        key=command_key(rec.saga_id, plan.job, "final" if final else "ckpt"),
+        key=command_key(rec.saga_id, plan.job, "final" if final else _round_action(plan.attempt)),
         target=plan.job,
         args={
             "request_id": rnd.request_id,
@@ -744,8 +915,8 @@ def _stop(
             plan.final_note = f"skipped: no battery budget left ({reason}); stopped on the power checkpoint"
         elif took is not None and took > budget:
             plan.final_note = (
-                f"skipped: the power checkpoint took {took:.1f}s, {budget:.1f}s left before the shutdown reserve; "
-                "stopped on the power checkpoint"
+                f"skipped: the power checkpoint took {took:.1f}s, {budget:.1f}s left before what the shutdown "
+                f"needs ({shutdown_need_s(rec, topo, policy):.0f}s); stopped on the power checkpoint"
             )
         if plan.final_note is not None:
             skipped.append(plan.job)
@@ -833,7 +1004,7 @@ def _job_command(rec: SagaRecord, kind: Literal["job_stop", "job_restart"], job:
     """The stop or restart of a job on all its nodes: one builder for the first send and for
     every re-send by :func:`pending`, so the two never differ."""
     action = "stop" if kind == "job_stop" else "restart"
-    nodes = sorted(set(rec.jobs[job].ranks.values()))
+    nodes = sorted(set((rec.jobs.get(job) or rec.carried[job]).ranks.values()))
     return Command(kind=kind, key=command_key(rec.saga_id, job, action), target=job, args={"nodes": nodes})
 
 
@@ -845,7 +1016,11 @@ def _node_command(
     if kind == "power_on":
         return Command(kind=kind, key=key, target=node)
     jobs = (by_node if by_node is not None else rec.jobs_by_node()).get(node, [])
-    return Command(kind=kind, key=key, target=node, args={"jobs": jobs, "reason": rec.shutdown_reason})
+    args: dict[str, Any] = {"jobs": jobs, "reason": rec.shutdown_reason}
+    retry = rec.nodes[node].off_retry if node in rec.nodes else None
+    if retry:  # the off failed before: a new key, and power-control may fall back to the outlets
+        key, args["retry"] = f"{key}.r{retry}", retry
+    return Command(kind=kind, key=key, target=node, args=args)
 
 
 def pending(rec: SagaRecord, policy: Policy) -> list[Command]:
@@ -871,7 +1046,7 @@ def pending(rec: SagaRecord, policy: Policy) -> list[Command]:
         for node, p in sorted(rec.nodes.items()):
             if p.power_on_at is not None and p.ready_at is None:
                 out.append(_node_command(rec, "power_on", node))
-        for name, p in sorted(rec.jobs.items()):
+        for name, p in _restartable(rec):
             if p.restart_at is not None and p.resumed_at is None:
                 out.append(_job_command(rec, "job_restart", name))
     return out

@@ -13,6 +13,7 @@ from powerguard.schemas import AgentData, HoldPolicy, SiteConfig
 class Topology:
     site: str
     feeds: Mapping[str, tuple[str, ...]]  # node -> UPSes feeding it
+    capacity: Mapping[str, tuple[float, float]] = field(default_factory=dict)  # UPS -> (Wh, rated W)
     groups: Mapping[tuple[str, ...], tuple[str, ...]] = field(init=False)  # feed set -> its nodes
 
     def __post_init__(self) -> None:
@@ -23,7 +24,8 @@ class Topology:
 
     @classmethod
     def from_site(cls, site: SiteConfig) -> Topology:
-        return cls(site=site.site, feeds={n.name: tuple(n.feeds) for n in site.nodes})
+        capacity = {u.name: (u.capacity_wh, u.rated_w) for u in site.ups if u.capacity_wh and u.rated_w}
+        return cls(site=site.site, feeds={n.name: tuple(n.feeds) for n in site.nodes}, capacity=capacity)
 
     @property
     def ups(self) -> set[str]:
@@ -33,6 +35,11 @@ class Topology:
         """Nodes whose every feed is on battery (A+B: one healthy feed keeps a node safe)."""
         down = set(on_battery)
         return sorted(n for feeds, nodes in self.groups.items() if feeds and set(feeds) <= down for n in nodes)
+
+    @staticmethod
+    def group_key(feeds: Iterable[str]) -> str:
+        """A node group's name: its feed set (``A+B``), the unit shutdown times are measured in."""
+        return "+".join(sorted(set(feeds)))
 
     def feed_sets_at_risk(self, on_battery: Iterable[str]) -> list[tuple[str, ...]]:
         down = set(on_battery)
