@@ -94,6 +94,7 @@ def reading(ev: PowerEvent) -> Power:
         low_battery=low and d.on_battery,
         fsd=isinstance(ev, ForcedShutdown) or "FSD" in d.status,
         drill=d.drill and d.on_battery,
+        load_pct=d.load_pct,
     )
 
 

@@ -24,3 +24,27 @@ CHECKPOINT_SECONDS = Histogram(
     ["job"],
     buckets=(0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300),
 )
+UPS_PREDICTED = Gauge(
+    "powerguard_ups_runtime_predicted_seconds",
+    "The UPS's own runtime estimate when its last outage began (real outages)",
+    ["ups"],
+)
+UPS_OBSERVED = Gauge(
+    "powerguard_ups_runtime_observed_seconds",
+    "The runtime its last outage's measured discharge gives from the same charge, at the load observed",
+    ["ups"],
+)
+UPS_RATIO = Gauge(
+    "powerguard_ups_runtime_ratio",
+    "Observed over predicted runtime in the UPS's last outage: below 1 its estimate is optimistic (aged battery)",
+    ["ups"],
+)
+UPS_HEADROOM = Gauge(
+    "powerguard_ups_headroom_seconds",
+    "Observed full-charge runtime less what the site needs of it (the slowest measured checkpoint, the measured "
+    "shutdown or the reserve, the margin): below 0 the UPS can no longer cover a checkpoint and a shutdown",
+    ["ups"],
+)
+SHUTDOWN_MEASURED = Gauge(
+    "powerguard_shutdown_measured_seconds", "A node group's slowest measured shutdown (stop -> every node off)", ["group"]
+)

@@ -129,6 +129,23 @@ class UpsView(BaseModel):
     start_runtime_s: float | None = None  # the UPS's own estimate then (judged against what happened)
 
 
+class BatteryFigures(BaseModel):
+    """One UPS in one outage: its own first runtime estimate against the runtime the observed
+    discharge gives (at the load observed), recorded when it went back on line."""
+
+    predicted_s: float | None = None
+    observed_s: float | None = None
+    load_pct: float | None = None
+    on_battery_s: float = 0.0
+
+    @property
+    def ratio(self) -> float | None:
+        """Observed over predicted: below 1 the UPS's estimate was optimistic (an aged battery)."""
+        if not self.predicted_s or self.observed_s is None:
+            return None
+        return self.observed_s / self.predicted_s
+
+
 class CkptRound(BaseModel):
     """One checkpoint request to every rank of a job and the answers to it."""
 
@@ -299,6 +316,7 @@ class SagaRecord(BaseModel):
     spans_done: set[str] = Field(default_factory=set)
     drill: bool = False  # started by `powerguard drill`: every power and job command is dry-run
     shutdown_need: dict[str, float] = Field(default_factory=dict)  # node group -> measured shutdown, s
+    battery: dict[str, BatteryFigures] = Field(default_factory=dict)  # UPS -> its estimate against what happened
     carried: dict[str, JobPlan] = Field(default_factory=dict)  # jobs a superseded saga had yet to restart
     superseded_by: str | None = None
     id_secret: str = Field(default_factory=lambda: secrets.token_hex(16))  # keys the event ids (outbox)
@@ -467,6 +485,15 @@ def observe(views: dict[str, UpsView], p: Power, now: float) -> None:
 
 
 def _observe(rec: SagaRecord, p: Power, now: float) -> None:
+    view = rec.ups.get(p.ups)
+    if view is not None and view.on_battery and not p.on_battery and not view.drill:
+        loads = [s[2] for s in view.samples if s[2] >= 0]
+        rec.battery[p.ups] = BatteryFigures(
+            predicted_s=view.start_runtime_s,
+            observed_s=battery.observed_runtime(view.samples, view.start_charge_pct),
+            load_pct=round(sum(loads) / len(loads), 1) if loads else None,
+            on_battery_s=round(now - view.since, 3),
+        )
     observe(rec.ups, p, now)
     if p.on_battery and not p.drill and rec.drill:
         rec.drill = False  # a real outage during a drill: from now on the commands are real
@@ -555,6 +582,19 @@ def _low_battery(rec: SagaRecord, topo: Topology) -> str | None:
         if views and all(v.low_battery or v.fsd for v in views):
             return "low battery"
     return None
+
+
+def site_need_s(rec: SagaRecord, topo: Topology, policy: Policy) -> float:
+    """What one outage needs of a battery: the slowest measured power checkpoint, what the
+    shutdown needs (measured, or the reserve) and the margin."""
+    took = [d for p in rec.jobs.values() if (d := p.duration_s) is not None]
+    need = [
+        policy.shutdown_reserve_s if (m := rec.shutdown_need.get(topo.group_key(topo.feeds[n]))) is None
+        else m * policy.shutdown_factor
+        for n in rec.nodes
+        if n in topo.feeds
+    ]
+    return (max(took) if took else 0.0) + (max(need) if need else policy.shutdown_reserve_s) + policy.margin_s
 
 
 def _budget_s(rec: SagaRecord, topo: Topology, policy: Policy) -> float:

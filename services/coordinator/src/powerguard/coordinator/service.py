@@ -148,8 +148,10 @@ class Coordinator:
         except TimeoutError:
             log.warning("agent registry not fully loaded after 10s; continuing")
         self._unsaved.clear()  # the store is the truth for a new leader
-        loaded = await self._store.load(site=self.site.site, open_only=True, collect=True)
-        self.revisions = {r.saga_id: rev for r, rev in loaded}
+        loaded = await self._store.load(site=self.site.site, collect=True)  # ended ones teach the shutdowns
+        self.revisions = {r.saga_id: rev for r, rev in loaded if not r.terminal}
+        for rec, _ in loaded:
+            self._battery_gauges(rec)
         for sid, again in self.core.resume(r for r, _ in loaded).items():
             rec = self.open[sid]
             log.info("resuming saga %s in state %s; re-sending %d command(s)", sid, rec.state, len(again))
@@ -260,9 +262,27 @@ class Coordinator:
                 metrics.TRANSITIONS.labels(t.state.value).inc()
                 log.info("saga %s -> %s (%s)", sid, t.state.value, t.reason)
             await self._publish(rec, cmds, state_from=n_hist)
+            self._battery_gauges(rec)
             if rec.terminal:
                 self.revisions.pop(sid, None)
         self._gauges()
+
+    def _battery_gauges(self, rec: SagaRecord) -> None:
+        """Each UPS's estimate against what happened (real outages), and whether it still covers
+        the site's slowest measured checkpoint, its shutdown and the margin."""
+        for group, seconds in self.core.shutdown_need().items():
+            metrics.SHUTDOWN_MEASURED.labels(group).set(seconds)
+        if rec.drill:
+            return
+        for ups, fig in rec.battery.items():
+            need = saga.site_need_s(rec, self.core.topo, self.policy)
+            if fig.predicted_s is not None:
+                metrics.UPS_PREDICTED.labels(ups).set(fig.predicted_s)
+            if fig.observed_s is not None:
+                metrics.UPS_OBSERVED.labels(ups).set(fig.observed_s)
+                metrics.UPS_HEADROOM.labels(ups).set(fig.observed_s - need)
+            if fig.ratio is not None:
+                metrics.UPS_RATIO.labels(ups).set(fig.ratio)
 
     def _gauges(self) -> None:
         metrics.OPEN_SAGAS.set(len(self.open))
