@@ -254,3 +254,25 @@ async def test_a_later_batch_starts_while_the_earlier_batch_waits_for_readiness(
     finally:
         gate.set()
         await pc.stop()
+
+
+async def test_a_node_powered_on_by_hand_after_a_failed_power_on_is_reported_ready(make_bus, make_bmc, monkeypatch):
+    """The BMC did not answer the saga's power-on; an operator fixes it and powers the node on
+    by hand: power-control's read-back reports it ready for that saga, so the restore completes."""
+    cred = creds(monkeypatch)
+    bmc = make_bmc("n1", power="off")
+    bmc.stop()  # dead BMC
+    bus = await make_bus("power-control")
+    rec = await Recorder().start(bus)
+    pc = await service(bus, site([bmc_node("n1", bmc, cred)], device_timeout_s=1.0, readback_s=0.3))
+    try:
+        await bus.publish(power_on("n1"))
+        await rec.wait(lambda: rec.of(PowerActionFailed, node="n1"), what="the power-on failing", timeout=60)
+        assert "ready" not in rec.states("n1")
+        bmc.state.write_text('{"power": "on", "policy": 0, "changes": 1}')  # the operator's power on
+        bmc.start()
+        await rec.wait(lambda: "ready" in rec.states("n1"), what="n1 read back ready", timeout=30)
+        ready = [e for e in rec.of(NodeState, node="n1") if e.data.state == "ready"]
+        assert ready[0].data.saga_id == "saga-1" and ready[0].data.detail == "read back by power-control"
+    finally:
+        await pc.stop()

@@ -178,7 +178,14 @@ def test_a_second_ups_failing_while_one_saga_is_down_starts_a_saga_beside_it():
     assert s2.at_risk == ["n3", "n4"] and s.core.open["s1"].state.value == "down"
     s.send(*s.acks("s2", "j2"), *s.acks("s2", "j3"))
     s.send(s.power("B", True, runtime_s=50))
-    shut = [t for st in s.steps for sid, cmds in st.commands.items() for c in cmds if c.kind == "shutdown" for t in [c.target]]
+    shut = [
+        t
+        for st in s.steps
+        for sid, cmds in st.commands.items()
+        for c in cmds
+        if c.kind == "shutdown"
+        for t in [c.target]
+    ]
     assert sorted(shut) == ["n1", "n2", "n3", "n4"], "a node shut down twice or not at all"
 
 

@@ -69,7 +69,9 @@ def discharge_runtime(samples: Sequence[Sequence[float]], load_pct: float | None
     return samples[-1][1] / per_s
 
 
-def capacity_runtime(charge_pct: float | None, load_pct: float | None, capacity: tuple[float, float] | None) -> float | None:
+def capacity_runtime(
+    charge_pct: float | None, load_pct: float | None, capacity: tuple[float, float] | None
+) -> float | None:
     """Seconds of energy left from the site file's battery capacity at the current load."""
     if capacity is None or charge_pct is None or not load_pct:
         return None
@@ -89,7 +91,9 @@ def estimate(
     """The most conservative of the UPS's reported runtime, the discharge and the capacity."""
     dis = discharge_runtime(samples, load_pct)
     cap = capacity_runtime(charge_pct, load_pct, capacity)
-    known = [(v, name) for v, name in ((reported_s, "reported"), (dis, "discharge"), (cap, "capacity")) if v is not None]
+    known = [
+        (v, name) for v, name in ((reported_s, "reported"), (dis, "discharge"), (cap, "capacity")) if v is not None
+    ]
     if not known:
         return Estimate(None, None)
     value, source = min(known)

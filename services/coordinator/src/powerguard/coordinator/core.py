@@ -214,7 +214,11 @@ class SiteCore:
             # environment and restored a periodic checkpoint (no saga) or an older outage's.
             # Its job resumed all the same: it counts for the saga restoring that job.
             sid = next(
-                (s for s, r in self.open.items() if (data.job in r.jobs or data.job in r.carried) and r.state == saga.S.RESTORING),
+                (
+                    s
+                    for s, r in self.open.items()
+                    if (data.job in r.jobs or data.job in r.carried) and r.state == saga.S.RESTORING
+                ),
                 sid,
             )
         rec = self.open.get(sid or "")

@@ -46,5 +46,7 @@ UPS_HEADROOM = Gauge(
     ["ups"],
 )
 SHUTDOWN_MEASURED = Gauge(
-    "powerguard_shutdown_measured_seconds", "A node group's slowest measured shutdown (stop -> every node off)", ["group"]
+    "powerguard_shutdown_measured_seconds",
+    "A node group's slowest measured shutdown (stop -> every node off)",
+    ["group"],
 )

@@ -564,7 +564,9 @@ def shutdown_need_s(rec: SagaRecord, topo: Topology, policy: Policy) -> float:
     """What the shutdown of the nodes at risk needs of the battery: the slowest group's measured
     shutdown times ``shutdown_factor``; ``shutdown_reserve_s`` for a group never measured."""
     need = [
-        policy.shutdown_reserve_s if (m := rec.shutdown_need.get(topo.group_key(fs))) is None else m * policy.shutdown_factor
+        policy.shutdown_reserve_s
+        if (m := rec.shutdown_need.get(topo.group_key(fs))) is None
+        else m * policy.shutdown_factor
         for fs in topo.feed_sets_at_risk(rec.on_battery)
     ]
     return max(need) if need else policy.shutdown_reserve_s
@@ -589,7 +591,8 @@ def site_need_s(rec: SagaRecord, topo: Topology, policy: Policy) -> float:
     shutdown needs (measured, or the reserve) and the margin."""
     took = [d for p in rec.jobs.values() if (d := p.duration_s) is not None]
     need = [
-        policy.shutdown_reserve_s if (m := rec.shutdown_need.get(topo.group_key(topo.feeds[n]))) is None
+        policy.shutdown_reserve_s
+        if (m := rec.shutdown_need.get(topo.group_key(topo.feeds[n]))) is None
         else m * policy.shutdown_factor
         for n in rec.nodes
         if n in topo.feeds

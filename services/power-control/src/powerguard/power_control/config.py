@@ -42,6 +42,13 @@ class PowerControlSettings(_Model):
     )
     gather_s: float = Field(default=0.5, ge=0, description="Collect power-on commands this long, then sequence")
     poll_interval_s: float = Field(default=1.0, gt=0, description="Power state read-back while waiting")
+    readback_s: float = Field(
+        default=15.0,
+        gt=0,
+        description="A node whose last command (shutdown, power-on) has not reached its result is read back this "
+        "often and reported to the saga once it has (an operator's power on by hand completes a restore)",
+    )
+    readback_window_s: float = Field(default=3600.0, gt=0, description="... for at most this long after the command")
     device_timeout_s: float = Field(default=10.0, gt=0, description="One request to one BMC or PDU")
     retries: int = Field(default=3, ge=0, description="Retries of a failed power action (retryable errors only)")
     retry_backoff_s: float = Field(default=2.0, ge=0, description="First retry delay; doubles each time")

@@ -29,6 +29,7 @@ from powerguard.schemas import (
     JobStopped,
     JobStopRequested,
     NodeState,
+    NodeStateData,
     PowerActionDone,
     PowerActionFailed,
     PowerOnRequested,
@@ -42,7 +43,11 @@ from powerguard.schemas import (
 from . import metrics
 from .config import PowerControlSettings
 from .drivers import Devices
+from .errors import PowerControlError
 from .ledger import Ledger
+from .probes import probe_once
+from .readback import ReadBack
+from .readback import meaning as readback_meaning
 from .schedulers import make_scheduler
 from .schedulers.base import NoScheduler
 from .sequences import Order, Sequencer
@@ -81,6 +86,8 @@ class PowerControl:
         self._restorer: asyncio.Task | None = None
         self._consumer: Any = None
         self._ledger: Ledger | None = None
+        self.readback = ReadBack(interval_s=self.settings.readback_s, window_s=self.settings.readback_window_s)
+        self._reader: asyncio.Task | None = None
         self._tracer = trace.get_tracer("powerguard.power_control")
 
     async def _emit(self, event: Envelope) -> None:
@@ -92,6 +99,8 @@ class PowerControl:
                 metrics.RESTORE_FAILED.labels(d.node).inc()
         if isinstance(event, NodeState) and d.state in ("ready", "off") and not self.settings.dry_run:
             metrics.NODE_READY.labels(d.node).set(1 if d.state == "ready" else 0)
+        if isinstance(event, NodeState):
+            self.readback.reported(d.node, d.state)
         await self.bus.publish(event)
 
     # -------------------------------------------------------------- lifecycle
@@ -111,6 +120,7 @@ class PowerControl:
                 continue
             log.info("resuming %s left running by a previous power-control", entry.key)
             self._run(event, entry.key)
+        self._reader = asyncio.create_task(self._read_back_loop())
         durable = durable_names(self.site.site)["power-control"]
         self._consumer = await self.bus.consume(
             *COMMANDS,
@@ -121,6 +131,8 @@ class PowerControl:
         )
 
     async def stop(self, grace_s: float = 5.0) -> None:
+        if self._reader is not None:
+            self._reader.cancel()
         if self._consumer is not None:
             await self._consumer.stop()
         live = [t for t in self._tasks if not t.done()]
@@ -197,8 +209,44 @@ class PowerControl:
             )
         )
 
+    # -------------------------------------------------------------- read-back
+    async def _read_back_loop(self) -> None:
+        """Read back, every ``readback_s``, each node whose last command has not reached its
+        result; each node on its own (a dead BMC never delays another's read)."""
+        while True:
+            await asyncio.sleep(min(1.0, self.settings.readback_s))
+            busy = {n for n, lock in self._node_locks.items() if lock.locked()}
+            due = self.readback.due(time.monotonic(), busy)
+            if due:
+                await asyncio.gather(*(self._read_back(node, exp) for node, exp in due), return_exceptions=True)
+
+    async def _read_back(self, node: str, exp) -> None:
+        bmc = None if self.settings.dry_run else self.devices.bmc(node)
+        if bmc is None:
+            return
+        try:
+            power = await bmc.status()
+        except PowerControlError as exc:
+            log.debug("read-back of %s: %s", node, exc)
+            return
+        probe_ok = None
+        probe = self.settings.probes.get(node)
+        if probe is not None and power == "on":
+            probe_ok, _ = await probe_once(probe.url, timeout_s=min(self.settings.device_timeout_s, 5.0))
+        state = readback_meaning(exp.want, power, probe_ok)
+        if state is not None:
+            log.info("read-back: %s is %s (saga %s was waiting for it)", node, state, exp.saga_id)
+            await self._emit(
+                NodeState(
+                    data=NodeStateData(node=node, state=state, saga_id=exp.saga_id, detail="read back by power-control")
+                )
+            )
+
     def _run(self, event: Envelope, key: str) -> None:
         d = event.data
+        if isinstance(event, ShutdownRequested | PowerOnRequested) and d.saga_id and not d.dry_run:
+            want = "off" if isinstance(event, ShutdownRequested) else "ready"
+            self.readback.expect(d.node, d.saga_id, want, time.monotonic())
         if isinstance(event, PowerOnRequested):
             order = Order(saga_id=d.saga_id, node=d.node, key=key, dry_run=d.dry_run)
             self._pending_on.append((order, trace.get_current_span().get_span_context()))
