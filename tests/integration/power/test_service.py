@@ -276,3 +276,28 @@ async def test_a_node_powered_on_by_hand_after_a_failed_power_on_is_reported_rea
         assert ready[0].data.saga_id == "saga-1" and ready[0].data.detail == "read back by power-control"
     finally:
         await pc.stop()
+
+
+async def test_a_retried_off_falls_back_to_the_outlets_when_the_bmc_is_dead(make_bus, make_bmc, pdu, monkeypatch):
+    cred = creds(monkeypatch)
+    bmc = make_bmc("n1")
+    bmc.stop()  # dead BMC
+    pdus = [{"name": "p1", "host": "127.0.0.1", "port": pdu.port, "options": {"community": {"env": "PG_TEST_PDU_RW"}}}]
+    pdu.state.write_text('{"1": "on", "2": "on", "3": "on", "4": "on"}')
+    node = bmc_node("n1", bmc, cred, outlets=[{"pdu": "p1", "outlet": 1}])
+    bus = await make_bus("power-control")
+    rec = await Recorder().start(bus)
+    pc = await service(bus, site([node], pdus=pdus, device_timeout_s=1.0))
+    try:
+        await bus.publish(shutdown("n1"))  # the first off: the BMC does not answer, nothing else is touched
+        await rec.wait(lambda: rec.of(PowerActionFailed, node="n1", action="off"), what="the off failing", timeout=60)
+        assert pdu.outlets()["1"] == "on" and "off" not in rec.states("n1")
+        retry = shutdown("n1")
+        data = retry.data.model_copy(update={"idempotency_key": "saga-1/n1/shutdown.r1", "retry": 1})
+        await bus.publish(retry.model_copy(update={"data": data}))
+        await rec.wait(lambda: "off" in rec.states("n1"), what="n1 off by its outlet", timeout=60)
+        assert pdu.outlets()["1"] == "off"
+        off = [e for e in rec.of(NodeState, node="n1") if e.data.state == "off"][0]
+        assert off.data.detail.startswith("outlets off after the BMC failed")
+    finally:
+        await pc.stop()

@@ -93,6 +93,8 @@ def test_a_failed_power_off_is_recorded_with_its_reason():
     # retries spent: never "down" while a node's off failed; the reason names it
     assert rec.state.value == "partly_down"
     assert "off failed on n1 (BMC unreachable): its power state is unknown; off: n2" in rec.reason
+    s.send(s.node("n1", "off", "s1", detail="read back by power-control"))  # it is off after all
+    assert rec.state.value == "down" and rec.nodes["n1"].error is None
 
 
 def restore_started(s: Site) -> None:

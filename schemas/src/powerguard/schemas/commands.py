@@ -29,6 +29,12 @@ class PowerCommandData(Data):
     jobs: list[str] = Field(default_factory=list, max_length=10_000, description="Jobs on the node to stop first")
     deadline: AwareDatetime | None = None
     dry_run: bool = False
+    retry: int = Field(
+        default=0,
+        ge=0,
+        description="A shutdown commanded again after its off failed: power-control falls back to the node's "
+        "PDU outlets when the BMC fails again",
+    )
 
 
 class PowerCommand(Envelope):

@@ -70,6 +70,7 @@ def command_event(rec: SagaRecord, cmd: Command) -> Envelope:
             reason=a.get("reason") if cmd.kind == "shutdown" else "power restored",
             jobs=a.get("jobs", []),
             dry_run=rec.drill,
+            retry=a.get("retry", 0),
         )
         return _POWER_COMMANDS[cmd.kind](id=eid, source=SOURCE, data=data)
     raise ValueError(f"unknown command kind {cmd.kind}")

@@ -527,6 +527,8 @@ def _node_report(rec: SagaRecord, r: NodeReport, now: float) -> None:
     if r.state in ("off", "failed_off") and plan.shutdown_at is not None and plan.off_at is None:
         plan.off_at = now
         plan.error = r.detail if r.state == "failed_off" else None
+    elif r.state == "off" and plan.error is not None and plan.shutdown_at is not None and plan.power_on_at is None:
+        plan.error = None  # off after all (the outlets on a retry, a later read-back): a fact
     elif r.state == "off" and plan.power_on_at is not None and plan.ready_at is None:
         plan.waiting = r.detail  # e.g. "power-on ramp: starts in 42.0s"
     elif r.state == "ready" and plan.power_on_at is not None and plan.ready_at is None:
@@ -756,6 +758,11 @@ def _step(rec: SagaRecord, now: float, topo: Topology, policy: Policy, out: list
             _set(rec, S.PARTLY_DOWN, now, "; ".join(why) + f"; off: {', '.join(off) or 'none'}")
         else:
             _set(rec, S.DOWN, now, "every node at risk is off")
+        return
+    if state == S.PARTLY_DOWN and all(
+        p.off_at is not None and p.error is None for p in rec.nodes.values() if p.shutdown_at is not None
+    ):
+        _set(rec, S.DOWN, now, "every node at risk is off (after a failed off)")
         return
     if state in (S.DOWN, S.PARTLY_DOWN):
         feeds = {u for n, p in rec.nodes.items() if p.shutdown_at is not None for u in topo.feeds.get(n, ())}

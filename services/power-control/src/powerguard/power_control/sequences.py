@@ -54,6 +54,7 @@ class Order:
     key: str
     jobs: tuple[str, ...] = ()
     dry_run: bool = False
+    retry: int = 0  # a shutdown commanded again after its off failed: outlets as the fallback
 
 
 SETUP_CONCURRENCY = 64
@@ -207,8 +208,15 @@ class Sequencer:
         except SchedulerError as exc:  # power still has to go down: the checkpoint is already durable
             await self._failed(o, "job_stop", f"scheduler:{self.scheduler.kind}", t, str(exc))
         bmc = self.devices.bmc(o.node)
+        outlets = bool(self.devices.node(o.node).outlets)
         if bmc is not None and not await self._bmc_off(o, bmc):
-            return False
+            if not (o.retry and outlets):
+                return False
+            log.warning("%s: the BMC failed again on a retry of its off: switching its outlets off", o.node)
+            if not await self._outlets(o, on=False):
+                return False
+            await self._node_state(o, "off", f"outlets off after the BMC failed ({time.monotonic() - started:.1f}s)")
+            return True
         if self.s.outlets_off_on_shutdown and not await self._outlets(o, on=False):
             return False
         await self._node_state(o, "off", f"off after {time.monotonic() - started:.1f}s")

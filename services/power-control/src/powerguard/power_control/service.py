@@ -254,7 +254,7 @@ class PowerControl:
                 self._restorer = self._spawn(self._restore_loop())
             return
         if isinstance(event, ShutdownRequested):
-            order = Order(saga_id=d.saga_id, node=d.node, key=key, jobs=tuple(d.jobs), dry_run=d.dry_run)
+            order = Order(saga_id=d.saga_id, node=d.node, key=key, jobs=tuple(d.jobs), dry_run=d.dry_run, retry=d.retry)
             self._spawn(self._shutdown(order))
             return
         order = Order(saga_id=d.saga_id or "", node=(d.nodes or ["-"])[0], key=key, jobs=(d.job,), dry_run=d.dry_run)
