@@ -54,9 +54,9 @@ async def test_shutdown_and_restore_with_bmcs_and_pdu_outlets(make_bus, make_bmc
         # stagger, as the PDU itself saw it: outlet-on switches at least outlet_stagger_s apart
         ons = sorted(t for t, _, s in pdu.switch_log() if s == "on")
         assert len(ons) == 3 and all(b - a >= 0.45 for a, b in itertools.pairwise(ons))
-        # batching, as the BMCs saw it: n3 is asked to power on only after n1 and n2 (batch of 2) are on
-        first_batch_on = max(bmcs[n].events("power on")[-1][0] for n in ("n1", "n2"))
-        assert bmcs["n3"].events("command on")[-1][0] >= first_batch_on
+        # the window, as the BMCs saw it: with 2 places, n3 is asked to power on only once n1 or n2 is on
+        first_on = min(bmcs[n].events("power on")[-1][0] for n in ("n1", "n2"))
+        assert bmcs["n3"].events("command on")[-1][0] >= first_on
         done = sorted(e.time for e in rec.of(PowerActionDone, action="outlet_on"))
         assert all((b - a).total_seconds() >= 0.45 for a, b in itertools.pairwise(done))
         assert not rec.of(PowerActionFailed)

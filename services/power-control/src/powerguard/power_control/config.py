@@ -34,8 +34,12 @@ class PowerControlSettings(_Model):
     boot_timeout_s: float = Field(default=600.0, gt=0, description="Power-on until the node is ready")
     outlet_stagger_s: float = Field(default=2.0, ge=0, description="Between two outlet-on actions (inrush)")
     outlets_off_on_shutdown: bool = Field(default=False, description="Switch PDU outlets off after the node is off")
-    max_parallel_power_on: int = Field(default=4, ge=1, description="BMC power-on batch size")
-    batch_interval_s: float = Field(default=0.0, ge=0, description="Pause between two power-on batches")
+    max_parallel_power_on: int = Field(
+        default=4, ge=1, description="Nodes at most between their BMC power-on command and 'on' (a sliding window)"
+    )
+    batch_interval_s: float = Field(
+        default=0.0, ge=0, description="A node's place in that window stays taken this long after it is on"
+    )
     ramp: RampSettings = Field(
         default_factory=RampSettings,
         description="Power-on ramp: nodes or kW per minute for the site, nodes per minute per PDU (default none)",

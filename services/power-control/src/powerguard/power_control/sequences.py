@@ -318,17 +318,17 @@ class Sequencer:
                     powered.append(o)
                 else:
                     result[o.node] = False
-            n = self.s.max_parallel_power_on
+            # at most max_parallel_power_on nodes between their power-on command and "on" (the
+            # inrush); a node takes its place only once its BMC answered, so a dead BMC (its
+            # status read retried for a minute) never holds up the others, as fixed batches did
+            window = asyncio.Semaphore(self.s.max_parallel_power_on)
             readiness: dict[str, asyncio.Task] = {}  # each node's readiness runs from the moment it is on
-            for i in range(0, len(powered), n):
-                batch = powered[i : i + n]
-                running = asyncio.gather(*(self._power_on(o, started[o.node], readiness) for o in batch))
-                if group == last and i + n >= len(powered) and issued is not None and self.s.ramp.enabled:
-                    issued.set()  # every power-on has its place in the ramp: the next restore may set up
-                oks = await running
-                result.update({o.node: False for o, ok in zip(batch, oks, strict=True) if not ok})
-                if i + n < len(powered) and self.s.batch_interval_s:
-                    await asyncio.sleep(self.s.batch_interval_s)
+            running = asyncio.gather(*(self._power_on(o, started[o.node], readiness, window) for o in powered))
+            if group == last and issued is not None and self.s.ramp.enabled:
+                await asyncio.sleep(0)  # every power-on has its place in the ramp: the next restore may set up
+                issued.set()
+            oks = await running
+            result.update({o.node: False for o, ok in zip(powered, oks, strict=True) if not ok})
             if group == last and issued is not None:
                 issued.set()  # without a ramp (or nothing powered): once the last group's power-ons ran
             for node, task in readiness.items():
@@ -360,14 +360,16 @@ class Sequencer:
         finally:
             metrics.RAMP_QUEUED.dec()
 
-    async def _power_on(self, o: Order, started: float, readiness: dict[str, asyncio.Task]) -> bool:
+    async def _power_on(
+        self, o: Order, started: float, readiness: dict[str, asyncio.Task], window: asyncio.Semaphore
+    ) -> bool:
         """Power the node on; once it is on, its readiness check starts (a task in ``readiness``)."""
-        if await self._switch_on(o, started):
+        if await self._switch_on(o, started, window):
             readiness[o.node] = asyncio.create_task(self._ready(o, started))
             return True
         return False
 
-    async def _switch_on(self, o: Order, started: float) -> bool:
+    async def _switch_on(self, o: Order, started: float, window: asyncio.Semaphore) -> bool:
         bmc = self.devices.bmc(o.node)
         if bmc is None:
             return True  # the outlet was the power switch (its outlet-on waited for the ramp)
@@ -378,13 +380,18 @@ class Sequencer:
             if state == "on":
                 await self._done(o, "on", bmc.device, t, power_state="on", detail="already on")
                 return True
-            # the ramp's slot is when the BMC gets the command (a retry goes at once: its slot passed)
-            await self._ramp_wait(o, lambda slot: self._retrying(f"{bmc.device} power on", lambda: bmc.on_at(slot)))
-            await self._node_state(o, "booting")
-            left = self.s.boot_timeout_s - (time.monotonic() - started)
-            if not await self._wait_state(bmc, "on", max(left, self.s.poll_interval_s)):
-                raise PowerStateTimeout(f"{bmc.device}: not on {self.s.boot_timeout_s:.0f}s after power-on")
-            await self._done(o, "on", bmc.device, t, power_state="on")
+            async with window:
+                # the ramp's slot is when the BMC gets the command (a retry goes at once: its slot passed)
+                await self._ramp_wait(
+                    o, lambda slot: self._retrying(f"{bmc.device} power on", lambda: bmc.on_at(slot))
+                )
+                await self._node_state(o, "booting")
+                left = self.s.boot_timeout_s - (time.monotonic() - started)
+                if not await self._wait_state(bmc, "on", max(left, self.s.poll_interval_s)):
+                    raise PowerStateTimeout(f"{bmc.device}: not on {self.s.boot_timeout_s:.0f}s after power-on")
+                await self._done(o, "on", bmc.device, t, power_state="on")
+                if self.s.batch_interval_s:
+                    await asyncio.sleep(self.s.batch_interval_s)  # the place is free this long after "on"
             return True
         except PowerControlError as exc:
             await self._failed(o, "on", bmc.device, t, str(exc), power_state="unknown")
