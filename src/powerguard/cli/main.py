@@ -11,6 +11,7 @@ from pathlib import Path
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from powerguard.bus import BusError, BusNames
 from powerguard.bus.env import auth_options
@@ -139,11 +140,13 @@ def nats(
 
 
 def _work_lost(row: dict) -> str:
-    """Steps lost at the stop per job ("≥" where the stop step comes from heartbeats)."""
+    """Steps lost at the stop per job ("≥" where the stop step comes from heartbeats). A drill
+    stops nothing: what a real outage would have lost is shown as such, never as work lost."""
     parts = []
     for job, f in sorted(row["jobs"].items()):
         if f["lost_steps"] is not None:
-            parts.append(f"{job}: {'≥' if f['lost_steps_at_least'] else ''}{f['lost_steps']} ({f['hold_policy']})")
+            n = f"{'≥' if f['lost_steps_at_least'] else ''}{f['lost_steps']}"
+            parts.append(f"{job}: would lose {n} (drill)" if row.get("drill") else f"{job}: {n} ({f['hold_policy']})")
         elif f["final_checkpoint"]:
             parts.append(f"{job}: ? ({f['final_checkpoint']})")
     return "; ".join(parts) or "-"
@@ -201,7 +204,7 @@ def status(
         budget = "-" if r["budget_left_s"] is None else f"{r['budget_left_s']:.0f}s"
         table.add_row(
             r["saga"],
-            r["state"],
+            r["state"] + (" (drill)" if r.get("drill") else ""),
             r["acks"],
             budget,
             ",".join(r["ups_on_battery"]),
@@ -415,7 +418,10 @@ def drill(
         slowest = result.slowest_s
         for k, v in (
             ("battery runtime at drill start", f"{result.runtime_s:.0f} s at load {result.load_pct or '?'} %"),
-            ("checkpoint budget (min(ckpt_timeout, runtime - reserve - margin))", f"{result.budget_s:.1f} s"),
+            (
+                "checkpoint budget (min(ckpt_timeout, runtime - shutdown need - margin))",
+                f"{result.budget_s:.1f} s",
+            ),
             ("slowest job's checkpoint (last rank durable)", "-" if slowest is None else f"{slowest:.2f} s"),
             ("ranks acked / expected", f"{sum(map(len, result.acks.values()))} / {sum(result.expected.values())}"),
             ("shutdown decided after", "-" if result.shutdown_at_s is None else f"{result.shutdown_at_s:.1f} s"),
@@ -428,6 +434,8 @@ def drill(
         ):
             table.add_row(k, v)
         console.print(table)
+        for line in result.problems:
+            console.print(f"[red]NOT OK:[/red] {escape(line)}", highlight=False)
     if not result.ok:
         raise typer.Exit(1)
 

@@ -67,6 +67,8 @@ class DrillResult:
     not_dry: list[str] = field(default_factory=list)
     hold_policy: str = "checkpoint-at-stop"
     stop_after_s: float | None = None  # when the jobs stop on a real outage, given the measured checkpoint
+    lost_steps: dict[str, int] = field(default_factory=dict)  # job -> steps lost at the stop (the saga's figures)
+    stop_reason: str | None = None  # the saga's reason for the shutdown (a skipped final checkpoint says why)
 
     @property
     def slowest_s(self) -> float | None:
@@ -78,16 +80,39 @@ class DrillResult:
         return all(len(self.acks.get(j, {})) == n for j, n in self.expected.items())
 
     @property
-    def ok(self) -> bool:
+    def problems(self) -> list[str]:
+        """Why the drill is not OK, one line each (empty: OK)."""
+        out: list[str] = []
+        if not self.expected:
+            out.append(
+                "no job on the nodes at risk has a registered agent: nothing was checkpointed (is a job running "
+                "with the ckpt-agent and its POWERGUARD_* environment?)"
+            )
+        for job, n in sorted(self.expected.items()):
+            missing = [r for r in range(n) if r not in self.acks.get(job, {})]
+            if missing:
+                out.append(f"{job}: ranks {','.join(map(str, missing))} did not ack")
+        for job, ranks in sorted(self.failed.items()):
+            out += [f"{job} rank {r}: checkpoint failed: {e}" for r, e in sorted(ranks.items())]
+        if self.not_dry:
+            out.append(f"{len(self.not_dry)} command(s) NOT dry-run: {', '.join(self.not_dry)}")
         slowest = self.slowest_s
-        return (
-            self.complete
-            and not self.not_dry
-            and slowest is not None
-            and slowest <= self.budget_s
-            and bool(self.states)
-            and self.states[-1] == "done"
-        )
+        if slowest is not None and slowest > self.budget_s:
+            out.append(f"the slowest checkpoint took {slowest:.1f}s, over the {self.budget_s:.1f}s budget")
+        if self.hold_policy == "checkpoint-at-stop":
+            for job, lost in sorted(self.lost_steps.items()):
+                if lost:
+                    why = f" ({self.stop_reason})" if self.stop_reason and "final checkpoint" in self.stop_reason else ""
+                    out.append(f"{job} lost {lost} step(s) at the stop under checkpoint-at-stop{why}")
+        if not self.states:
+            out.append("no saga state was seen")
+        elif self.states[-1] != "done":
+            out.append(f"the saga ended {self.states[-1]}")
+        return out
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -105,6 +130,8 @@ class DrillResult:
             "expected_ranks": self.expected,
             "commands": self.commands,
             "commands_not_dry_run": self.not_dry,
+            "lost_steps": self.lost_steps,
+            "problems": self.problems,
             "ok": self.ok,
         }
 
@@ -231,8 +258,10 @@ def _observe(ev: Envelope, r: DrillResult, t0: float, notify: Notify) -> None:
             r.saga_id = ev.data.saga_id
         if ev.data.saga_id == r.saga_id:
             r.states.append(ev.data.state.value)
+            if ev.data.lost_steps:
+                r.lost_steps = dict(ev.data.lost_steps)
             if ev.data.state.value == "shutting_down":
-                r.shutdown_at_s = at
+                r.shutdown_at_s, r.stop_reason = at, ev.data.reason
             notify(at, f"saga {ev.data.state.value}" + (f": {ev.data.reason}" if ev.data.reason else ""))
     elif isinstance(ev, CheckpointDurable | CheckpointFailed) and ev.data.saga_id == r.saga_id:
         d = ev.data

@@ -35,6 +35,7 @@ def summarize(rec: SagaRecord, now: float | None = None) -> dict:
         "saga": rec.saga_id,
         "site": rec.site,
         "state": rec.state.value,
+        "drill": rec.drill,
         "reason": rec.reason,
         "acks": f"{acked}/{expected}",
         "budget_left_s": None if budget is None else round(budget, 1),

@@ -49,7 +49,7 @@ from .probes import probe_once
 from .readback import ReadBack
 from .readback import meaning as readback_meaning
 from .schedulers import make_scheduler
-from .schedulers.base import NoScheduler
+from .schedulers.base import DryRunScheduler
 from .sequences import Order, Sequencer
 
 log = logging.getLogger(__name__)
@@ -77,7 +77,8 @@ class PowerControl:
         self.devices = Devices(site, self.settings)
         self.scheduler = make_scheduler(self.settings.scheduler)
         self.seq = Sequencer(self.devices, self.scheduler, self.settings, self._emit, self._job_stopped)
-        self.dry = Sequencer(Devices(site, self.settings, dry_run=True), NoScheduler(), self.settings, self._emit)
+        dry_jobs = DryRunScheduler(self.scheduler.kind)  # a drill names the adapter the site runs
+        self.dry = Sequencer(Devices(site, self.settings, dry_run=True), dry_jobs, self.settings, self._emit)
         self.executed: list[str] = []  # idempotency keys this process executed, in order
         self._nodes = {n.name for n in site.nodes}
         self._node_locks: dict[str, asyncio.Lock] = {}  # one sequence per node at a time

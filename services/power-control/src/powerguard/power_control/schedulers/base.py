@@ -72,6 +72,23 @@ class NoScheduler(Scheduler):
         return "no scheduler configured"
 
 
+class DryRunScheduler(Scheduler):
+    """The site's own scheduler in a drill: says what it would do, touches nothing (a drill's
+    report names the adapter the site really runs, e.g. ``scheduler:process``)."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+
+    async def prepare_shutdown(self, node: str, *, saga_id: str, jobs: Sequence[str]) -> str:
+        return f"dry-run: would stop {', '.join(jobs) or 'no jobs'} on {node} ({self.kind})"
+
+    async def stop_job(self, job: str, *, nodes: Sequence[str], saga_id: str) -> str:
+        return f"dry-run: would stop {job} on {', '.join(nodes)} ({self.kind})"
+
+    async def start_job(self, job: str, *, nodes: Sequence[str], saga_id: str) -> str:
+        return f"dry-run: would restart {job} on {', '.join(nodes)} ({self.kind})"
+
+
 def trace_env() -> dict[str, str]:
     """W3C ``TRACEPARENT`` of the current span, for a child process to join the outage trace."""
     from opentelemetry.propagate import inject
