@@ -117,7 +117,10 @@ async def run(reps: int) -> dict:
                     for n in dead:
                         peers[n].start()
                     rounds[kind].append(r)
-                    print(f"rep {rep} {kind}: off max {r['off_max_s']:.2f}s, ready max {r['ready_max_s']:.2f}s", flush=True)
+                    print(
+                        f"rep {rep} {kind}: off max {r['off_max_s']:.2f}s, ready max {r['ready_max_s']:.2f}s",
+                        flush=True,
+                    )
         finally:
             for p in peers.values():
                 p.stop()

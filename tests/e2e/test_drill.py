@@ -140,3 +140,24 @@ def test_a_framework_job_checkpoints_through_its_callback_and_resumes_bit_exact(
     ckpt = [s for s in spans if s["name"] == "checkpoint demo-train" and s["service"] == "powerguard-ckpt-agent"]
     assert len(ckpt) == 8  # one per rank, the power checkpoint and the final one
     assert names(spans)["resume demo-train"] == 1
+
+
+def test_a_real_nut_ups_whose_runtime_drops_below_the_reserve_still_gets_the_final_checkpoint(tmp_path):
+    """Debian's upsd + dummy-ups, polled by ups-monitor: a first outage measures the shutdown; in
+    the second the UPS's estimate drops from 600 s to 100 s (below the 120 s reserve) and its load
+    jumps while the job trains. The hold ends at once, and the final checkpoint (about a second)
+    is taken because it fits the 100 s less what the shutdown was measured to need: not one step
+    trained twice (the ranks' own progress), bit-exact."""
+    from tests.integration.ups.nut_peer import require_nut
+
+    require_nut()
+    report, spans, r = drill(tmp_path, "--real-ups")
+    assert r.returncode == 0, r.stdout[-3000:]
+    assert report["scenario"] == "real-ups" and len(report["earlier_outages"]) == 1
+    saga = report["saga"]
+    assert saga["stop_reason"] == "runtime 100s below the 120s shutdown reserve"
+    job = saga["jobs"]["demo-train"]
+    assert job["final_checkpoint"].startswith("committed at step") and job["lost_steps"] == 0
+    assert "final_checkpoint" in report["saga_states"]
+    assert report["work"]["lost_steps"] == 0 and report["rpo_steps"] == 0 and report["bit_exact"] is True
+    assert report["battery_at_stop"]["runtime_s"] <= 100  # the UPS said 100 s, and the final was still taken

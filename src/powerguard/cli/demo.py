@@ -65,6 +65,9 @@ async def run_demo(
     out_dir = (json_out.parent if json_out else Path.cwd() / "demo-output").resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
     options = SiteOptions(seed=seed, steps=steps, hold_policy=hold_policy, framework=framework)
+    if scenario == "real-ups":  # a real-time battery (600 s reported, ~470 s at the training load) on NUT
+        options.ups_driver, options.speed, options.shutdown_reserve_s = "nut", 1.0, 120.0
+        options.steps = max(steps, 600)  # two outages
     if framework:
         options.local_scope = "shared"  # a framework's checkpoints: one directory every rank sees
     site = SimSite(work, options)

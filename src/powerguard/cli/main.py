@@ -240,6 +240,13 @@ def schemas_export(directory: Path = typer.Argument(..., help="Output directory"
 def demo(
     flap: bool = typer.Option(False, "--flap", help="Power returns before any shutdown: the saga is cancelled"),
     race: bool = typer.Option(False, "--race", help="Power returns while the nodes shut down: shutdown, then restore"),
+    real_ups: bool = typer.Option(
+        False,
+        "--real-ups",
+        help="A real NUT server (Debian's upsd + dummy-ups) instead of the simulated SNMP UPS, and two outages: "
+        "the first measures the shutdown; in the second the UPS's runtime estimate drops from 600 s to 100 s, "
+        "below the 120 s shutdown reserve, and its load jumps (needs nut-server)",
+    ),
     seed: int = typer.Option(1234, "--seed", help="Training seed (the reference run uses the same)"),
     steps: int = typer.Option(300, "--steps", min=60, help="Training steps of the job"),
     hold_policy: str = typer.Option(
@@ -264,10 +271,10 @@ def demo(
 ) -> None:
     """Run a whole outage drill on this machine: embedded NATS, simulated UPS/PDU/BMCs, real services,
     a 2-node x 2-rank training job; checks bit-exact resume against a reference run."""
-    if flap and race:
-        err.print("[red]error:[/red] --flap and --race are different scenarios; pick one")
+    if flap + race + real_ups > 1:
+        err.print("[red]error:[/red] --flap, --race and --real-ups are different scenarios; pick one")
         raise typer.Exit(2)
-    scenario = "flap" if flap else "race" if race else "outage"
+    scenario = "flap" if flap else "race" if race else "real-ups" if real_ups else "outage"
     from powerguard.schemas import HOLD_POLICIES
     from powerguard.sim.drill import DrillError
 

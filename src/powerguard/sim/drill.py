@@ -42,7 +42,7 @@ from powerguard.schemas import (
 
 from .site import SimSite
 
-SCENARIOS = ("outage", "flap", "race")
+SCENARIOS = ("outage", "flap", "race", "real-ups")
 Notify = Callable[[float, str, str], None]  # (seconds since start, phase, text)
 
 
@@ -55,6 +55,7 @@ class Observed:
     t0: float
     events: list[tuple[float, Envelope]] = field(default_factory=list)
     changed: asyncio.Event = field(default_factory=asyncio.Event)
+    battery: dict = field(default_factory=dict)  # the UPS when the stop was decided
 
     def add(self, event: Envelope) -> None:
         self.events.append((time.time(), event))
@@ -155,35 +156,27 @@ def work_figures(lines: list[tuple[int, int, float]], *, step_at_detection: int,
 
 
 async def run_drill(site: SimSite, scenario: str, *, notify: Notify, bus: Bus, warmup_steps: int = 30) -> dict:
-    """Run one scenario on a started site; return the report (without the bit-exact check)."""
+    """Run one scenario on a started site; return the report (without the bit-exact check).
+
+    ``real-ups`` runs two outages on a real NUT server (the site's ``ups_driver="nut"``): the
+    first as ``outage`` (it measures the shutdown), the second with the UPS's runtime estimate
+    jumping from 600 s to 100 s, below the shutdown reserve, and a load jump, while the job trains
+    (the report is the second's; its work figures cover both)."""
     if scenario not in SCENARIOS:
         raise ValueError(f"scenario must be one of {', '.join(SCENARIOS)}")
-    obs = Observed(t0=time.time())
     world = site.opts.nodes * site.opts.ranks_per_node
     job = site.opts.job
-    battery: dict[str, float] = {}
-
-    def snapshot_battery(why: str) -> None:
-        if not battery:
-            from .ups import full_runtime_s
-
-            b = site.battery
-            battery.update(
-                at=why,
-                runtime_s=round(b.runtime_s, 1),
-                charge_pct=round(b.charge_pct, 2),
-                runtime_at_training_load_s=round(
-                    b.charge_pct / 100 * full_runtime_s(site.opts.load_per_node_pct * site.opts.nodes), 1
-                ),
-            )
+    rounds: list[Observed] = [Observed(t0=time.time())]
+    t_start = rounds[0].t0
 
     def say(phase: str, text: str, at: float | None = None) -> None:
-        notify((at or time.time()) - obs.t0, phase, text)
+        notify((at or time.time()) - t_start, phase, text)
 
     async def watch() -> None:
         async for event in bus.subscribe(subject=bus.subjects.all, deliver="new"):
+            obs = rounds[-1]
             if isinstance(event, SagaStateChanged) and event.data.state.value in ("final_checkpoint", "shutting_down"):
-                snapshot_battery(event.data.state.value)
+                _snapshot_battery(site, obs.battery, event.data.state.value)
             obs.add(event)
             line = _describe(event)
             if line:
@@ -196,87 +189,139 @@ async def run_drill(site: SimSite, scenario: str, *, notify: Notify, bus: Bus, w
         # a job start is no power command: nobody but the coordinator may publish those
         await site.start_job()
         say("setup", f"job {job}: {world} ranks on {', '.join(site.node_names)} launched by the site's scheduler")
-        await _until(
-            obs,
-            lambda: len({e.data.rank for _, e in obs.of(AgentRegistered, lambda e: e.data.job == job)}) >= world,
-            120,
-            f"{world} ranks to register",
-            site,
-        )
-        await _until(
-            obs,
-            lambda: min(_progress(site).values() or [0]) >= warmup_steps and len(_progress(site)) == world,
-            120,
-            f"training to reach step {warmup_steps}",
-            site,
-        )
-        t_fail = time.time()
-        site.utility(on=False)
-        say("outage", "utility power FAILS: the UPS is on battery", t_fail)
-        t_det = await _until(obs, lambda: obs.first(OnBattery), 30, "on_battery", site)
-        step_at_detection = max(_progress(site).values())
-        acked = lambda: len({e.data.rank for _, e in obs.of(CheckpointDurable, lambda e: e.data.job == job)}) >= world  # noqa: E731
-        await _until(obs, acked, 90, "every rank's checkpoint ack", site)
-        t_acked = max(t for t, _ in obs.of(CheckpointDurable, lambda e: e.data.job == job))
-        saga_state = lambda *states: obs.first(SagaStateChanged, lambda e: e.data.state.value in states)  # noqa: E731
-        t_ret: float
-        if scenario == "flap":
-            await _until(obs, lambda: saga_state("holding", "checkpointed"), 30, "the saga to hold", site)
-            await asyncio.sleep(2.0)  # a short hold: the job trains on (continue, checkpoint-at-stop) or waits (pause)
-            snapshot_battery("power back")
-            t_ret = time.time()
-            site.utility(on=True)
-            say("outage", "utility power RETURNS before any shutdown (a flap)", t_ret)
-            await _until(obs, lambda: saga_state("cancelled", "done", "failed"), 60, "the saga to end", site)
-        else:
-            if scenario == "race":
-                await _until(
-                    obs,
-                    lambda: obs.first(NodeState, lambda e: e.data.state == "shutting_down"),
-                    60,
-                    "the shutdown to start",
-                    site,
-                )
-                t_ret = time.time()
-                site.utility(on=True)
-                say("outage", "utility power RETURNS while the nodes are shutting down (a race)", t_ret)
-
-            def off() -> bool:
-                nodes = {e.data.node for _, e in obs.of(NodeState, lambda e: e.data.state == "off")}
-                return len(nodes) >= len(site.node_names)
-
-            await _until(obs, off, 90, "every node off", site)
-            stop_at = len(_lines(site))
-            if site.final.exists():
-                raise DrillError("training finished before the shutdown: run more --steps")
-            if scenario == "outage":
-                await asyncio.sleep(1.0)
-                t_ret = time.time()
-                site.utility(on=True)
-                say("outage", "utility power RETURNS", t_ret)
-            await _until(obs, lambda: saga_state("done", "failed"), 180, "the restore to finish", site)
+        earlier: list[dict] = []
+        plan = ["outage", "outage"] if scenario == "real-ups" else [scenario]
+        for i, kind in enumerate(plan):
+            obs = rounds[-1]
+            await _until(  # a later round: the ranks registered again when the job resumed (the last round)
+                obs if i == 0 else rounds[-2],
+                lambda o=(obs if i == 0 else rounds[-2]): (
+                    len({e.data.rank for _, e in o.of(AgentRegistered, lambda e: e.data.job == job)}) >= world
+                ),
+                120,
+                f"{world} ranks to register",
+                site,
+            )
+            floor = max(_progress(site).values() or [0]) + warmup_steps if i else warmup_steps
+            await _until(
+                obs,
+                lambda floor=floor: min(_progress(site).values() or [0]) >= floor and len(_progress(site)) == world,
+                120,
+                f"training to reach step {floor}",
+                site,
+            )
+            if i == len(plan) - 1 and scenario == "real-ups":
+                site.battery.runtime_trace = REAL_UPS_RUNTIME_TRACE
+                site.battery.load_jumps = REAL_UPS_LOAD_JUMPS
+                say("outage", "this time the UPS's runtime estimate will drop from 600 s to 100 s, and its load jump")
+            times = await _one_outage(site, obs, kind, say=say, job=job, world=world)
+            if i < len(plan) - 1:
+                earlier.append({"saga_id": _saga_id(obs), "saga": await _saga_figures(bus, _saga_id(obs))})
+                rounds.append(Observed(t0=time.time()))
+        obs = rounds[-1]
         await _until(obs, lambda: site.final.exists() and not site.job_running(), 240, "training to finish", site)
-        report = _report(
-            scenario,
-            obs,
-            site,
-            t_fail=t_fail,
-            t_det=t_det,
-            t_acked=t_acked,
-            t_ret=t_ret,
-            step_at_detection=step_at_detection,
-        )
+        report = _report(scenario, obs, site, **times)
         report["work"] = work_figures(
-            _lines(site), step_at_detection=step_at_detection, stop_at=None if scenario == "flap" else stop_at
+            _lines(site),
+            step_at_detection=times["step_at_detection"],
+            stop_at=None if scenario == "flap" else times["stop_at"],
         )
+        del report["stop_at"]
         report["rpo_steps"] = report["work"]["lost_steps"]  # work lost at the stop: steps trained twice
-        report["battery_at_stop"] = battery
+        report["battery_at_stop"] = obs.battery
         report["saga"] = await _saga_figures(bus, report["saga_id"])
+        if earlier:
+            report["earlier_outages"] = earlier
         return report
     finally:
         watcher.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await watcher
+
+
+# the second outage of ``real-ups`` (UPS seconds on battery -> what the UPS reports from then on)
+REAL_UPS_RUNTIME_TRACE = ((0.0, 600.0), (3.0, 100.0))
+REAL_UPS_LOAD_JUMPS = ((1.5, 20.0),)
+
+
+def _saga_id(obs: Observed) -> str | None:
+    saga = obs.of(SagaStateChanged)
+    return saga[0][1].data.saga_id if saga else None
+
+
+def _snapshot_battery(site: SimSite, battery: dict, why: str) -> None:
+    if battery:
+        return
+    from .ups import full_runtime_s
+
+    b = site.battery
+    battery.update(
+        at=why,
+        runtime_s=round(b.runtime_s, 1),
+        charge_pct=round(b.charge_pct, 2),
+        load_pct=round(b.total_load(), 1),
+        runtime_at_training_load_s=round(
+            b.charge_pct / 100 * full_runtime_s(site.opts.load_per_node_pct * site.opts.nodes) / b.speed, 1
+        ),
+    )
+
+
+async def _one_outage(site: SimSite, obs: Observed, scenario: str, *, say, job: str, world: int) -> dict:
+    """Utility fails, the saga runs its course, utility returns; the times of its phases."""
+    t_fail = time.time()
+    site.utility(on=False)
+    say("outage", "utility power FAILS: the UPS is on battery", t_fail)
+    t_det = await _until(obs, lambda: obs.first(OnBattery), 30, "on_battery", site)
+    step_at_detection = max(_progress(site).values())
+    acked = lambda: len({e.data.rank for _, e in obs.of(CheckpointDurable, lambda e: e.data.job == job)}) >= world  # noqa: E731
+    await _until(obs, acked, 90, "every rank's checkpoint ack", site)
+    t_acked = max(t for t, _ in obs.of(CheckpointDurable, lambda e: e.data.job == job))
+    saga_state = lambda *states: obs.first(SagaStateChanged, lambda e: e.data.state.value in states)  # noqa: E731
+    stop_at = None
+    if scenario == "flap":
+        await _until(obs, lambda: saga_state("holding", "checkpointed"), 30, "the saga to hold", site)
+        await asyncio.sleep(2.0)  # a short hold: the job trains on (continue, checkpoint-at-stop) or waits (pause)
+        _snapshot_battery(site, obs.battery, "power back")
+        t_ret = time.time()
+        site.utility(on=True)
+        say("outage", "utility power RETURNS before any shutdown (a flap)", t_ret)
+        await _until(obs, lambda: saga_state("cancelled", "done", "failed"), 60, "the saga to end", site)
+    else:
+        if scenario == "race":
+            await _until(
+                obs,
+                lambda: obs.first(NodeState, lambda e: e.data.state == "shutting_down"),
+                60,
+                "the shutdown to start",
+                site,
+            )
+            t_ret = time.time()
+            site.utility(on=True)
+            say("outage", "utility power RETURNS while the nodes are shutting down (a race)", t_ret)
+
+        def off() -> bool:
+            nodes = {e.data.node for _, e in obs.of(NodeState, lambda e: e.data.state == "off")}
+            return len(nodes) >= len(site.node_names)
+
+        await _until(obs, off, 90, "every node off", site)
+        stop_at = len(_lines(site))
+        if site.final.exists():
+            raise DrillError("training finished before the shutdown: run more --steps")
+        if scenario == "outage":
+            await asyncio.sleep(1.0)
+            t_ret = time.time()
+            site.utility(on=True)
+            say("outage", "utility power RETURNS", t_ret)
+        await _until(obs, lambda: saga_state("done", "failed"), 180, "the restore to finish", site)
+    site.battery.runtime_trace, site.battery.load_jumps = (), ()
+    return {
+        "t_fail": t_fail,
+        "t_det": t_det,
+        "t_acked": t_acked,
+        "t_ret": t_ret,
+        "step_at_detection": step_at_detection,
+        "stop_at": stop_at,
+    }
 
 
 async def _saga_figures(bus: Bus, saga_id: str | None) -> dict | None:
@@ -299,6 +344,7 @@ def _report(
     t_acked: float,
     t_ret: float,
     step_at_detection: int,
+    stop_at: int | None = None,
 ) -> dict:
     job = site.opts.job
     off = [t for t, e in obs.of(NodeState, lambda e: e.data.state == "off")]
@@ -330,4 +376,5 @@ def _report(
         "restarted": restored_step is not None,
         "nodes_on_at_end": sum(site.node_on(n) for n in site.node_names),
         "events": len(obs.events),
+        "stop_at": stop_at,
     }

@@ -35,7 +35,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--bmc", action="append", default=[], metavar="NODE:PORT", help="one simulated BMC per node")
     p.add_argument("--bmc-password-file", type=Path, required=True)
     p.add_argument("--state-dir", type=Path, default=Path("/tmp/powerguard-sim"))
-    p.add_argument("--speed", type=float, default=8.0, help="UPS seconds per second on battery")
+    p.add_argument(
+        "--speed",
+        type=float,
+        default=8.0,
+        help="The battery is this many times smaller than an SRT 6000 (drains this much faster)",
+    )
     p.add_argument("--load-per-node", type=float, default=30.0)
     p.add_argument("--http-port", type=int, default=8080)
     args = p.parse_args(argv)

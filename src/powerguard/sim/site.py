@@ -13,6 +13,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -67,10 +68,10 @@ class SiteOptions:
     steps: int = 300
     seed: int = 1234
     step_sleep_s: float = 0.04
-    speed: float = 8.0  # UPS seconds per real second on battery
+    speed: float = 8.0  # the battery is this many times smaller than the SRT 6000's (drains this much faster)
     load_per_node_pct: float = 30.0  # a node whose GPUs train
     idle_load_per_node_pct: float = 8.0  # a node that is on but not training (paused, stopped, booting)
-    shutdown_reserve_s: float = 300.0
+    shutdown_reserve_s: float = 36.0  # of the ~59 s a full battery lasts at the training load
     max_on_battery_s: float = 6.0  # the hold: the site shuts down after this long on battery (wall seconds)
     hold_policy: str = "checkpoint-at-stop"
     job: str = "demo-train"
@@ -79,6 +80,7 @@ class SiteOptions:
     ckpt_disk_mb: int = 0  # > 0: the checkpoint directory is a tmpfs this small (root only), to fill up
     local_scope: str = "node"  # each simulated node's own checkpoint disk (ckpt/<node>), or "shared"
     framework: str = ""  # "lightning" or "hf": the job trains with that framework's PowerGuard callback
+    ups_driver: str = "snmp"  # "nut": Debian's upsd + dummy-ups fed with the battery's state (a real NUT server)
 
 
 @dataclass
@@ -104,6 +106,8 @@ class SimSite:
         self.otlp_url = ""
         self.ckpt_dir = self.workdir / "ckpt"
         self._ups_port = 0
+        self.nut = None  # the NUT server (ups_driver "nut")
+        self._feeding = threading.Event()
 
     # ------------------------------------------------------------ the physical site
     def node_on(self, node: str) -> bool:
@@ -231,6 +235,8 @@ class SimSite:
         pdu = self.pdu.agent()
         pdu_port = await pdu.start()
         self.agents = [ups, pdu]
+        if self.opts.ups_driver == "nut":
+            self._start_nut()
         bmc_ports = {}
         pw = self.workdir / "bmc.pw"
         pw.write_text(SECRETS["PG_DEMO_BMC_PASSWORD"])
@@ -273,6 +279,28 @@ class SimSite:
                     "0",
                 ],
             )
+
+    def _start_nut(self) -> None:
+        """A real NUT server whose UPS follows the battery: ups-monitor polls upsd, as on a site."""
+        from .nut import NutUps
+
+        (self.workdir / "nut").mkdir(exist_ok=True)
+        self.nut = NutUps(self.workdir / "nut", ups="ups-a").start()
+        self._feed_once()
+        self._feeding.set()
+        threading.Thread(target=self._feed_loop, name="nut-feed", daemon=True).start()
+
+    def _feed_once(self) -> None:
+        b = self.battery
+        self.nut.feed(
+            on_battery=b.on_battery, charge_pct=b.charge_pct, runtime_s=b.runtime_s, load_pct=b.total_load(), low=b.low
+        )
+
+    def _feed_loop(self) -> None:
+        while self._feeding.is_set():
+            with contextlib.suppress(OSError):
+                self._feed_once()
+            time.sleep(0.2)
 
     def _env(self, service: str) -> dict[str, str]:
         env = {
@@ -399,17 +427,18 @@ class SimSite:
         local = self.ckpt_dir / "{node}" if o.local_scope == "node" and not o.framework else self.ckpt_dir
         job_argv = [*launch, "--", *self._train_argv(out=self.final, local_dir=local, nats=True)]
         cred = {"username": {"env": "PG_DEMO_BMC_USER"}, "password": {"env": "PG_DEMO_BMC_PASSWORD"}}
+        ups = {
+            "name": "ups-a",
+            "driver": "snmp",
+            "host": "127.0.0.1",
+            "port": ups_port,
+            "options": {"community": {"env": "PG_DEMO_SNMP_COMMUNITY"}, "profile": "apc"},
+        }
+        if self.nut is not None:
+            ups = {"name": "ups-a", "driver": "nut", "host": "127.0.0.1", "port": self.nut.port}
         return {
             "site": "demo",
-            "ups": [
-                {
-                    "name": "ups-a",
-                    "driver": "snmp",
-                    "host": "127.0.0.1",
-                    "port": ups_port,
-                    "options": {"community": {"env": "PG_DEMO_SNMP_COMMUNITY"}, "profile": "apc"},
-                }
-            ],
+            "ups": [ups],
             "pdus": [
                 {
                     "name": "pdu-a",
@@ -486,6 +515,9 @@ class SimSite:
                 p.wait()
         for a in self.agents:
             a.stop()
+        self._feeding.clear()
+        if self.nut is not None:
+            self.nut.stop()
         await self.receiver.stop()
         for n in self.nats_nodes:
             n.stop()

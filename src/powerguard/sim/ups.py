@@ -1,8 +1,9 @@
 """A simulated UPS served over SNMP (RFC 1628 UPS-MIB and APC PowerNet) whose battery drains
 with the load, as the APC Smart-UPS SRT 6000 measured in the original write-up: full-battery
-runtime 9 min at 50 % load, 6 min at 75 %, 4 min at 100 %. ``speed`` makes time on
-battery pass faster (a demo cannot wait 6 minutes); the runtime the UPS reports is in UPS
-seconds, so the coordinator's budget arithmetic is the real one."""
+runtime 9 min at 50 % load, 6 min at 75 %, 4 min at 100 %. ``speed`` makes the battery that
+many times smaller (a demo cannot wait 6 minutes): it drains ``speed`` times faster and the
+runtime it reports is the real time left at that drain, so what the UPS says and what the
+coordinator measures of its discharge agree, as on a real UPS."""
 
 from __future__ import annotations
 
@@ -39,6 +40,10 @@ class Battery:
     low_battery_pct: float = 10.0
     on_battery: bool = False
     garbage: bool = False  # the agent reports out-of-range values (a fault drill)
+    # a real UPS's runtime estimate jumps: (seconds on battery, runtime it reports from then on,
+    # counting down), e.g. ((0, 600), (20, 100)); empty: the estimate follows the charge and load
+    runtime_trace: tuple[tuple[float, float], ...] = ()
+    load_jumps: tuple[tuple[float, float], ...] = ()  # (seconds on battery, load % added from then on)
     since: float = field(default_factory=time.monotonic)
     _t: float = field(default_factory=time.monotonic)
 
@@ -47,7 +52,7 @@ class Battery:
         dt = (now - self._t) * self.speed
         self._t = now
         if self.on_battery:
-            self.charge_pct = max(0.0, self.charge_pct - 100.0 * dt / full_runtime_s(self.load()))
+            self.charge_pct = max(0.0, self.charge_pct - 100.0 * dt / full_runtime_s(self.total_load()))
         else:
             self.charge_pct = min(100.0, self.charge_pct + self.recharge_pct_per_s * dt)
 
@@ -56,10 +61,24 @@ class Battery:
         if on_battery != self.on_battery:
             self.on_battery, self.since = on_battery, time.monotonic()
 
+    def _elapsed(self) -> float:
+        return time.monotonic() - self.since if self.on_battery else 0.0
+
+    def total_load(self) -> float:
+        """The load of the powered nodes plus any load jump of this discharge."""
+        t = self._elapsed()
+        return self.load() + sum(extra for at, extra in self.load_jumps if self.on_battery and t >= at)
+
     @property
     def runtime_s(self) -> float:
+        """The runtime the UPS reports: its trace where one is set (on battery), else the model's."""
         self._advance()
-        return self.charge_pct / 100.0 * full_runtime_s(self.load())
+        t = self._elapsed()
+        steps = [(at, r) for at, r in self.runtime_trace if self.on_battery and t >= at]
+        if steps:
+            at, reported = steps[-1]
+            return max(0.0, reported - (t - at))
+        return self.charge_pct / 100.0 * full_runtime_s(self.total_load()) / self.speed
 
     @property
     def low(self) -> bool:
@@ -68,7 +87,7 @@ class Battery:
 
     @property
     def seconds_on_battery(self) -> int:
-        return int((time.monotonic() - self.since) * self.speed) if self.on_battery else 0
+        return int(self._elapsed())
 
 
 UPS_MIB = "1.3.6.1.2.1.33.1"
@@ -86,7 +105,7 @@ def ups_agent(battery: Battery, *, community: str = "public", input_v: float = 2
         return 255 if b.garbage else round(b.charge_pct)
 
     def load() -> int:
-        return 999 if b.garbage else round(b.load())
+        return 999 if b.garbage else round(b.total_load())
 
     # RFC 1628 UPS-MIB
     a.scalar(f"{UPS_MIB}.2.1.0", integer, lambda: 3 if b.low else 2)  # upsBatteryStatus

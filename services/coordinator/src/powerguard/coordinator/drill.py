@@ -102,7 +102,9 @@ class DrillResult:
         if self.hold_policy == "checkpoint-at-stop":
             for job, lost in sorted(self.lost_steps.items()):
                 if lost:
-                    why = f" ({self.stop_reason})" if self.stop_reason and "final checkpoint" in self.stop_reason else ""
+                    why = (
+                        f" ({self.stop_reason})" if self.stop_reason and "final checkpoint" in self.stop_reason else ""
+                    )
                     out.append(f"{job} lost {lost} step(s) at the stop under checkpoint-at-stop{why}")
         if not self.states:
             out.append("no saga state was seen")

@@ -382,9 +382,7 @@ class Sequencer:
                 return True
             async with window:
                 # the ramp's slot is when the BMC gets the command (a retry goes at once: its slot passed)
-                await self._ramp_wait(
-                    o, lambda slot: self._retrying(f"{bmc.device} power on", lambda: bmc.on_at(slot))
-                )
+                await self._ramp_wait(o, lambda slot: self._retrying(f"{bmc.device} power on", lambda: bmc.on_at(slot)))
                 await self._node_state(o, "booting")
                 left = self.s.boot_timeout_s - (time.monotonic() - started)
                 if not await self._wait_state(bmc, "on", max(left, self.s.poll_interval_s)):
