@@ -109,7 +109,7 @@ async def run(reps: int) -> dict:
             for rep in range(reps):
                 for kind in ("all_alive", "two_dead"):
                     dead = DEAD if kind == "two_dead" else ()
-                    for n, p in peers.items():
+                    for p in peers.values():
                         set_power(p, True)
                     for n in dead:
                         peers[n].stop()

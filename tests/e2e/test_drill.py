@@ -151,7 +151,7 @@ def test_a_real_nut_ups_whose_runtime_drops_below_the_reserve_still_gets_the_fin
     from tests.integration.ups.nut_peer import require_nut
 
     require_nut()
-    report, spans, r = drill(tmp_path, "--real-ups")
+    report, _spans, r = drill(tmp_path, "--real-ups")
     assert r.returncode == 0, r.stdout[-3000:]
     assert report["scenario"] == "real-ups" and len(report["earlier_outages"]) == 1
     saga = report["saga"]

@@ -297,7 +297,7 @@ async def test_a_retried_off_falls_back_to_the_outlets_when_the_bmc_is_dead(make
         await bus.publish(retry.model_copy(update={"data": data}))
         await rec.wait(lambda: "off" in rec.states("n1"), what="n1 off by its outlet", timeout=60)
         assert pdu.outlets()["1"] == "off"
-        off = [e for e in rec.of(NodeState, node="n1") if e.data.state == "off"][0]
+        off = next(e for e in rec.of(NodeState, node="n1") if e.data.state == "off")
         assert off.data.detail.startswith("outlets off after the BMC failed")
     finally:
         await pc.stop()
