@@ -1,5 +1,7 @@
 """Work lost per hold policy and scenario: runs `powerguard demo` for every hold policy
-(checkpoint-at-stop, pause, continue) and scenario (outage, flap, race) on the simulated site,
+(checkpoint-at-stop, pause, continue) and scenario (outage, flap, race, and real-ups: a real
+NUT upsd whose runtime estimate drops from 600 s to 100 s, below the 120 s reserve, with a load
+jump, in the second of two outages) on the simulated site,
 same seed and same site each time, and records what the ranks really trained twice (from their
 progress file), what the saga recorded, the hold, and the UPS at the stop. Writes
 bench/results/hold_policies.json (docs/performance.md is rendered from it by report.py)."""
@@ -16,17 +18,17 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench" / "results"
 POLICIES = ("checkpoint-at-stop", "pause", "continue")
-SCENARIOS = ("outage", "flap", "race")
+SCENARIOS = ("outage", "flap", "race", "real-ups")
 
 
 def one(policy: str, scenario: str, work: Path) -> dict:
     report_file = work / f"{policy}-{scenario}.json"
-    flags = {"outage": [], "flap": ["--flap"], "race": ["--race"]}[scenario]
+    flags = {"outage": [], "flap": ["--flap"], "race": ["--race"], "real-ups": ["--real-ups"]}[scenario]
     r = subprocess.run(
         [sys.executable, "-m", "powerguard.cli", "demo", *flags, "--hold-policy", policy, "--json", str(report_file)],
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=900,
     )
     if not report_file.exists():
         return {"policy": policy, "scenario": scenario, "error": (r.stdout + r.stderr)[-2000:]}
@@ -60,9 +62,14 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--policies", nargs="*", default=list(POLICIES))
     p.add_argument("--scenarios", nargs="*", default=list(SCENARIOS))
+    p.add_argument("--merge", action="store_true", help="Keep the other rows of the existing file")
     args = p.parse_args()
     OUT.mkdir(exist_ok=True)
     rows = []
+    if args.merge and (OUT / "hold_policies.json").exists():
+        done = {(p_, s_) for p_ in args.policies for s_ in args.scenarios}
+        old = json.loads((OUT / "hold_policies.json").read_text())["runs"]
+        rows = [r for r in old if (r["policy"], r["scenario"]) not in done]
     with tempfile.TemporaryDirectory(prefix="pg-hold-") as tmp:
         for policy in args.policies:
             for scenario in args.scenarios:
