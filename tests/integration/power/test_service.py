@@ -301,3 +301,37 @@ async def test_a_retried_off_falls_back_to_the_outlets_when_the_bmc_is_dead(make
         assert off.data.detail.startswith("outlets off after the BMC failed")
     finally:
         await pc.stop()
+
+
+async def test_dead_bmcs_never_hold_up_the_healthy_nodes_power_on(make_bus, make_bmc, ipmi_sim, monkeypatch):
+    """Four nodes, two of them with a dead BMC, two places in the power-on window: every healthy
+    node (OpenIPMI's ipmi_sim and the simulated BMC) is ready before either dead BMC has even
+    been given up on. Fixed batches of two held the third node until the dead one's retries ended."""
+    cred = creds(monkeypatch)
+    bmcs = {"n0": make_bmc("n0", power="off"), "n2": make_bmc("n2", power="off"), "n3": make_bmc("n3", power="off")}
+    ipmi_sim.state.write_text("0\n")
+    bmcs["n0"].stop()
+    bmcs["n2"].stop()  # dead: n0 and n2; healthy: n1 (ipmi_sim) and n3
+    nodes = [bmc_node(n, b, cred) for n, b in bmcs.items()] + [bmc_node("n1", ipmi_sim, cred)]
+    bus = await make_bus("power-control")
+    rec = await Recorder().start(bus)
+    pc = await service(
+        bus, site(nodes, max_parallel_power_on=2, device_timeout_s=1.5, retries=3, retry_backoff_s=0.5)
+    )
+    try:
+        for n in ("n0", "n1", "n2", "n3"):
+            await bus.publish(power_on(n))
+        await rec.wait(
+            lambda: all("ready" in rec.states(n) for n in ("n1", "n3"))
+            and len(rec.of(PowerActionFailed, action="on")) == 2,
+            timeout=90,
+            what="the healthy nodes ready and both dead ones given up on",
+        )
+        ready = [e.time for e in rec.of(NodeState) if e.data.state == "ready"]
+        gave_up = [e.time for e in rec.of(PowerActionFailed, action="on")]
+        assert {e.data.node for e in rec.of(PowerActionFailed, action="on")} == {"n0", "n2"}
+        timeline = sorted((e.time, e.data.node, getattr(e.data, "state", None) or e.data.action) for e in rec.events)
+        assert max(ready) < min(gave_up), f"a healthy node waited for a dead BMC: {timeline}"
+        assert ipmi_sim.power == "on" and bmcs["n3"].power == "on"
+    finally:
+        await pc.stop()
