@@ -315,15 +315,14 @@ async def test_dead_bmcs_never_hold_up_the_healthy_nodes_power_on(make_bus, make
     nodes = [bmc_node(n, b, cred) for n, b in bmcs.items()] + [bmc_node("n1", ipmi_sim, cred)]
     bus = await make_bus("power-control")
     rec = await Recorder().start(bus)
-    pc = await service(
-        bus, site(nodes, max_parallel_power_on=2, device_timeout_s=1.5, retries=3, retry_backoff_s=0.5)
-    )
+    pc = await service(bus, site(nodes, max_parallel_power_on=2, device_timeout_s=1.5, retries=3, retry_backoff_s=0.5))
     try:
         for n in ("n0", "n1", "n2", "n3"):
             await bus.publish(power_on(n))
         await rec.wait(
-            lambda: all("ready" in rec.states(n) for n in ("n1", "n3"))
-            and len(rec.of(PowerActionFailed, action="on")) == 2,
+            lambda: (
+                all("ready" in rec.states(n) for n in ("n1", "n3")) and len(rec.of(PowerActionFailed, action="on")) == 2
+            ),
             timeout=90,
             what="the healthy nodes ready and both dead ones given up on",
         )

@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from powerguard.schemas import AgentData, AgentDeregistered, AgentEvent, MalformedEvent
+from powerguard.schemas import AgentData, AgentDeregistered, AgentEvent, IdentityMismatch, MalformedEvent
 
 if TYPE_CHECKING:
     from .client import Bus
@@ -28,6 +28,14 @@ async def announce(bus: Bus, event: AgentEvent) -> None:
     else:
         await agents.put(key, event.data)
     await bus.publish(event)
+
+
+def identity_mismatch(agent: AgentData, key: str) -> IdentityMismatch | None:
+    """Why an agent record must not be filed under ``key`` (None: it may): its job and rank are
+    the key's (the schema already bounds the world size and keeps the rank below it)."""
+    if agent_key(agent.job, agent.rank) != key:
+        return IdentityMismatch("agent record", key, key, f"job {agent.job!r} rank {agent.rank}")
+    return None
 
 
 class AgentWatch:
@@ -56,14 +64,19 @@ class AgentWatch:
             if entry.operation in ("DEL", "PURGE") or not entry.value:
                 self.on_change(None, entry.key, seen)
                 continue
+            subject = f"$KV.{self.bus.names.agents}.{entry.key}"
             try:
                 agent = AgentData.model_validate_json(entry.value)
             except ValueError as exc:
                 await self.bus.dead_letter(
-                    subject=f"$KV.{self.bus.names.agents}.{entry.key}",
-                    payload=entry.value,
-                    error=MalformedEvent(f"bad agent record: {exc}"),
+                    subject=subject, payload=entry.value, error=MalformedEvent(f"bad agent record: {exc}")
                 )
+                continue
+            mismatch = identity_mismatch(agent, entry.key)
+            if mismatch is not None:
+                # the server bound the key to the writer's job; what the record says inside is
+                # only the writer's word: another job's name or rank is refused, never filed
+                await self.bus.dead_letter(subject=subject, payload=entry.value, error=mismatch)
                 continue
             self.on_change(agent, entry.key, seen)
 

@@ -63,6 +63,7 @@ from .errors import (
     PowerGuardError,
     SecretNotFound,
     SubjectMismatch,
+    IdentityMismatch,
     UnknownEventType,
     UnsupportedVersion,
 )
@@ -187,6 +188,7 @@ __all__ = [
     "decode",
     "check_subject",
     "SubjectMismatch",
+    "IdentityMismatch",
     "JobCommand",
     "JobResult",
     "deterministic_id",

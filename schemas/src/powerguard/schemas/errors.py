@@ -54,6 +54,15 @@ class SubjectMismatch(EventError):
         self.type, self.subject, self.expected = type_, subject, expected
 
 
+class IdentityMismatch(EventError):
+    """A record names a party other than the one its key (or subject) is bound to: the server
+    lets a job's agent write only under ``<job>.*``, so what the record says inside must agree."""
+
+    def __init__(self, what: str, key: str, expected: str, claimed: str) -> None:
+        super().__init__(f"{what} under key {key} claims {claimed} (its key says {expected})")
+        self.key, self.expected, self.claimed = key, expected, claimed
+
+
 class InvalidSubjectToken(PowerGuardError, ValueError):
     """A name used in a NATS subject (site, ups, job, node, ...) is not a valid token."""
 

@@ -99,13 +99,21 @@ class AgentRegistry:
             live = {r: a for r, (a, seen) in all_ranks.items() if seen >= cutoff}
             if not live:
                 continue
+            # job-wide fields come from one place the job owns, its rank 0 (any rank's word for the
+            # world size or the hold policy would let one rank change them for all); until rank 0
+            # is known, the world size the most ranks agree on and the site's hold policy
+            if 0 in live:
+                world, hold = live[0].world_size, live[0].hold_policy
+            else:
+                sizes = [a.world_size for a in live.values()]
+                world, hold = max(set(sizes), key=lambda n: (sizes.count(n), -n)), None
+            live = {r: a for r, a in live.items() if r < world and a.world_size == world}
+            if not live:
+                continue
             steps = [a.step for a in live.values() if a.step is not None]
-            hold = live[0].hold_policy if 0 in live and live[0].hold_policy is not None else None
-            if hold is None:
-                hold = next((a.hold_policy for a in live.values() if a.hold_policy is not None), None)
             out[job] = JobInfo(
                 job=job,
-                world_size=max(a.world_size for a in live.values()),
+                world_size=world,
                 ranks={r: a.node for r, a in live.items()},
                 step=max(steps) if steps else None,
                 hold_policy=hold,
