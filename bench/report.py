@@ -359,7 +359,8 @@ def main() -> None:
                 f"one dead BMC never slows another: {bi['nodes']} BMCs (ipmi_sim and simulated), "
                 f"{len(bi['dead'])} dead; healthy nodes' slowest shutdown + power-on over all alive",
                 "≤ 1.2",
-                f"{bi['healthy_slowdown']} (off {m['two_dead']['off_max_s']:.2f} vs {m['all_alive']['off_max_s']:.2f} s, "
+                f"{bi['healthy_slowdown']} (off {m['two_dead']['off_max_s']:.2f} vs "
+                f"{m['all_alive']['off_max_s']:.2f} s, "
                 f"ready {m['two_dead']['ready_max_s']:.2f} vs {m['all_alive']['ready_max_s']:.2f} s; "
                 f"median of {bi['reps']} alternated runs)",
                 "`bench/bmc_isolation.py`",

@@ -57,13 +57,13 @@ from .envelope import (
 from .errors import (
     ConfigError,
     EventError,
+    IdentityMismatch,
     InvalidSubjectToken,
     MalformedEvent,
     PayloadTooLarge,
     PowerGuardError,
     SecretNotFound,
     SubjectMismatch,
-    IdentityMismatch,
     UnknownEventType,
     UnsupportedVersion,
 )
