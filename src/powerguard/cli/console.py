@@ -27,6 +27,7 @@ async def start_console(
     tls_key: str | None = None,
     trace_url: str | None = None,
     creds: str | None = None,
+    allowed_hosts: tuple[str, ...] = (),
 ):
     """Connect (read-only), start the feed and the web server; returns (stop coroutine fn, URL)."""
     from powerguard.console import ConsoleState, Feed, make_app, serve
@@ -46,7 +47,11 @@ async def start_console(
     feed = Feed(bus, state, site=site)
     await feed.start()
     runner, page = await serve(
-        make_app(state, feed, token=token), host=host, port=port, tls_cert=tls_cert, tls_key=tls_key
+        make_app(state, feed, token=token, allowed_hosts=(*allowed_hosts, host)),
+        host=host,
+        port=port,
+        tls_cert=tls_cert,
+        tls_key=tls_key,
     )
 
     async def stop() -> None:

@@ -329,6 +329,12 @@ def console(
     trace_url: str = typer.Option(
         None, "--trace-url", help="Link trace ids, e.g. http://jaeger:16686/trace/{trace_id}"
     ),
+    allow_host: list[str] = typer.Option(
+        [],
+        "--allow-host",
+        help="A host name browsers use to reach the console (repeatable); requests naming any other Host or "
+        "Origin are refused (DNS rebinding). Loopback names and --host are always allowed",
+    ),
 ) -> None:
     """Serve the operator console: a read-only live web page of the site (UPSes, nodes, jobs, the open
     outage with acks and its deadline, past outages). Publishes nothing on the bus."""
@@ -355,6 +361,7 @@ def console(
                 tls_key=str(tls_key) if tls_key else None,
                 trace_url=trace_url,
                 creds=str(creds) if creds else None,
+                allowed_hosts=tuple(allow_host),
             )
         )
     except (BusError, PowerGuardError, OSError) as exc:

@@ -1,7 +1,11 @@
 """The console's web server (aiohttp): the page, its script, the state as JSON, the state pushed
 as server-sent events, and each saga's timeline picture. Read-only: nothing here publishes on the
 bus. Binds to 127.0.0.1 unless told otherwise; optional TLS and a token (``Authorization: Bearer``
-or HTTP basic auth with the token as password, which browsers and EventSource handle)."""
+or HTTP basic auth with the token as password, which browsers and EventSource handle).
+
+Every request's ``Host`` (and ``Origin``, when a browser sends one) must name a host this console
+serves: loopback by default, plus the names given (``--allow-host``). A web page on another
+site that points its own name at 127.0.0.1 (DNS rebinding) is refused, token or not."""
 
 from __future__ import annotations
 
@@ -14,6 +18,7 @@ from importlib import resources
 from typing import Any
 
 from aiohttp import web
+from yarl import URL
 
 from .feed import Feed
 from .state import ConsoleState, timeline_svg
@@ -26,24 +31,62 @@ def _static(name: str) -> str:
     return resources.files("powerguard.console").joinpath("static", name).read_text(encoding="utf-8")
 
 
+LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
+
+
+def _same(given: str, token: str) -> bool:
+    """Constant-time comparison of any credential a client sends (bytes: a non-ASCII string is
+    a wrong credential, never an error)."""
+    return hmac.compare_digest(given.encode("utf-8", "surrogateescape"), token.encode("utf-8"))
+
+
 def _authorized(request: web.Request, token: str | None) -> bool:
     if token is None:
         return True
     header = request.headers.get("Authorization", "")
     if header.startswith("Bearer "):
-        return hmac.compare_digest(header[7:].strip(), token)
+        return _same(header[7:].strip(), token)
     if header.startswith("Basic "):
         try:
-            _, _, password = base64.b64decode(header[6:]).decode().partition(":")
+            _, _, password = base64.b64decode(header[6:], validate=True).decode().partition(":")
         except ValueError:
             return False
-        return hmac.compare_digest(password, token)
+        return _same(password, token)
     return False
 
 
-def make_app(state: ConsoleState, feed: Feed | None = None, *, token: str | None = None) -> web.Application:
+def _host_allowed(request: web.Request, allowed: frozenset[str]) -> str | None:
+    """Why the request's Host or Origin is refused (None: both name a host we serve)."""
+    try:
+        host = (URL(f"//{request.headers.get('Host', '')}").host or "").lower().strip("[]")
+    except ValueError:
+        host = ""
+    if host not in allowed:
+        return f"Host {request.headers.get('Host', '')!r} is not a name this console serves (--allow-host)"
+    origin = request.headers.get("Origin")
+    if origin is not None and origin != "null":
+        try:
+            o = (URL(origin).host or "").lower().strip("[]")
+        except ValueError:
+            o = ""
+        if o not in allowed:
+            return f"Origin {origin!r} is not a site this console serves (--allow-host)"
+    return None
+
+
+def make_app(
+    state: ConsoleState,
+    feed: Feed | None = None,
+    *,
+    token: str | None = None,
+    allowed_hosts: frozenset[str] | set[str] | tuple[str, ...] = (),
+) -> web.Application:
+    allowed = LOOPBACK | {h.lower().strip("[]") for h in allowed_hosts}
+
     @web.middleware
     async def auth(request: web.Request, handler):
+        if request.path != "/healthz" and (why := _host_allowed(request, allowed)) is not None:
+            raise web.HTTPMisdirectedRequest(text=why + "\n")
         if request.path != "/healthz" and not _authorized(request, token):
             raise web.HTTPUnauthorized(headers={"WWW-Authenticate": 'Basic realm="powerguard console"'})
         response = await handler(request)
