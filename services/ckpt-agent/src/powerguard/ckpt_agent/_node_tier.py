@@ -15,6 +15,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 
 from . import _layout as L
+from ._metadata import SafeFileSystemReader
 from ._nodes import Topology, exchange, node_files, verified_here
 from .errors import CheckpointError, CorruptCheckpoint
 
@@ -35,7 +36,7 @@ class _NodeTierMixin:
 
     def _needed_files(self, directory: str) -> set[str]:
         """The data files this rank's restore reads (DCP's own load plan over ``.metadata``)."""
-        metadata = dcp.FileSystemReader(directory).read_metadata()
+        metadata = SafeFileSystemReader(directory).read_metadata()
         planner = DefaultLoadPlanner()
         planner.set_up_planner(self._state_dict(), metadata, is_coordinator=False)
         return {metadata.storage_data[i.storage_index].relative_path for i in planner.create_local_plan().items}
@@ -210,7 +211,7 @@ class _NodeTierMixin:
                 continue
             sd = self._state_dict()
             t0 = time.perf_counter()
-            dcp.load(sd, storage_reader=dcp.FileSystemReader(directory), process_group=self._save_group)
+            dcp.load(sd, storage_reader=SafeFileSystemReader(directory), process_group=self._save_group)
             loaded = self._apply_state(sd)
             self.stats["restore_s"] = time.perf_counter() - t0
             self.last_committed_step = self._step = loaded

@@ -13,6 +13,7 @@ from powerguard.schemas import JobData, JobResumed
 
 from . import _layout as L
 from . import _spans
+from ._metadata import SafeFileSystemReader, SafeFsspecReader
 from .errors import CheckpointError, CorruptCheckpoint
 
 log = logging.getLogger("powerguard.ckpt_agent")
@@ -52,7 +53,7 @@ class _RestoreMixin:
                 log.warning("rank %d: skipping %s checkpoint %s: %s", self.rank, tier, url, reason)
                 continue
             sd = self._state_dict()
-            reader = dcp.FileSystemReader(path) if L.is_local(fs) else dcp.FsspecReader(url)
+            reader = SafeFileSystemReader(path) if L.is_local(fs) else SafeFsspecReader(url)
             t0 = time.perf_counter()
             dcp.load(sd, storage_reader=reader, process_group=self._save_group)
             loaded = self._apply_state(sd)

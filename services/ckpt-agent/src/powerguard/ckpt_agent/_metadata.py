@@ -1,0 +1,101 @@
+"""DCP's ``.metadata`` read without running code, with or without a site key.
+
+DCP writes ``.metadata`` with ``pickle`` and its readers load it with ``pickle.load``: whoever can
+write a checkpoint tier could make a restore run code. Without a site key the COMMIT's checksums
+only catch corruption (a forger recomputes them), so the restore reads ``.metadata`` through an
+unpickler that admits only what DCP's metadata is made of: the dataclasses and enums of
+``torch.distributed.checkpoint.metadata``, the file system writer's ``_StorageInfo``, ``torch.Size``,
+torch's dtypes, layouts and memory formats, and paths. Anything else is refused with its name
+(:class:`ForgedMetadata`) and the restore moves on to the next checkpoint.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import io
+import pickle
+from typing import Any
+
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import metadata as dcp_metadata
+from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
+
+from .errors import CorruptCheckpoint
+
+METADATA = ".metadata"
+
+
+class ForgedMetadata(CorruptCheckpoint):
+    """``.metadata`` names something DCP's metadata never holds: it is not read."""
+
+
+_ALLOWED: dict[tuple[str, str], Any] = {
+    ("torch", "Size"): torch.Size,
+    ("torch.serialization", "_get_layout"): torch.serialization._get_layout,  # by name: returns a layout
+    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"): dcp.filesystem._StorageInfo,
+    ("pathlib", "PosixPath"): __import__("pathlib").PosixPath,
+    ("pathlib", "PurePosixPath"): __import__("pathlib").PurePosixPath,
+}
+
+
+def _admitted(module: str, name: str) -> Any:
+    known = _ALLOWED.get((module, name))
+    if known is not None:
+        return known
+    if module == "torch":
+        obj = getattr(torch, name, None)
+        if isinstance(obj, torch.dtype | torch.layout | torch.memory_format):
+            return obj
+    if module == dcp_metadata.__name__:
+        obj = getattr(dcp_metadata, name, None)
+        if isinstance(obj, type) and (dataclasses.is_dataclass(obj) or issubclass(obj, enum.Enum)):
+            return obj
+    return None
+
+
+class _Unpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        obj = _admitted(module, name)
+        if obj is None:
+            raise ForgedMetadata(f"{METADATA} refers to {module}.{name}, which DCP's metadata never holds")
+        return obj
+
+
+def load_metadata(data: bytes, where: str = METADATA) -> dcp_metadata.Metadata:
+    """DCP's metadata from the bytes of a ``.metadata`` file; no code runs, whatever they hold."""
+    try:
+        meta = _Unpickler(io.BytesIO(data)).load()
+    except ForgedMetadata as exc:
+        raise ForgedMetadata(f"{where}: {exc}") from None
+    except Exception as exc:  # truncated, not a pickle, a constructor refusing its arguments
+        raise CorruptCheckpoint(f"{where}: unreadable ({type(exc).__name__}: {exc})") from None
+    if not isinstance(meta, dcp_metadata.Metadata):
+        raise ForgedMetadata(f"{where}: holds a {type(meta).__name__}, not DCP's Metadata")
+    return meta
+
+
+def _read(reader: dcp.FileSystemReader, kwargs: dict[str, Any]) -> dcp_metadata.Metadata:
+    path = reader._get_metadata_path(kwargs.get("rank"))
+    with reader.fs.create_stream(path, "rb") as f:
+        meta = load_metadata(f.read(), str(path))
+    if getattr(meta, "storage_meta", None) is None:
+        meta.storage_meta = dcp_metadata.StorageMeta()
+    meta.storage_meta.load_id = reader.load_id
+    return meta
+
+
+class SafeFileSystemReader(dcp.FileSystemReader):
+    """DCP's file system reader whose metadata load runs no code (the data files are tensors
+    and bytes DCP reads itself; the agent's own state is JSON)."""
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> dcp_metadata.Metadata:
+        return _read(self, kwargs)
+
+
+class SafeFsspecReader(FsspecReader):
+    """The same for the remote tier (fsspec)."""
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> dcp_metadata.Metadata:
+        return _read(self, kwargs)
