@@ -34,7 +34,7 @@ def _agent(tmp_path, seed: int = 0) -> tuple[CheckpointAgent, nn.Module]:
     return CheckpointAgent(job="f", model=model, optimizer=opt, local_dir=tmp_path / "ckpt", local_every_s=0), model
 
 
-def test_9_a_forged_metadata_runs_no_code_and_the_restore_falls_back_bit_exact(tmp_path, caplog):
+def test_13_a_forged_metadata_runs_no_code_and_the_restore_falls_back_bit_exact(tmp_path, caplog):
     writer, model = _agent(tmp_path)
     writer.save(3)
     at_3 = {k: v.clone() for k, v in model.state_dict().items()}
@@ -60,7 +60,7 @@ def test_9_a_forged_metadata_runs_no_code_and_the_restore_falls_back_bit_exact(t
     assert "io.open, which DCP's metadata never holds" in caplog.text  # skipped, with the reason
 
 
-def test_9_a_real_metadata_still_loads(tmp_path):
+def test_13_a_real_metadata_still_loads(tmp_path):
     writer, model = _agent(tmp_path)
     writer.save(7)
     writer.close()

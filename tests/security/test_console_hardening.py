@@ -12,7 +12,7 @@ from powerguard.bus import EmbeddedNats
 from powerguard.cli.console import start_console
 
 
-async def test_8_a_rebinding_host_or_a_foreign_origin_is_refused_and_loopback_still_reads(tmp_path):
+async def test_12_a_rebinding_host_or_a_foreign_origin_is_refused_and_loopback_still_reads(tmp_path):
     server = EmbeddedNats(store_dir=tmp_path / "nats")
     server.start()
     stop, url = await start_console(url=server.url, site=None, port=0, allowed_hosts=("console.example",))
@@ -36,7 +36,7 @@ async def test_8_a_rebinding_host_or_a_foreign_origin_is_refused_and_loopback_st
         server.stop()
 
 
-async def test_8_any_malformed_credential_is_a_401(tmp_path):
+async def test_12_any_malformed_credential_is_a_401(tmp_path):
     server = EmbeddedNats(store_dir=tmp_path / "nats")
     server.start()
     stop, url = await start_console(url=server.url, site=None, port=0, token="s3cret")

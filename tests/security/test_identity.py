@@ -14,7 +14,7 @@ from .conftest import eventually
 from .services import Watch, coordinator, drain, outage
 
 
-async def test_7_an_agent_record_is_filed_only_as_what_its_key_says(deployment):
+async def test_11_an_agent_record_is_filed_only_as_what_its_key_says(deployment):
     dep = deployment
     attacker = await dep.connect("agent", job="jobA")
     victim = await dep.connect("agent", job="jobB")
@@ -64,7 +64,7 @@ async def test_7_an_agent_record_is_filed_only_as_what_its_key_says(deployment):
         await ranks.stop()
 
 
-async def test_7_a_rank_cannot_change_its_jobs_world_size_or_hold_policy(deployment):
+async def test_11_a_rank_cannot_change_its_jobs_world_size_or_hold_policy(deployment):
     """Within one job, job-wide fields come from rank 0's registration only."""
     dep = deployment
     job = await dep.connect("agent", job="jobB")

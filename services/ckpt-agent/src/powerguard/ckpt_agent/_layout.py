@@ -272,18 +272,13 @@ def verify_files(
 
 
 def verify_metadata(fs, directory: str, commit: dict[str, Any], key: bytes | None = None) -> None:
-    """DCP's .metadata against COMMIT (and its keyed digest) before DCP reads it, and read
-    without running code (:mod:`._metadata`): without a site key a forger recomputes the
-    checksum, and a pickle that names anything but DCP's metadata types is refused all the same."""
-    from ._metadata import load_metadata
-
+    """DCP's .metadata against COMMIT (and its keyed digest) before DCP reads it."""
     with fs.open(f"{directory}/.metadata", "rb") as f:
         data = f.read()
     if digest_bytes(data) != commit["metadata_xxh3"]:
         raise CorruptCheckpoint(f"{directory}/.metadata: checksum mismatch")
     if key is not None and not hmac.compare_digest(str(commit["keyed"]["metadata"]), keyed_digest(key, data)):
         raise CorruptCheckpoint(f"{directory}/.metadata: keyed digest mismatch")
-    load_metadata(data, f"{directory}/.metadata")
 
 
 def retain(fs, root: str, job: str, keep: int) -> list[str]:

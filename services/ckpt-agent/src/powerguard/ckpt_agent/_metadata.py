@@ -76,6 +76,14 @@ def load_metadata(data: bytes, where: str = METADATA) -> dcp_metadata.Metadata:
     return meta
 
 
+def check_metadata(fs, directory: str) -> None:
+    """Raise :class:`ForgedMetadata` (or :class:`CorruptCheckpoint`) unless the directory's
+    ``.metadata`` is DCP's metadata and nothing else (read without running code)."""
+    where = f"{directory}/{METADATA}"
+    with fs.open(where, "rb") as f:
+        load_metadata(f.read(), where)
+
+
 def _read(reader: dcp.FileSystemReader, kwargs: dict[str, Any]) -> dcp_metadata.Metadata:
     path = reader._get_metadata_path(kwargs.get("rank"))
     with reader.fs.create_stream(path, "rb") as f:

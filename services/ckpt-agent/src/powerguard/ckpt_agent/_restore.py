@@ -13,7 +13,7 @@ from powerguard.schemas import JobData, JobResumed
 
 from . import _layout as L
 from . import _spans
-from ._metadata import SafeFileSystemReader, SafeFsspecReader
+from ._metadata import SafeFileSystemReader, SafeFsspecReader, check_metadata
 from .errors import CheckpointError, CorruptCheckpoint
 
 log = logging.getLogger("powerguard.ckpt_agent")
@@ -94,6 +94,7 @@ class _RestoreMixin:
             L.verify_files(fs, path, files, names, self._key)
             if self.rank == 0:
                 L.verify_metadata(fs, path, commit, self._key)
+                check_metadata(fs, path)  # without a site key a forger recomputes the checksum
         except (CorruptCheckpoint, OSError, KeyError, ValueError) as exc:
             reason = str(exc)
         reasons = [r for r in self._gather(reason) if r]
