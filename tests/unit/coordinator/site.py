@@ -11,6 +11,8 @@ from powerguard.coordinator.saga import Command
 from powerguard.schemas import (
     CheckpointDurable,
     CheckpointDurableData,
+    CheckpointFailed,
+    CheckpointFailedData,
     Envelope,
     JobData,
     JobResumed,
@@ -81,6 +83,14 @@ class Site:
                 bytes=1,
                 digest="0" * 32,
                 durability=durability,
+            )
+        )
+
+    @staticmethod
+    def failed(saga_id: str, job: str, rank: int, request_id: str) -> CheckpointFailed:
+        return CheckpointFailed(
+            data=CheckpointFailedData(
+                request_id=request_id, saga_id=saga_id, job=job, rank=rank, step=101, error="disk full"
             )
         )
 

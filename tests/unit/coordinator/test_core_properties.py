@@ -25,8 +25,9 @@ report = st.tuples(
     st.just("node"), st.sampled_from(sorted(TOPO.feeds)), st.sampled_from(["off", "ready"]), st.booleans()
 )
 resumed = st.tuples(st.just("resumed"), st.sampled_from(["j1", "j2", "j3"]), st.booleans())
+fails = st.tuples(st.just("fail"), st.sampled_from(["j1", "j2", "j3"]))  # a rank's power checkpoint fails
 advance = st.tuples(st.just("advance"), st.floats(min_value=0, max_value=400))
-steps = st.lists(st.one_of(power, acks, report, resumed, advance), min_size=1, max_size=60)
+steps = st.lists(st.one_of(power, acks, report, resumed, advance, fails), min_size=1, max_size=60)
 
 
 def current(s: Site) -> str | None:
@@ -40,8 +41,14 @@ def apply(s: Site, step) -> None:
             s.send(s.power(ups, on_battery, runtime_s=runtime, status=["OB" if on_battery else "OL"] + ["LB"] * lb))
         case ("acks", job, rnd):
             mine = [o for o, r in s.core.open.items() if job in r.jobs]
-            if mine:
-                s.send(*[a for o in mine for a in s.acks(o, job, round=rnd)])
+            if mine:  # the power round's current attempt (ckpt, ckpt.2, ...) or the final
+                rounds = {
+                    o: rnd if rnd == "final" else s.core.open[o].jobs[job].request_id.rsplit("/", 1)[1] for o in mine
+                }
+                s.send(*[a for o in mine for a in s.acks(o, job, round=rounds[o])])
+        case ("fail", job):
+            mine = [o for o, r in s.core.open.items() if job in r.jobs]
+            s.send(*[s.failed(o, job, 0, s.core.open[o].jobs[job].request_id) for o in mine])
         case ("node", node, state, ours):
             mine = [o for o, r in s.core.open.items() if node in r.nodes] or [sid]
             s.send(*[s.node(node, state, o if ours else "s999") for o in mine])
@@ -73,6 +80,13 @@ def check(s: Site, step, held_before: dict[str, set[str]]) -> None:
             for name, info in jobs.items():
                 if node in info.nodes:
                     assert name in rec.jobs and rec.jobs[name].requested_at is not None, f"{name} on {node} not asked"
+    for rec in s.core.open.values():
+        for name, plan in rec.jobs.items():
+            assert plan.attempt <= s.policy.ckpt_retries + 1, f"{name} retried past ckpt_retries"
+    for cmds in step.commands.values():
+        for c in cmds:
+            if c.kind == "ckpt_request" and c.args["deadline"] is not None:
+                assert c.args["deadline"] <= s.now + s.policy.ckpt_timeout_s + 1e-6, "a deadline past the budget"
     targets = [c.target for cmds in step.commands.values() for c in cmds if c.kind == "shutdown"]
     assert len(targets) == len(set(targets)), f"a node shut down twice for one input: {targets}"
     for sid, cmds in step.commands.items():
