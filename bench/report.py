@@ -364,10 +364,7 @@ def main() -> None:
                 f"ready {m['two_dead']['ready_max_s']:.2f} vs {m['all_alive']['ready_max_s']:.2f} s; "
                 f"median of {bi['reps']} alternated runs); **outliers in {bi.get('outlier_runs', '?')} of "
                 f"{bi['reps']} runs with 2 dead**: "
-                + (
-                    ", ".join(f"{o['node']} {o['phase']} {o['s']:.0f} s" for o in bi.get("outliers", []))
-                    or "none"
-                )
+                + (", ".join(f"{o['node']} {o['phase']} {o['s']:.0f} s" for o in bi.get("outliers", [])) or "none")
                 + " (OpenIPMI's ipmi_sim through pyghmi while the dead BMCs' sessions retried: not fixed)",
                 "`bench/bmc_isolation.py`",
             )

@@ -271,9 +271,18 @@ class Bus:
         for site in sites:
             for name, filters in durable_filters(self.names, site).items():
                 try:
-                    await self.js.consumer_info(self.names.stream, name)
+                    info = await self.js.consumer_info(self.names.stream, name)
                 except js_errors.NotFoundError:
                     await self.js.add_consumer(self.names.stream, durable_config(name, filters=filters, deliver="new"))
+                else:
+                    have = info.config.filter_subjects or (
+                        [info.config.filter_subject] if info.config.filter_subject else []
+                    )
+                    if update and sorted(have) != sorted(filters):  # a release that reads more (e.g. drills)
+                        log.warning("durable %s: filter subjects %s -> %s", name, have, filters)
+                        config = info.config
+                        config.filter_subject, config.filter_subjects = None, list(filters)
+                        await self.js.add_consumer(self.names.stream, config)
                 made.append(name)
         return made
 

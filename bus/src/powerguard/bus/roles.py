@@ -34,6 +34,7 @@ def durable_filters(names: BusNames, site: str) -> dict[str, list[str]]:
     return {
         d["coordinator"]: [
             s.power_events(site),
+            s.drill_power_events(site),
             s.ckpt_ack("*", "*"),
             s.power_result("*"),
             s.job_result("*"),
@@ -144,7 +145,8 @@ def permissions(role: str, names: BusNames, *, sites: Iterable[str] = (), job: s
             pub += _durable(stream, durable_names(site)["power-control"])
         return Permissions(pub_allow=tuple(pub), sub_allow=common_sub, inbox=inbox(role))
     # observer: reads everything, publishes no event, cannot touch any service's consumer;
-    # operator (`powerguard drill`, `status`, `tail`): the same, and may publish a site's power events
+    # operator (`powerguard drill`, `status`, `tail`): the same, and may publish a site's drill
+    # power events (never a real one: a drill's subject is its own, so nothing it says is real)
     deny = [_api("CONSUMER.DURABLE.CREATE", ">"), "$JS.ACK.>", _api("STREAM.CREATE", ">"), _api("STREAM.UPDATE", ">")]
     for d in sorted(durables):
         deny += [
@@ -167,5 +169,5 @@ def permissions(role: str, names: BusNames, *, sites: Iterable[str] = (), job: s
         *_kv_read(n.agents),
     ]
     if role == "operator":
-        pub += [s.power_events(site) for site in sites]
+        pub += [s.drill_power_events(site) for site in sites]
     return Permissions(pub_allow=tuple(pub), pub_deny=tuple(deny), sub_allow=(s.all, *common_sub), inbox=inbox(role))

@@ -34,9 +34,14 @@ class PowerData(Data):
 
 class PowerEvent(Envelope):
     data: PowerData
-    SUBJECT_TEMPLATE = "{prefix}.power.{site}.{ups}"
+    SUBJECT_TEMPLATE = "{prefix}.power.{site}.{ups}"  # a drill's: {prefix}.drill.power.{site}.{ups}
 
     def nats_subject(self, subjects: Subjects) -> str:
+        """A drill's reading has its own subject, which only the operator may publish on: the
+        ``drill`` field is bound to the subject like the type is (:func:`check_subject`), so who
+        may say "drill" or "real" is decided by the server, not by the payload."""
+        if self.data.drill:
+            return subjects.drill_power(self.data.site, self.data.ups)
         return subjects.power(self.data.site, self.data.ups)
 
 

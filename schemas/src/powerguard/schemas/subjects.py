@@ -67,6 +67,15 @@ class Subjects:
         site_part = "*" if site == "*" else site_token(site)
         return f"{self.prefix}.power.{site_part}.*"
 
+    def drill_power(self, site: str, ups: str) -> str:
+        """A drill's synthetic power event (``powerguard drill``): only the operator may publish
+        here, and a saga started from it is dry-run whatever else happens."""
+        return f"{self.prefix}.drill.power.{site_token(site)}.{token(ups, what='ups')}"
+
+    def drill_power_events(self, site: str = "*") -> str:
+        site_part = "*" if site == "*" else site_token(site)
+        return f"{self.prefix}.drill.power.{site_part}.*"
+
     # agents & checkpoints -------------------------------------------------
     def agent(self, job: str, rank: int | str) -> str:
         return f"{self.prefix}.agent.{token(job, what='job')}.{_rank(rank)}"
