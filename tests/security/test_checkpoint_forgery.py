@@ -68,3 +68,28 @@ def test_13_a_real_metadata_still_loads(tmp_path):
     assert reader.restore() == 8
     reader.close()
     assert all(torch.equal(restored.state_dict()[k], v) for k, v in model.state_dict().items())
+
+
+def test_13_an_enum_pickled_by_getattr_loads_and_any_other_getattr_is_refused():
+    """Debian's Python 3.11.2 pickles DCP's metadata enums as ``getattr(Enum, "NAME")``: that form
+    loads, and ``getattr`` on anything but an admitted enum is refused."""
+    import io
+
+    import pytest
+    from torch.distributed.checkpoint import metadata as m
+
+    from powerguard.ckpt_agent._metadata import ForgedMetadata, _Unpickler
+
+    member = next(iter(m._MEM_FORMAT_ENCODING))
+
+    class ByName:
+        def __reduce__(self):
+            return (getattr, (m._MEM_FORMAT_ENCODING, member.name))
+
+    class Other:
+        def __reduce__(self):
+            return (getattr, (torch.Size, "__class__"))
+
+    assert _Unpickler(io.BytesIO(pickle.dumps(ByName()))).load() is member
+    with pytest.raises(ForgedMetadata, match="not a member of DCP's metadata enums"):
+        _Unpickler(io.BytesIO(pickle.dumps(Other()))).load()
