@@ -80,6 +80,23 @@ async def power_control(dep: Deployment):
         await pc.stop()
 
 
+@contextlib.asynccontextmanager
+async def collected(bus: Bus, kind, subject: str):
+    """The events of ``kind`` on ``subject`` while the block runs, as a list that fills live."""
+    sub = await bus.listen(kind, subject=subject).start()
+    seen: list = []
+
+    async def follow() -> None:
+        async for ev in sub:
+            seen.append(ev)
+
+    task = asyncio.create_task(follow())
+    try:
+        yield seen
+    finally:
+        task.cancel()
+
+
 class Watch:
     """What the observer sees: saga states and dead letters (live, plain subscriptions)."""
 

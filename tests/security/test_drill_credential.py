@@ -9,7 +9,7 @@ from __future__ import annotations
 from powerguard.schemas import OnBattery, PowerData, PowerStatus, ShutdownRequested, encode
 
 from .conftest import SITE, eventually, refused
-from .services import Watch, coordinator, outage, power_control
+from .services import Watch, collected, coordinator, outage, power_control
 
 
 def reading(on_battery: bool, runtime_s: float, *, drill: bool) -> PowerData:
@@ -21,18 +21,12 @@ async def test_14_the_operator_credential_never_causes_a_real_power_action(deplo
     operator = await dep.connect("operator")
     observer = await dep.connect("observer")
     watch = await Watch(observer).start()
-    commands: list[ShutdownRequested] = []
-    sub = await observer.listen(ShutdownRequested, subject=observer.subjects.power_cmd("*")).start()
-
-    async def follow() -> None:
-        async for ev in sub:
-            commands.append(ev)
-
-    import asyncio
-
-    follower = asyncio.create_task(follow())
     try:
-        async with coordinator(dep) as c, power_control(dep):
+        async with (
+            collected(observer, ShutdownRequested, observer.subjects.power_cmd("*")) as commands,
+            coordinator(dep) as c,
+            power_control(dep),
+        ):
             # a "real" reading from the operator: the server refuses it (only ups-monitor's subject)
             await refused(operator.publish(OnBattery(data=reading(True, 300, drill=False)), timeout=1))
             # ... and "drill: false" on the drill subject is dead-lettered: the field is bound to it
@@ -48,7 +42,6 @@ async def test_14_the_operator_credential_never_causes_a_real_power_action(deplo
             assert all(cmd.data.dry_run for cmd in commands), "a drill sent a real power command"
             assert next(iter(c.open.values())).drill
     finally:
-        follower.cancel()
         watch.stop()
 
 

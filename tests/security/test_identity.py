@@ -5,13 +5,11 @@ and still protect the real job: every rank of it asked to checkpoint before its 
 
 from __future__ import annotations
 
-import asyncio
-
 from powerguard.schemas import AgentData, AgentRegistered, CheckpointRequested
 from powerguard.sim.agents import SimulatedRanks
 
 from .conftest import eventually
-from .services import Watch, coordinator, drain, outage
+from .services import Watch, collected, coordinator, drain, outage
 
 
 async def test_11_an_agent_record_is_filed_only_as_what_its_key_says(deployment):
@@ -29,16 +27,11 @@ async def test_11_an_agent_record_is_filed_only_as_what_its_key_says(deployment)
         ("jobA.0", AgentData(job="jobB", rank=0, world_size=2**20, node="n2", step=999)),
         ("jobA.1", AgentData(job="jobB", rank=1, world_size=2, node="n2", step=999, hold_policy="continue")),
     ]
-    requests: list[CheckpointRequested] = []
-    sub = await victim.listen(CheckpointRequested, subject=victim.subjects.ckpt_request("jobB")).start()
-
-    async def follow() -> None:
-        async for ev in sub:
-            requests.append(ev)
-
-    follower = asyncio.create_task(follow())
     try:
-        async with coordinator(dep) as c:
+        async with (
+            collected(victim, CheckpointRequested, victim.subjects.ckpt_request("jobB")) as requests,
+            coordinator(dep) as c,
+        ):
             for key, data in forged:
                 await kv.put(key, data)
             await eventually(lambda: len(watch.dead) >= 2, 15, "the forged records dead-lettered")
@@ -59,7 +52,6 @@ async def test_11_an_agent_record_is_filed_only_as_what_its_key_says(deployment)
             assert rec.jobs["jobB"].world_size == 2 and set(rec.jobs["jobB"].ranks.values()) == {"n1", "n2"}
             assert rec.jobs["jobB"].complete  # every real rank acked before the nodes were told to stop
     finally:
-        follower.cancel()
         watch.stop()
         await ranks.stop()
 

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import secrets
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
@@ -562,16 +562,19 @@ def _runtime(rec: SagaRecord, topo: Topology) -> float | None:
     return min(known) if known else None
 
 
-def shutdown_need_s(rec: SagaRecord, topo: Topology, policy: Policy) -> float:
-    """What the shutdown of the nodes at risk needs of the battery: the slowest group's measured
-    shutdown times ``shutdown_factor``; ``shutdown_reserve_s`` for a group never measured."""
+def _groups_need_s(rec: SagaRecord, policy: Policy, groups: Iterable[str]) -> float:
+    """The slowest of these node groups' shutdowns: measured times ``shutdown_factor``, or
+    ``shutdown_reserve_s`` for a group never measured (and when there is no group)."""
     need = [
-        policy.shutdown_reserve_s
-        if (m := rec.shutdown_need.get(topo.group_key(fs))) is None
-        else m * policy.shutdown_factor
-        for fs in topo.feed_sets_at_risk(rec.on_battery)
+        policy.shutdown_reserve_s if (m := rec.shutdown_need.get(g)) is None else m * policy.shutdown_factor
+        for g in groups
     ]
     return max(need) if need else policy.shutdown_reserve_s
+
+
+def shutdown_need_s(rec: SagaRecord, topo: Topology, policy: Policy) -> float:
+    """What the shutdown of the nodes at risk needs of the battery (their groups' slowest)."""
+    return _groups_need_s(rec, policy, {topo.group_key(fs) for fs in topo.feed_sets_at_risk(rec.on_battery)})
 
 
 FSD = "forced shutdown (FSD)"
@@ -590,16 +593,10 @@ def _low_battery(rec: SagaRecord, topo: Topology) -> str | None:
 
 def site_need_s(rec: SagaRecord, topo: Topology, policy: Policy) -> float:
     """What one outage needs of a battery: the slowest measured power checkpoint, what the
-    shutdown needs (measured, or the reserve) and the margin."""
+    shutdown of the saga's nodes needs (measured, or the reserve) and the margin."""
     took = [d for p in rec.jobs.values() if (d := p.duration_s) is not None]
-    need = [
-        policy.shutdown_reserve_s
-        if (m := rec.shutdown_need.get(topo.group_key(topo.feeds[n]))) is None
-        else m * policy.shutdown_factor
-        for n in rec.nodes
-        if n in topo.feeds
-    ]
-    return (max(took) if took else 0.0) + (max(need) if need else policy.shutdown_reserve_s) + policy.margin_s
+    groups = {topo.group_key(topo.feeds[n]) for n in rec.nodes if n in topo.feeds}
+    return (max(took) if took else 0.0) + _groups_need_s(rec, policy, groups) + policy.margin_s
 
 
 def _budget_s(rec: SagaRecord, topo: Topology, policy: Policy) -> float:
