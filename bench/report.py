@@ -362,10 +362,14 @@ def main() -> None:
                 f"{bi['healthy_slowdown']} (off {m['two_dead']['off_max_s']:.2f} vs "
                 f"{m['all_alive']['off_max_s']:.2f} s, "
                 f"ready {m['two_dead']['ready_max_s']:.2f} vs {m['all_alive']['ready_max_s']:.2f} s; "
-                f"median of {bi['reps']} alternated runs); **outliers in {bi.get('outlier_runs', '?')} of "
-                f"{bi['reps']} runs with 2 dead**: "
-                + (", ".join(f"{o['node']} {o['phase']} {o['s']:.0f} s" for o in bi.get("outliers", [])) or "none")
-                + " (OpenIPMI's ipmi_sim through pyghmi while the dead BMCs' sessions retried: not fixed)",
+                f"median of {bi['reps']} alternated runs; worst run {bi.get('worst_run_slowdown', '?')}; "
+                f"IPMI through {bi.get('transport', 'pyghmi')}); outliers (a healthy node over twice the "
+                f"slowest with all alive) in {bi.get('outlier_runs', '?')} of {bi['reps']} runs with 2 dead"
+                + (
+                    ": " + ", ".join(f"{o['node']} {o['phase']} {o['s']:.0f} s" for o in bi["outliers"])
+                    if bi.get("outliers")
+                    else ""
+                ),
                 "`bench/bmc_isolation.py`",
             )
         )

@@ -37,16 +37,19 @@ class Deployment:
     def url(self) -> str:
         return self.server.url.replace("nats://", "tls://") if self.tls else self.server.url
 
-    def creds_of(self, role: str, job: str | None = None) -> Path:
+    def creds_of(self, role: str, job: str | None = None, node: str | None = None) -> Path:
+        if job and node:  # a job's credential for one node, made on first use
+            path = self.creds / f"agent-{job}-{node}.creds"
+            return path if path.exists() else creds_mod.issue(self.creds, "agent", job=job, node=node)
         return self.creds / (f"agent-{job}.creds" if job else f"{role}.creds")
 
-    async def connect(self, role: str, *, job: str | None = None, **kw) -> Bus:
+    async def connect(self, role: str, *, job: str | None = None, node: str | None = None, **kw) -> Bus:
         tls = {"tls_ca": self.tls / "ca.pem"} if self.tls else {}
         bus = await Bus.connect(
             self.url,
             service=kw.pop("service", f"ckpt-agent-{job}" if job else role),
             names=self.names,
-            creds_file=self.creds_of(role, job),
+            creds_file=self.creds_of(role, job, node),
             setup=False,
             connect_timeout=5,
             **tls,

@@ -8,7 +8,7 @@ from __future__ import annotations
 from powerguard.schemas import AgentData, AgentRegistered, CheckpointRequested
 from powerguard.sim.agents import SimulatedRanks
 
-from .conftest import eventually
+from .conftest import eventually, refused
 from .services import Watch, collected, coordinator, drain, outage
 
 
@@ -24,8 +24,8 @@ async def test_11_an_agent_record_is_filed_only_as_what_its_key_says(deployment)
     # jobA, under its own keys: "jobB runs on n2 only, with 2**20 ranks" and "jobB rank 1 is on n2"
     kv = await attacker.agents()
     forged = [
-        ("jobA.0", AgentData(job="jobB", rank=0, world_size=2**20, node="n2", step=999)),
-        ("jobA.1", AgentData(job="jobB", rank=1, world_size=2, node="n2", step=999, hold_policy="continue")),
+        ("jobA.n2.0", AgentData(job="jobB", rank=0, world_size=2**20, node="n2", step=999)),
+        ("jobA.n2.1", AgentData(job="jobB", rank=1, world_size=2, node="n2", step=999, hold_policy="continue")),
     ]
     try:
         async with (
@@ -37,7 +37,7 @@ async def test_11_an_agent_record_is_filed_only_as_what_its_key_says(deployment)
             await eventually(lambda: len(watch.dead) >= 2, 15, "the forged records dead-lettered")
             reasons = [d.data.error for d in watch.dead]
             assert all(r.startswith("IdentityMismatch") or "claims job 'jobB'" in r for r in reasons), reasons
-            assert any("under key jobA.0 claims job 'jobB' rank 0" in r for r in reasons), reasons
+            assert any("under key jobA.n2.0 claims job 'jobB' node 'n2' rank 0" in r for r in reasons), reasons
             jobs = c.registry.jobs()
             assert jobs["jobB"].world_size == 2 and jobs["jobB"].ranks == {0: "n1", 1: "n2"}
             assert jobs["jobB"].hold_policy is None and "jobA" not in jobs
@@ -62,9 +62,47 @@ async def test_11_a_rank_cannot_change_its_jobs_world_size_or_hold_policy(deploy
     job = await dep.connect("agent", job="jobB")
     async with coordinator(dep) as c:
         kv = await job.agents()
-        await kv.put("jobB.0", AgentData(job="jobB", rank=0, world_size=2, node="n1"))
-        await kv.put("jobB.1", AgentData(job="jobB", rank=1, world_size=2**20, node="n2", hold_policy="continue"))
+        await kv.put("jobB.n1.0", AgentData(job="jobB", rank=0, world_size=2, node="n1"))
+        await kv.put("jobB.n2.1", AgentData(job="jobB", rank=1, world_size=2**20, node="n2", hold_policy="continue"))
         await job.publish(AgentRegistered(data=AgentData(job="jobB", rank=1, world_size=2, node="n2")))
         await eventually(lambda: len(c.registry) == 2, 15, "both records")
         info = c.registry.jobs()["jobB"]
         assert info.world_size == 2 and info.hold_policy is None and info.ranks == {0: "n1"}
+
+
+async def test_11_a_rank_cannot_claim_a_node_its_credential_is_not_for(deployment):
+    """With a node-bound credential (`creds issue agent --job jobB --node n1`, what n1's leaf
+    nats-server holds), the server lets jobB's ranks on n1 write only ``jobB.n1.*``: a rank there
+    cannot register as running on n3, neither under n3's key (the server refuses the put) nor
+    under its own key with n3 inside (dead-lettered). Its real registration is filed on n1."""
+    dep = deployment
+    on_n1 = await dep.connect("agent", job="jobB", node="n1")
+    observer = await dep.connect("observer")
+    watch = await Watch(observer).start()
+    try:
+        async with coordinator(dep) as c:
+            kv = await on_n1.agents()
+            await refused(kv.put("jobB.n3.1", AgentData(job="jobB", rank=1, world_size=2, node="n3")))
+            await kv.put("jobB.n1.1", AgentData(job="jobB", rank=1, world_size=2, node="n3"))
+            await eventually(lambda: watch.dead, 15, "the record claiming n3 dead-lettered")
+            assert "under key jobB.n1.1 claims job 'jobB' node 'n3' rank 1" in watch.dead[0].data.error
+            await kv.put("jobB.n1.0", AgentData(job="jobB", rank=0, world_size=2, node="n1"))
+            await eventually(lambda: len(c.registry) == 1, 15, "the real registration")
+            assert c.registry.jobs()["jobB"].ranks == {0: "n1"}
+    finally:
+        watch.stop()
+
+
+async def test_11_a_rank_that_moved_node_is_filed_on_its_newest_and_its_old_key_going_changes_nothing(deployment):
+    dep = deployment
+    job = await dep.connect("agent", job="jobB")
+    async with coordinator(dep) as c:
+        kv = await job.agents()
+        await kv.put("jobB.n1.0", AgentData(job="jobB", rank=0, world_size=2, node="n1"))
+        await eventually(lambda: "jobB" in c.registry.jobs(), 15, "rank 0 on n1")
+        await kv.put("jobB.n2.0", AgentData(job="jobB", rank=0, world_size=2, node="n2"))  # restarted on n2
+        await eventually(lambda: c.registry.jobs()["jobB"].ranks == {0: "n2"}, 15, "rank 0 on n2")
+        await kv.delete("jobB.n1.0")  # its old key goes (or ages out)
+        await kv.put("jobB.n3.1", AgentData(job="jobB", rank=1, world_size=2, node="n3"))  # seen after the delete
+        await eventually(lambda: 1 in c.registry.jobs()["jobB"].ranks, 15, "rank 1")
+        assert c.registry.jobs()["jobB"].ranks == {0: "n2", 1: "n3"}

@@ -1,6 +1,6 @@
 """Ranks behind a node's leaf nats-server (docs/architecture.md, "Ranks on the bus at scale"): the
 shipped compose/nats-leafnodes.conf on the site server and compose/nats-leaf.conf on the node,
-TLS on the leaf connection, the leaf authenticated with one job's credential. The ranks register,
+TLS on the leaf connection, the leaf authenticated with one job's credential for this node. The ranks register,
 receive their job's request and ack it through the leaf, as with their own connections; whatever
 a rank on that node sends that the job's credential does not allow (a power command, another
 job's ack, a forged power event) is dropped by the site server, and another job's requests never
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
 import subprocess
 from datetime import UTC, datetime, timedelta
 
@@ -35,8 +36,12 @@ from powerguard.schemas import (
 )
 from tests.integration.ups.nut_peer import free_port
 
-from .conftest import SITE, eventually, make_certs, start
+from .conftest import SITE, eventually, make_certs, refused, start
 from .services import reading
+
+# the node the leaf runs on: its credential is this node's only (`creds issue agent --job jobA
+# --node <node>`), and the ckpt-agent names its node by the host name
+NODE = socket.gethostname().split(".")[0]
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -71,7 +76,7 @@ async def site_with_leaf(tmp_path, monkeypatch):
         "NATS_LEAF_USER": "rank",
         "NATS_LEAF_PASSWORD": "node-local-secret",
         "NATS_LEAF_HUB": f"tls://localhost:{hub_leaf_port}",
-        "NATS_LEAF_CREDS": str(dep.creds_of("agent", "jobA")),
+        "NATS_LEAF_CREDS": str(dep.creds_of("agent", "jobA", NODE)),  # this node's only
         "NATS_CA": str(certs / "ca.pem"),
     }
     leaf = start_leaf(tmp_path, env)
@@ -129,10 +134,14 @@ async def test_ranks_behind_a_leaf_work_as_their_job_and_nothing_more(site_with_
     for r, bus in enumerate(ranks):
         for job in ("jobA", "jobB"):
             await bus.nc.subscribe(bus.subjects.ckpt_request(job), cb=into(got[r], lambda m: decode(m.data)))
-        await announce(bus, AgentRegistered(data=AgentData(job="jobA", rank=r, world_size=2, node="gpu001")))
+        await announce(bus, AgentRegistered(data=AgentData(job="jobA", rank=r, world_size=2, node=NODE)))
     agents = await coordinator.agents()
     await eventually(lambda: len(seen) >= 2, 10, "both registrations on the site server")
-    assert sorted(k for k in await agents.keys()) == ["jobA.0", "jobA.1"]
+    assert sorted(k for k in await agents.keys()) == [f"jobA.{NODE}.0", f"jobA.{NODE}.1"]
+    # a rank here cannot register on another node: the leaf's credential is for this one only
+    moved = AgentRegistered(data=AgentData(job="jobA", rank=1, world_size=2, node="gpu999"))
+    await refused(announce(ranks[1], moved))
+    assert sorted(k for k in await agents.keys()) == [f"jobA.{NODE}.0", f"jobA.{NODE}.1"]
 
     # another job's request never reaches the leaf; the job's own does, and both ranks ack it
     await coordinator.publish(request("jobB", "rb"))
@@ -175,7 +184,7 @@ async def test_a_training_job_behind_the_leaf_registers_checkpoints_one_step_and
     await job.start()
     try:
         await registered(observer, "jobA")
-        assert sorted(await (await coordinator.agents()).keys()) == ["jobA.0", "jobA.1"]
+        assert sorted(await (await coordinator.agents()).keys()) == [f"jobA.{NODE}.0", f"jobA.{NODE}.1"]
         await request(coordinator, "jobA", rid="leaf-1")
         got = await answers(acks, 2)
     finally:

@@ -66,10 +66,17 @@ def init(
 def issue(
     directory: Path = DIR,
     job: str = typer.Option(None, "--job", "-j", help="A training job: its ranks may speak for this job only"),
+    node: str = typer.Option(
+        None,
+        "--node",
+        "-n",
+        help="With --job: its ranks on this node only (the server then confirms every rank's node; give the "
+        "file to that node's leaf nats-server, not to the ranks)",
+    ),
     role: str = typer.Option(
         None, "--role", help="Another role: observer, operator, ups-monitor, ... (not with --job)"
     ),
-    out: Path = typer.Option(None, "--out", "-o", help="Write here (default: <dir>/agent-<job>.creds)"),
+    out: Path = typer.Option(None, "--out", "-o", help="Write here (default: <dir>/agent-<job>[-<node>].creds)"),
     expires_in: str = typer.Option(None, "--expires-in", help="Valid for this long: 90s, 30m, 12h, 30d"),
 ) -> None:
     """Sign a credential with the account's signing key (the server needs no change). Give the
@@ -79,8 +86,12 @@ def issue(
 
     if bool(job) == bool(role):
         raise typer.BadParameter("give exactly one of --job and --role")
+    if node and not job:
+        raise typer.BadParameter("--node is for an agent credential: give --job too")
     try:
-        path = creds.issue(directory, "agent" if job else role, job=job, out=out, expires_in_s=_duration(expires_in))
+        path = creds.issue(
+            directory, "agent" if job else role, job=job, node=node, out=out, expires_in_s=_duration(expires_in)
+        )
     except (PowerGuardError, ValueError) as exc:
         err.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(1) from None

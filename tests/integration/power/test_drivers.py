@@ -9,6 +9,7 @@ import pytest
 
 from powerguard.power_control.drivers.base import Guarded
 from powerguard.power_control.drivers.ipmi import IpmiDriver
+from powerguard.power_control.drivers.ipmitool import IpmitoolDriver
 from powerguard.power_control.drivers.pdu import ApcPduDriver
 from powerguard.power_control.drivers.redfish import RedfishDriver
 from powerguard.power_control.errors import AuthenticationFailed, CommandRejected, DeviceUnreachable, TlsUntrusted
@@ -18,10 +19,16 @@ from .peers import PASSWORD, USER, free_udp_port, ipmitool
 pytestmark = pytest.mark.integration
 
 
-def ipmi(port: int, *, password: str = PASSWORD, user: str = USER, timeout_s: float = 8.0) -> IpmiDriver:
-    return IpmiDriver(
-        "bmc:n1", Guarded("bmc:n1", timeout_s=timeout_s), host="127.0.0.1", port=port, user=user, password=password
-    )
+@pytest.fixture(params=["ipmitool", "pyghmi"])
+def ipmi(request):
+    """Both IPMI transports, each against the same peers."""
+    cls = IpmitoolDriver if request.param == "ipmitool" else IpmiDriver
+
+    def make(port: int, *, password: str = PASSWORD, user: str = USER, timeout_s: float = 8.0):
+        guard = Guarded("bmc:n1", timeout_s=timeout_s)
+        return cls("bmc:n1", guard, host="127.0.0.1", port=port, user=user, password=password)
+
+    return make
 
 
 async def until(fn, want, timeout: float = 5.0):
@@ -31,7 +38,7 @@ async def until(fn, want, timeout: float = 5.0):
     return value
 
 
-async def test_ipmi_against_openipmi_ipmi_sim(ipmi_sim):
+async def test_ipmi_against_openipmi_ipmi_sim(ipmi_sim, ipmi):
     d = ipmi(ipmi_sim.port)
     assert await d.status() == "on"
     await d.soft_off()
@@ -42,7 +49,7 @@ async def test_ipmi_against_openipmi_ipmi_sim(ipmi_sim):
     assert ipmi_sim.power == "off"
 
 
-async def test_ipmi_against_the_simulated_bmc_agrees_with_ipmitool(make_bmc):
+async def test_ipmi_against_the_simulated_bmc_agrees_with_ipmitool(make_bmc, ipmi):
     bmc = make_bmc(soft_off_delay=0.2)
     d = ipmi(bmc.port)
     assert await d.status() == "on"
@@ -57,7 +64,35 @@ async def test_ipmi_against_the_simulated_bmc_agrees_with_ipmitool(make_bmc):
     assert "Power Restore Policy : always-on" in out
 
 
-async def test_ipmi_wrong_password_fails_fast_and_is_not_retried(make_bmc):
+class _Slot:
+    def __init__(self, start: float) -> None:
+        self.start = start
+        self.started: float | None = None
+
+    async def wait(self) -> None:
+        while time.monotonic() < self.start:
+            await asyncio.sleep(0.005)
+        self.started = time.time()
+
+
+async def test_ipmi_power_on_in_a_ramp_slot_goes_out_at_the_slot(make_bmc, ipmi):
+    """The session is opened ahead; the BMC sees the power-on only after the slot began."""
+    bmc = make_bmc(power="off")
+    slot = _Slot(time.monotonic() + 1.0)
+    await ipmi(bmc.port).on_at(slot)
+    (seen, _), *_ = bmc.events("command on")
+    assert slot.started is not None and seen >= slot.started - 0.01  # the BMC's own clock
+    assert await until(lambda: bmc.power, "on") == "on"
+
+
+async def test_ipmi_power_on_in_a_slot_with_a_wrong_password_names_the_cause(make_bmc, ipmi):
+    bmc = make_bmc(power="off")
+    with pytest.raises(AuthenticationFailed, match=r"bmc:n1.*credentials"):
+        await ipmi(bmc.port, password="wrong").on_at(_Slot(time.monotonic()))
+    assert bmc.changes == 0
+
+
+async def test_ipmi_wrong_password_fails_fast_and_is_not_retried(make_bmc, ipmi):
     bmc = make_bmc()
     d = ipmi(bmc.port, password="wrong")
     t = time.monotonic()
@@ -69,12 +104,12 @@ async def test_ipmi_wrong_password_fails_fast_and_is_not_retried(make_bmc):
     assert bmc.changes == 0
 
 
-async def test_ipmi_unknown_user_is_an_authentication_error(make_bmc):
+async def test_ipmi_unknown_user_is_an_authentication_error(make_bmc, ipmi):
     with pytest.raises(AuthenticationFailed):
         await ipmi(make_bmc().port, user="nobody").status()
 
 
-async def test_ipmi_nothing_listening_times_out_within_the_bound():
+async def test_ipmi_nothing_listening_times_out_within_the_bound(ipmi):
     t = time.monotonic()
     with pytest.raises(DeviceUnreachable, match="bmc:n1"):
         await ipmi(free_udp_port(), timeout_s=2.0).status()

@@ -3,10 +3,13 @@ byte verifies; a corrupt, uncommitted or foreign newest one is skipped with the 
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 
+import numpy as np
 import pytest
+import torch
 
 from powerguard.ckpt_agent import CommitError
 from powerguard.ckpt_agent._framework import commit_directory, newest_valid, verify_directory
@@ -14,10 +17,17 @@ from powerguard.ckpt_agent._layout import load_key
 from powerguard.ckpt_agent.lightning import latest_checkpoint
 
 
+def _saved(obj) -> bytes:
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    return buf.getvalue()
+
+
 def _write(root, job, step, payload: bytes, *, framework="lightning", commit=True):
+    """A checkpoint as the framework writes it: torch.save's zip format."""
     d = root / job / f"step-{step}"
     d.mkdir(parents=True)
-    (d / "checkpoint.ckpt").write_bytes(payload)
+    (d / "checkpoint.ckpt").write_bytes(_saved({"state": payload}))
     if commit:
         commit_directory(str(d), step=step, world_size=2, framework=framework, saga_id="s1")
     return d
@@ -27,7 +37,7 @@ def test_the_newest_corrupt_checkpoint_is_skipped_with_the_reason(tmp_path, capl
     _write(tmp_path, "j", 10, b"a" * 1000)
     newest = _write(tmp_path, "j", 20, b"b" * 1000)
     data = bytearray((newest / "checkpoint.ckpt").read_bytes())
-    data[500] ^= 1
+    data[len(data) // 2] ^= 1
     (newest / "checkpoint.ckpt").write_bytes(bytes(data))
     with caplog.at_level(logging.WARNING, logger="powerguard.ckpt_agent"):
         found = latest_checkpoint(tmp_path, job="j", world_size=2)
@@ -64,9 +74,57 @@ def test_a_keyed_commit_is_refused_without_the_site_key_match(tmp_path):
     key_file.write_bytes(b"k" * 32)
     d = tmp_path / "j" / "step-1"
     d.mkdir(parents=True)
-    (d / "checkpoint.ckpt").write_bytes(b"weights")
+    (d / "checkpoint.ckpt").write_bytes(_saved({"w": torch.ones(2)}))
     commit_directory(str(d), step=1, world_size=1, framework="lightning", key=load_key(key_file))
     assert latest_checkpoint(tmp_path, job="j", world_size=1, checksum_key_file=key_file)
     other = tmp_path / "other"
     other.write_bytes(b"o" * 32)
     assert latest_checkpoint(tmp_path, job="j", world_size=1, checksum_key_file=other) is None
+
+
+class _RunsCode:
+    """A pickle that, loaded, creates a file (a stand-in for any code)."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def _checkpoint_dir(root, framework: str, step: int):
+    d = root / "j" / f"step-{step}" if framework == "lightning" else root / f"checkpoint-{step}"
+    d.mkdir(parents=True)
+    return d
+
+
+@pytest.mark.parametrize("framework", ["lightning", "hf"])
+def test_13_a_forged_framework_file_is_never_offered_for_resume_and_the_previous_one_is(tmp_path, caplog, framework):
+    """Without a site key, a forger rewrites a file the framework loads (Lightning's .ckpt, the
+    Trainer's optimizer.pt) as a pickle that runs code and re-commits (the manifest recomputed):
+    the checkpoint verifies byte by byte, and is still refused with the reason, never loaded."""
+    from powerguard.ckpt_agent.hf import latest_checkpoint as hf_latest
+
+    marker = tmp_path / "code-ran"
+    name = "checkpoint.ckpt" if framework == "lightning" else "optimizer.pt"
+    for step in (10, 20):
+        d = _checkpoint_dir(tmp_path, framework, step)
+        if framework == "hf":  # the Trainer's RNG state holds NumPy's: admitted
+            rng = {
+                "python": __import__("random").getstate(),
+                "numpy": np.random.get_state(),
+                "cpu": torch.get_rng_state(),
+            }
+            (d / "rng_state.pth").write_bytes(_saved(rng))
+        payload = {"step": step, "w": torch.arange(4.0)} if step == 10 else _RunsCode(str(marker))
+        (d / name).write_bytes(_saved(payload))
+        commit_directory(str(d), step=step, world_size=1, framework=framework)
+    with caplog.at_level(logging.WARNING, logger="powerguard.ckpt_agent"):
+        if framework == "lightning":
+            found = latest_checkpoint(tmp_path, job="j", world_size=1)
+        else:
+            found = hf_latest(tmp_path, world_size=1)
+    assert found is not None and "-10" in found, found
+    assert "io.open" in caplog.text and "not loaded, no code runs" in caplog.text, caplog.text
+    assert not marker.exists()
+    assert torch.load(found if framework == "lightning" else f"{found}/{name}", weights_only=True)["step"] == 10

@@ -1,6 +1,13 @@
 """The live agent registry: every rank puts its :class:`AgentData` into the ``pg_agents`` KV
-bucket (key ``<job>.<rank>``) when it registers and at every heartbeat; the bucket's TTL
-drops ranks that stopped. The same data also goes out as an event for observers."""
+bucket (key ``<job>.<node>.<rank>``) when it registers and at every heartbeat; the bucket's TTL
+drops ranks that stopped. The same data also goes out as an event for observers.
+
+The key is what the server lets the writer write: an agent credential allows
+``<its job>.*.*``, one issued for a node (``powerguard creds issue agent --job J --node N``, held
+by that node's leaf nats-server) only ``<J>.<N>.*``. A record is filed only as what its key says
+(job, node and rank), so with node-bound credentials a rank's node is confirmed by the server.
+A rank that moved to another node leaves its old key until the bucket's TTL: the newest put of a
+(job, rank) wins, and a delete of a key that is no longer the rank's current one changes nothing."""
 
 from __future__ import annotations
 
@@ -15,14 +22,22 @@ if TYPE_CHECKING:
     from .client import Bus
 
 
-def agent_key(job: str, rank: int) -> str:
-    return f"{job}.{rank}"
+def agent_key(job: str, node: str, rank: int) -> str:
+    return f"{job}.{node}.{rank}"
+
+
+def parse_agent_key(key: str) -> tuple[str, str, int] | None:
+    """(job, node, rank) of a ``pg_agents`` key, or None for a key of another shape."""
+    parts = key.split(".")
+    if len(parts) != 3 or not parts[2].isdigit():
+        return None
+    return parts[0], parts[1], int(parts[2])
 
 
 async def announce(bus: Bus, event: AgentEvent) -> None:
     """Register (or refresh, or with :class:`AgentDeregistered` remove) one rank."""
     agents = await bus.agents()
-    key = agent_key(event.data.job, event.data.rank)
+    key = agent_key(event.data.job, event.data.node, event.data.rank)
     if isinstance(event, AgentDeregistered):
         await agents.delete(key)
     else:
@@ -31,10 +46,11 @@ async def announce(bus: Bus, event: AgentEvent) -> None:
 
 
 def identity_mismatch(agent: AgentData, key: str) -> IdentityMismatch | None:
-    """Why an agent record must not be filed under ``key`` (None: it may): its job and rank are
-    the key's (the schema already bounds the world size and keeps the rank below it)."""
-    if agent_key(agent.job, agent.rank) != key:
-        return IdentityMismatch("agent record", key, key, f"job {agent.job!r} rank {agent.rank}")
+    """Why an agent record must not be filed under ``key`` (None: it may): its job, node and rank
+    are the key's (the schema already bounds the world size and keeps the rank below it)."""
+    if agent_key(agent.job, agent.node, agent.rank) != key:
+        claim = f"job {agent.job!r} node {agent.node!r} rank {agent.rank}"
+        return IdentityMismatch("agent record", key, key, claim)
     return None
 
 
@@ -48,6 +64,7 @@ class AgentWatch:
         self.ready = asyncio.Event()
         self._task: asyncio.Task | None = None
         self._watcher = None
+        self._current: dict[tuple[str, int], tuple[str, int]] = {}  # (job, rank) -> (key, revision)
 
     async def start(self) -> None:
         kv = await self.bus.agents()
@@ -61,8 +78,11 @@ class AgentWatch:
                 self.ready.set()
                 continue
             seen = entry.created.timestamp() if entry.created else time.time()
+            parsed = parse_agent_key(entry.key)
             if entry.operation in ("DEL", "PURGE") or not entry.value:
-                self.on_change(None, entry.key, seen)
+                if parsed is not None and self._current.get((parsed[0], parsed[2]), (entry.key,))[0] == entry.key:
+                    self._current.pop((parsed[0], parsed[2]), None)
+                    self.on_change(None, entry.key, seen)
                 continue
             subject = f"$KV.{self.bus.names.agents}.{entry.key}"
             try:
@@ -78,6 +98,11 @@ class AgentWatch:
                 # only the writer's word: another job's name or rank is refused, never filed
                 await self.bus.dead_letter(subject=subject, payload=entry.value, error=mismatch)
                 continue
+            revision = entry.revision or 0
+            key, newest = self._current.get((agent.job, agent.rank), (entry.key, -1))
+            if key != entry.key and revision < newest:
+                continue  # an older key of a rank that moved (a watch replays keys in key order)
+            self._current[(agent.job, agent.rank)] = (entry.key, revision)
             self.on_change(agent, entry.key, seen)
 
     async def stop(self) -> None:

@@ -82,9 +82,16 @@ def init(directory: Path, *, names: BusNames, sites: list[str], force: bool = Fa
 
 
 def issue(
-    directory: Path, role: str, *, job: str | None = None, out: Path | None = None, expires_in_s: float | None = None
+    directory: Path,
+    role: str,
+    *,
+    job: str | None = None,
+    node: str | None = None,
+    out: Path | None = None,
+    expires_in_s: float | None = None,
 ) -> Path:
-    """Sign a credential for ``role`` (an ``agent`` for one ``job``) with the account signing key."""
+    """Sign a credential for ``role`` (an ``agent`` for one ``job``, and with ``node`` for its
+    ranks on that node only) with the account signing key."""
     directory = Path(directory)
     if role not in ROLES:
         raise ConfigError(f"role must be one of {', '.join(ROLES)}")
@@ -95,12 +102,13 @@ def issue(
         raise ConfigError(
             f"{directory}: no deployment credentials ({exc}); run `powerguard creds init` first"
         ) from None
-    perms = permissions(role, _names_from(meta), sites=meta["sites"], job=job)
+    perms = permissions(role, _names_from(meta), sites=meta["sites"], job=job, node=node)
     user = jwt.new_key("user")
-    name = f"agent.{job}" if role == "agent" else role
+    name = ".".join(["agent", job, *([node] if node else [])]) if role == "agent" and job else role
     expires = int(time.time() + expires_in_s) if expires_in_s else None
     token = jwt.user_jwt(signing, jwt.public(user), account=meta["account"], spec=jwt.UserSpec(name, perms, expires))
-    path = Path(out) if out else directory / (f"agent-{job}.creds" if role == "agent" else f"{role}.creds")
+    agent_file = f"agent-{job}" + (f"-{node}" if node else "") + ".creds"
+    path = Path(out) if out else directory / (agent_file if role == "agent" else f"{role}.creds")
     _write(path, jwt.creds(token, jwt.seed_of(user)))
     return path
 

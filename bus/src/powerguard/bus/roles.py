@@ -45,7 +45,8 @@ def durable_filters(names: BusNames, site: str) -> dict[str, list[str]]:
 
 
 def inbox(role: str, job: str | None = None) -> str:
-    """The reply-subject prefix of a role: nobody else may subscribe to its replies."""
+    """The reply-subject prefix of a role: nobody else may subscribe to its replies (a job's
+    ranks share theirs, on every node)."""
     return f"_INBOX.{role}" + (f".{token(job, what='job')}" if job else "")
 
 
@@ -81,9 +82,12 @@ def _durable(stream: str, name: str) -> list[str]:
     ]
 
 
-def permissions(role: str, names: BusNames, *, sites: Iterable[str] = (), job: str | None = None) -> Permissions:
+def permissions(
+    role: str, names: BusNames, *, sites: Iterable[str] = (), job: str | None = None, node: str | None = None
+) -> Permissions:
     """The permissions of ``role`` on a deployment (``sites``: the sites its services run;
-    ``job``: the job of an ``agent``)."""
+    ``job``: the job of an ``agent``; ``node``: the one node it may register ranks on, which the
+    server then confirms: without it, any node of the job's choosing)."""
     if role not in ROLES:
         raise ValueError(f"role must be one of {', '.join(ROLES)}")
     s, n, stream = names.subjects, names, names.stream
@@ -99,8 +103,9 @@ def permissions(role: str, names: BusNames, *, sites: Iterable[str] = (), job: s
         if not job:
             raise ValueError("an agent credential is for one job: give --job")
         j = token(job, what="job")
+        where = token(node, what="node") if node else "*"
         js = (
-            f"$KV.{n.agents}.{j}.*",
+            f"$KV.{n.agents}.{j}.{where}.*",
             _api("STREAM.INFO", f"KV_{n.agents}"),
             _api("DIRECT.GET", stream, s.ckpt_request(j)),  # catch up after a reconnect
             _api("DIRECT.GET", stream, s.ckpt_release(j)),
@@ -120,6 +125,8 @@ def permissions(role: str, names: BusNames, *, sites: Iterable[str] = (), job: s
             sub_allow=(s.ckpt_request(j), s.ckpt_release(j), f"{inbox(role, j)}.>"),
             inbox=inbox(role, j),
         )
+    if node:
+        raise ValueError("only an agent credential is for one node")
     common_sub = (f"{inbox(role)}.>",)
     if role == "ups-monitor":
         pub = [*(s.power_events(site) for site in sites), s.dlq(role), *_kv_write(n.ups)]

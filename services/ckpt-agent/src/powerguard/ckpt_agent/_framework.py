@@ -22,6 +22,7 @@ from powerguard.schemas import CheckpointRequestData
 from . import _layout as L
 from . import _spans
 from ._acks import Saved
+from ._framework_files import check_framework_files
 from .errors import CheckpointError, CommitError, CorruptCheckpoint
 
 log = logging.getLogger("powerguard.ckpt_agent")
@@ -105,7 +106,8 @@ def commit_directory(
 def verify_directory(directory: str, *, framework: str, world_size: int | None, key: bytes | None = None) -> None:
     """Raise :class:`CorruptCheckpoint` with the reason unless ``directory`` holds a committed
     checkpoint of ``framework`` whose every file matches its manifest (and, with a site key, whose
-    COMMIT the site signed)."""
+    COMMIT the site signed), and whose files the framework loads name no code (with or without a
+    key: :mod:`._framework_files`)."""
     fs, _ = L.fs_for(directory)
     commit = L.read_commit(fs, directory)
     L.authenticate(commit, key, directory)
@@ -118,6 +120,8 @@ def verify_directory(directory: str, *, framework: str, world_size: int | None, 
         L.verify_files(fs, directory, files, sorted(files), key)
     except (OSError, KeyError, ValueError) as exc:
         raise CorruptCheckpoint(f"{directory}: {exc}") from None
+    if os.path.isdir(directory):  # the framework loads them from a local directory
+        check_framework_files(directory, framework)
 
 
 def newest_valid(

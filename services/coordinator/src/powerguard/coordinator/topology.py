@@ -81,9 +81,14 @@ class AgentRegistry:
                 del self._by_job[job]
 
     def remove_key(self, key: str) -> None:
-        job, _, rank = key.rpartition(".")
-        if rank.isdigit():
-            self.remove(job, int(rank))
+        """A ``<job>.<node>.<rank>`` key was deleted: the rank goes, if it was on that node."""
+        parts = key.split(".")
+        if len(parts) != 3 or not parts[2].isdigit():
+            return
+        job, node, rank = parts[0], parts[1], int(parts[2])
+        entry = self._by_job.get(job, {}).get(rank)
+        if entry is not None and entry[0].node == node:
+            self.remove(job, rank)
 
     def agents(self, job: str) -> list[AgentData]:
         """The ranks of ``job`` as last registered or heard from (any age)."""

@@ -82,6 +82,17 @@ class PowerControlSettings(_Model):
 
 class IpmiOptions(_Model):
     kg: SecretRef | None = Field(default=None, description="BMC key (K_g) if the BMC requires one")
+    transport: Literal["ipmitool", "pyghmi"] = Field(
+        default="ipmitool",
+        description="ipmitool: one process per request, nothing shared between BMCs (a dead BMC never delays "
+        "another); pyghmi: in-process, one I/O loop for every BMC (no ipmitool needed)",
+    )
+    cipher_suite: int = Field(
+        default=3,
+        ge=0,
+        le=17,
+        description="RMCP+ cipher suite (ipmitool -C): 3 (SHA1) everywhere, 17 (SHA256) where supported",
+    )
 
 
 class RedfishOptions(_Model):

@@ -72,10 +72,23 @@ class Devices:
         user = _secret(cfg.username, f"node {node}: bmc.username")
         password = _secret(cfg.password, f"node {node}: bmc.password")
         if cfg.driver == "ipmi":
-            from .ipmi import IpmiDriver
-
             opts = IpmiOptions.model_validate(cfg.options)
             kg = _secret(opts.kg, f"node {node}: bmc.options.kg") if opts.kg else None
+            if opts.transport == "ipmitool":
+                from .ipmitool import IpmitoolDriver
+
+                return IpmitoolDriver(
+                    device,
+                    self._guard(device, "ipmi"),
+                    host=cfg.host,
+                    port=cfg.port or 623,
+                    user=user,
+                    password=password,
+                    kg=kg,
+                    cipher_suite=opts.cipher_suite,
+                )
+            from .ipmi import IpmiDriver
+
             return IpmiDriver(
                 device,
                 self._guard(device, "ipmi"),
