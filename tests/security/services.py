@@ -81,9 +81,11 @@ async def power_control(dep: Deployment):
 
 
 @contextlib.asynccontextmanager
-async def collected(bus: Bus, kind, subject: str):
-    """The events of ``kind`` on ``subject`` while the block runs, as a list that fills live."""
-    sub = await bus.listen(kind, subject=subject).start()
+async def collected(bus: Bus, kind, subject: str, *, stored: bool = True):
+    """The events of ``kind`` on ``subject`` while the block runs, as a list that fills live:
+    as stored in the stream (an ephemeral consumer: the observer's way), or with ``stored=False``
+    as published (a plain subscription: a job's ranks on their own request subject)."""
+    sub = await (bus.subscribe(kind, subject=subject) if stored else bus.listen(kind, subject=subject)).start()
     seen: list = []
 
     async def follow() -> None:
@@ -98,7 +100,8 @@ async def collected(bus: Bus, kind, subject: str):
 
 
 class Watch:
-    """What the observer sees: saga states and dead letters (live, plain subscriptions)."""
+    """What the observer sees: saga states and dead letters (live, ephemeral consumers: the
+    observer subscribes to nothing but its inbox)."""
 
     def __init__(self, bus: Bus) -> None:
         self.bus = bus
@@ -108,8 +111,8 @@ class Watch:
 
     async def start(self) -> Watch:
         s = self.bus.subjects
-        sagas = await self.bus.listen(SagaStateChanged, subject=s.saga("*")).start()
-        dlq = await self.bus.listen(DeadLetter, subject=s.dlq("*")).start()
+        sagas = await self.bus.subscribe(SagaStateChanged, subject=s.saga("*")).start()
+        dlq = await self.bus.subscribe(DeadLetter, subject=s.dlq("*")).start()
 
         async def run(sub, sink) -> None:
             async for ev in sub:

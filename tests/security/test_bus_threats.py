@@ -74,7 +74,7 @@ async def test_1_a_job_command_with_an_invented_saga_is_refused_by_the_server_an
     dep = deployment
     agent = await dep.connect("agent", job="jobA")
     coord = await dep.connect("coordinator", service="coordinator-forger")
-    results = await (await dep.connect("observer")).listen(PowerActionFailed, subject="pg.result.>").start()
+    results = await (await dep.connect("observer")).subscribe(PowerActionFailed, subject="pg.result.>").start()
     async with power_control(dep) as pc:
         stop_b = JobStopRequested(
             data=JobData(job="jobB", saga_id="invented", nodes=["n2"], idempotency_key="invented/jobB/stop")

@@ -29,7 +29,7 @@ async def test_11_an_agent_record_is_filed_only_as_what_its_key_says(deployment)
     ]
     try:
         async with (
-            collected(victim, CheckpointRequested, victim.subjects.ckpt_request("jobB")) as requests,
+            collected(victim, CheckpointRequested, victim.subjects.ckpt_request("jobB"), stored=False) as requests,
             coordinator(dep) as c,
         ):
             for key, data in forged:

@@ -126,8 +126,15 @@ async def test_ranks_behind_a_leaf_work_as_their_job_and_nothing_more(site_with_
     dep, leaf_url, _ = site_with_leaf
     coordinator = await dep.connect("coordinator")
     observer = await dep.connect("observer")
-    seen: list[tuple[str, bytes]] = []
-    await observer.nc.subscribe("pg.>", cb=into(seen, lambda m: (m.subject, m.data)))
+    seen: list[tuple[str, object]] = []  # what the site server stored: (subject, event)
+    stored = await observer.subscribe(deliver="new").start()
+
+    async def follow() -> None:
+        while True:
+            r = await stored.next_received()
+            seen.append((r.subject, r.event))
+
+    following = asyncio.create_task(follow())
 
     ranks = [await rank_bus(dep, leaf_url, r) for r in (0, 1)]
     got: dict[int, list] = {0: [], 1: []}
@@ -166,6 +173,7 @@ async def test_ranks_behind_a_leaf_work_as_their_job_and_nothing_more(site_with_
     subjects = [s for s, _ in seen]
     assert sorted(s for s in subjects if ".ack" in s) == [dep.names.subjects.ckpt_ack("jobA", r) for r in (0, 1)]
     assert not [s for s in subjects if ".cmd." in s or ".power." in s], subjects
+    following.cancel()
 
 
 async def test_a_training_job_behind_the_leaf_registers_checkpoints_one_step_and_acks(site_with_leaf, tmp_path):

@@ -7,7 +7,6 @@ import asyncio
 import contextlib
 import logging
 import time
-import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -146,12 +145,11 @@ class _PullLoop:
 
     async def _bind(self) -> None:
         resume = self.durable is None and self._last_seq is not None
-        if resume:
+        if resume and self.name:
             # resume after the last message seen, on a fresh consumer: the old one may still exist
             # (a leader change, not a loss) and its deliver policy cannot be updated (err 10012)
-            old, self.name = self.name, f"{self.name.rsplit('-', 1)[0]}-{uuid.uuid4().hex[:12]}"
             try:
-                await self.bus.js.delete_consumer(self.bus.names.stream, old)
+                await self.bus.js.delete_consumer(self.bus.names.stream, self.name)
             except (nats.errors.Error, js_errors.Error, TimeoutError):
                 pass
         cfg = self._config()
@@ -162,7 +160,12 @@ class _PullLoop:
         if resume:
             cfg.deliver_policy = api.DeliverPolicy.BY_START_SEQUENCE
             cfg.opt_start_seq = self._last_seq + 1
-        if self.durable is None or not await self._durable_exists(cfg):
+        if self.durable is None:
+            # named by the server: created through the endpoint that refuses a durable, the one
+            # a read-only credential (observer, operator) may use
+            cfg.name = None
+            self.name = (await self.bus.js.add_consumer(self.bus.names.stream, cfg)).name
+        elif not await self._durable_exists(cfg):
             await self.bus.js.add_consumer(self.bus.names.stream, cfg)
         self._psub = await self.bus.js.pull_subscribe_bind(consumer=self.name, stream=self.bus.names.stream)
 
@@ -447,13 +450,11 @@ class Subscription(_PullLoop):
         on_error: Callable[[str, bytes, Exception], None] | None,
     ) -> None:
         super().__init__(bus, types, subject=subject, deliver=deliver)
-        self.name = f"{bus.service}-sub-{uuid.uuid4().hex[:12]}"
         self.on_error = on_error
         self._buffer: list[Msg] = []
 
     def _config(self) -> api.ConsumerConfig:
         return api.ConsumerConfig(
-            name=self.name,
             deliver_policy=_DELIVER[self.deliver],
             ack_policy=api.AckPolicy.NONE,
             inactive_threshold=30.0,
@@ -507,6 +508,8 @@ class Subscription(_PullLoop):
     async def aclose(self) -> None:
         self._stopping = True
         await self._unbind()
+        if not self.name:
+            return
         try:
             await self.bus.js.delete_consumer(self.bus.names.stream, self.name)
         except (nats.errors.Error, js_errors.Error, TimeoutError):

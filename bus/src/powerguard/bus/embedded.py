@@ -23,6 +23,23 @@ from pathlib import Path
 from .errors import EmbeddedServerError
 
 
+def _durable_mkdir(path: Path) -> None:
+    """``mkdir -p`` that survives a power cut: each directory made is fsynced into its parent
+    (nats-server makes its own directories inside the store; the store must exist after a cut)."""
+    missing = []
+    p = path
+    while not p.exists():
+        missing.append(p)
+        p = p.parent
+    for d in reversed(missing):
+        d.mkdir(exist_ok=True)
+        fd = os.open(d.parent, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
 def find_nats_server() -> str:
     """Path of the ``nats-server`` binary: this environment's scripts dir, then ``PATH``."""
     candidates = [
@@ -42,6 +59,12 @@ class EmbeddedNats:
     """One nats-server process. ``port=None`` picks a free port; ``store_dir=None`` a temp dir.
 
     ``stop()`` then ``start()`` restarts on the same port and store dir (JetStream state kept).
+
+    ``sync``: JetStream's ``sync_interval``. ``"always"`` (the default here) fsyncs every write
+    before the server acknowledges it, so an acknowledged message survives a power cut; NATS's
+    own default (``"2m"``) acknowledges from the page cache and loses up to two minutes of them
+    (tests/powercut/test_broker_cut.py). Not applied when ``extra_args`` brings a config file
+    (``-c``): that file says it (compose/nats.conf does).
     """
 
     def __init__(
@@ -53,8 +76,10 @@ class EmbeddedNats:
         extra_args: list[str] | None = None,
         ready_timeout: float = 10.0,
         log_file: str | Path | None = None,
+        sync: str | None = "always",
     ) -> None:
         self.host = host
+        self.sync = sync
         self.port = port
         self._own_dir = store_dir is None
         self.store_dir = Path(store_dir) if store_dir else Path(tempfile.mkdtemp(prefix="pg-nats-"))
@@ -77,7 +102,7 @@ class EmbeddedNats:
         if self.proc and self.proc.poll() is None:
             return self
         binary = find_nats_server()
-        self.store_dir.mkdir(parents=True, exist_ok=True)
+        _durable_mkdir(self.store_dir / "jetstream")
         ports_dir = Path(tempfile.mkdtemp(prefix="ports-", dir=self.store_dir))
         cmd = [
             binary,
@@ -92,6 +117,7 @@ class EmbeddedNats:
             str(ports_dir),
             "-l",
             str(self.log_file),
+            *self._sync_config(),
             *self.extra_args,
         ]
         self.proc = subprocess.Popen(
@@ -112,6 +138,13 @@ class EmbeddedNats:
         finally:
             shutil.rmtree(ports_dir, ignore_errors=True)
         return self
+
+    def _sync_config(self) -> list[str]:
+        if self.sync is None or any(a in ("-c", "--config") for a in self.extra_args):
+            return []
+        conf = self.store_dir / "sync.conf"
+        conf.write_text(f"jetstream {{\n  sync_interval: {json.dumps(self.sync)}\n}}\n")
+        return ["-c", str(conf)]
 
     def _read_port(self, ports_dir: Path, deadline: float) -> int:
         while time.monotonic() < deadline:

@@ -54,7 +54,8 @@ def _api(*parts: str) -> str:
     return "$JS.API." + ".".join(parts)
 
 
-def _kv_read(bucket: str) -> list[str]:
+def _kv_read(bucket: str, *, named: bool = True) -> list[str]:
+    """Reads of a KV bucket (``named``: also consumers created by name, which may be durable)."""
     stream = f"KV_{bucket}"
     return [
         _api("STREAM.INFO", stream),
@@ -63,7 +64,7 @@ def _kv_read(bucket: str) -> list[str]:
         _api("DIRECT.GET", stream, ">"),
         # keys and watches: ordered consumers on the bucket's own stream
         _api("CONSUMER.CREATE", stream),
-        _api("CONSUMER.CREATE", stream, ">"),
+        *([_api("CONSUMER.CREATE", stream, ">")] if named else []),
         _api("CONSUMER.DELETE", stream, ">"),
         _api("CONSUMER.INFO", stream, ">"),
         f"$JS.FC.{stream}.>",
@@ -153,28 +154,34 @@ def permissions(
         return Permissions(pub_allow=tuple(pub), sub_allow=common_sub, inbox=inbox(role))
     # observer: reads everything, publishes no event, cannot touch any service's consumer;
     # operator (`powerguard drill`, `status`, `tail`): the same, and may publish a site's drill
-    # power events (never a real one: a drill's subject is its own, so nothing it says is real)
-    deny = [_api("CONSUMER.DURABLE.CREATE", ">"), "$JS.ACK.>", _api("STREAM.CREATE", ">"), _api("STREAM.UPDATE", ">")]
+    # power events (never a real one: a drill's subject is its own, so nothing it says is real).
+    # Consumers only through the create endpoint without a name in its subject, which the server
+    # refuses for a durable ("consumer expected to be ephemeral"): ephemeral pull and ordered
+    # consumers, nothing that outlives the connection. It subscribes to its own inbox only, so
+    # what it reads arrives there (a push consumer delivering anywhere else finds none of its
+    # interest; the server does not check a push consumer's deliver subject: docs/security.md)
+    deny = [
+        _api("CONSUMER.DURABLE.CREATE", ">"),
+        "$JS.ACK.>",
+        _api("STREAM.CREATE", ">"),
+        _api("STREAM.UPDATE", ">"),
+        _api("STREAM.DELETE", ">"),
+        _api("STREAM.PURGE", ">"),
+    ]
     for d in sorted(durables):
-        deny += [
-            _api("CONSUMER.CREATE", stream, d),
-            _api("CONSUMER.CREATE", stream, d, ">"),
-            _api("CONSUMER.MSG.NEXT", stream, d),
-            _api("CONSUMER.DELETE", stream, d),
-        ]
+        deny += [_api("CONSUMER.MSG.NEXT", stream, d), _api("CONSUMER.DELETE", stream, d)]
     pub = [
         _api("STREAM.INFO", stream),
         _api("STREAM.MSG.GET", stream),
         _api("DIRECT.GET", stream),
         _api("DIRECT.GET", stream, ">"),
-        _api("CONSUMER.CREATE", stream, "*"),
-        _api("CONSUMER.CREATE", stream, "*", ">"),
+        _api("CONSUMER.CREATE", stream),
         _api("CONSUMER.MSG.NEXT", stream, "*"),
         _api("CONSUMER.DELETE", stream, "*"),
         _api("CONSUMER.INFO", stream, "*"),
-        *_kv_read(n.sagas),
-        *_kv_read(n.agents),
+        *_kv_read(n.sagas, named=False),
+        *_kv_read(n.agents, named=False),
     ]
     if role == "operator":
         pub += [s.drill_power_events(site) for site in sites]
-    return Permissions(pub_allow=tuple(pub), pub_deny=tuple(deny), sub_allow=(s.all, *common_sub), inbox=inbox(role))
+    return Permissions(pub_allow=tuple(pub), pub_deny=tuple(deny), sub_allow=common_sub, inbox=inbox(role))
