@@ -373,6 +373,17 @@ def main() -> None:
                 "`bench/bmc_isolation.py`",
             )
         )
+    if pcut := load("powercut"):
+        rows.append(
+            (
+                "power cuts (power-cut filesystem): checkpoint cuts of a saving job and broker cuts; "
+                "invariant violations",
+                "0 (≥ 200 checkpoint cuts, ≥ 50 broker cuts)",
+                f"{pcut['violations']} in {pcut['checkpoint_cuts']} checkpoint cuts and "
+                f"{pcut['broker_cuts']} broker cuts ({pcut['seconds']:.0f} s)",
+                "`bench/powercut.py`",
+            )
+        )
     if r := load("drill_breakdown"):
         rows.append(
             (

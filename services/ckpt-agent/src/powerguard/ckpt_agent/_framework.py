@@ -85,6 +85,7 @@ def commit_directory(
         raise CommitError(f"{directory}: the framework wrote no file")
     try:
         L.fsync_dir(directory)
+        L.fsync_ancestors(directory)  # the framework made the directories: their names too
         digest, nbytes, keyed = L.write_manifest(fs, directory, 0, step, files, key=key)
         L.write_commit(
             fs,

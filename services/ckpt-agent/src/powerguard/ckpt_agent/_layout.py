@@ -105,6 +105,35 @@ def fsync_dir(path: str | Path) -> None:
         os.close(fd)
 
 
+def makedirs_durable(path: str | Path) -> None:
+    """``mkdir -p`` whose directories survive a power cut: each one made is fsynced into its
+    parent (a new directory's name is durable only then; a checkpoint committed inside a
+    directory whose own name was lost is lost with it)."""
+    missing = []
+    p = os.path.abspath(path)
+    while not os.path.isdir(p):
+        missing.append(p)
+        p = os.path.dirname(p)
+    for d in reversed(missing):
+        try:
+            os.mkdir(d)
+        except FileExistsError:
+            pass
+        fsync_dir(os.path.dirname(d))
+
+
+def fsync_ancestors(path: str | Path) -> None:
+    """fsync every directory above ``path`` (up to ``/``): a directory someone else made (a
+    framework's output directory) is durable by name only once its parent was fsynced."""
+    p = os.path.dirname(os.path.abspath(path))
+    while True:
+        fsync_dir(p)
+        parent = os.path.dirname(p)
+        if parent == p:
+            return
+        p = parent
+
+
 def write_durable(fs: fsspec.AbstractFileSystem, path: str, data: bytes) -> None:
     """temp file + fsync + rename (+ directory fsync on local disks)."""
     tmp = f"{path}.tmp"

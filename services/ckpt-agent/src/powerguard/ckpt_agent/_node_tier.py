@@ -290,7 +290,7 @@ class _NodeTierMixin:
         against COMMIT's digests (and keyed digests) before it is written."""
         problems = []
         try:
-            os.makedirs(directory, exist_ok=True)
+            L.makedirs_durable(directory)
             if not os.path.exists(os.path.join(directory, L.COMMIT)):
                 L.write_durable(self._local_fs, os.path.join(directory, L.COMMIT), commit_raw)
             for name in sorted(small - have):

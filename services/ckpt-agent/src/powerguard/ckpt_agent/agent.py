@@ -507,7 +507,7 @@ class CheckpointAgent(_StateMixin, _AckMixin, _RestoreMixin, _NodeTierMixin, _Fr
                 if os.path.isdir(directory) and not os.path.exists(os.path.join(directory, L.COMMIT)):
                     log.warning("removing uncommitted leftover %s", directory)
                     self._local_fs.rm(directory, recursive=True)
-                os.makedirs(directory, exist_ok=True)
+                L.makedirs_durable(directory)
                 committed = os.path.exists(os.path.join(directory, L.COMMIT))
             except OSError as exc:  # every rank must hear it: the others would wait in DCP's collectives
                 problem = f"rank {self.rank} (node {self.node}): cannot prepare {directory}: {exc}"
@@ -645,7 +645,7 @@ class CheckpointAgent(_StateMixin, _AckMixin, _RestoreMixin, _NodeTierMixin, _Fr
     def _start_async(self, step: int) -> None:
         directory = L.step_dir(self.local_root, self.job, step)
         if self.rank == 0:
-            os.makedirs(directory, exist_ok=True)
+            L.makedirs_durable(directory)
         self._gather(None)  # the directory exists before anyone writes
         writer = HashingWriter(directory, sync_files=True, key=self._key)
         t0 = time.perf_counter()

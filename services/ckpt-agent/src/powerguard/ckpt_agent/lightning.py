@@ -199,7 +199,7 @@ class _Callback:
             try:
                 if os.path.isdir(directory) and not os.path.exists(os.path.join(directory, L.COMMIT)):
                     shutil.rmtree(directory)  # an uncommitted leftover of a save cut short
-                os.makedirs(directory, exist_ok=True)
+                L.makedirs_durable(directory)
             except OSError as exc:
                 problem = f"rank 0: cannot prepare {directory}: {exc}"
         answers = agent.gather((problem, _rng_state()))

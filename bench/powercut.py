@@ -1,0 +1,114 @@
+"""Power-cut campaigns on the power-cut filesystem (tests/powercut): a job saving checkpoints
+loses power at random instants and restores in a fresh process (``--cuts``), and a real
+nats-server with PowerGuard's broker settings loses power after acknowledging messages
+(``--broker-cuts``). Prints each violation; writes bench/results/powercut.json with the counts
+(``checkpoint_cuts``, ``broker_cuts``, ``violations``) and what each kind checked.
+
+    python bench/powercut.py --cuts 200 --broker-cuts 50 [--seed 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+RESULTS = ROOT / "bench" / "results" / "powercut.json"
+
+from tests.powercut import PowerCutFs, unavailable  # noqa: E402
+from tests.powercut.campaign import checkpoint_cut  # noqa: E402
+
+
+async def broker_cut(root: Path, seed: int) -> list[str]:
+    """Publish a random number of acknowledged messages to a file stream, cut, restart: every
+    acknowledged message is there (journal mode: the broker does not fsync its directories)."""
+    import nats
+    from nats.js import api
+
+    from powerguard.bus import EmbeddedNats
+
+    rng = random.Random(seed)
+    n = rng.randint(1, 300)
+    pc = PowerCutFs(root / f"broker-{seed}", mode="journal").start()
+    server = EmbeddedNats(store_dir=pc.mountpoint / "nats").start()
+    try:
+        nc = await nats.connect(server.url)
+        js = nc.jetstream()
+        await js.add_stream(name="S", subjects=["s.>"], storage=api.StorageType.FILE)
+        acked = [(await js.publish(f"s.{i % 7}", f"m{i}".encode())).seq for i in range(n)]
+        server.kill()
+        await nc.close()
+        pc.cut()
+        pc.start()
+        server = EmbeddedNats(port=server.port, store_dir=server.store_dir).start()
+        nc = await nats.connect(server.url)
+        js = nc.jetstream()
+        info = await js.stream_info("S")
+        stored = info.state.messages
+        await nc.close()
+        return (
+            [] if stored >= len(acked) else [f"broker seed {seed}: {len(acked)} acknowledged, {stored} after the cut"]
+        )
+    except Exception as exc:  # the stream gone, the server not starting: a violation
+        return [f"broker seed {seed}: {type(exc).__name__}: {exc}"]
+    finally:
+        server.kill()
+        pc.stop()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--cuts", type=int, default=200, help="checkpoint cuts")
+    p.add_argument("--broker-cuts", type=int, default=50)
+    p.add_argument("--seed", type=int, default=1, help="first seed")
+    p.add_argument("--out", type=Path, default=RESULTS)
+    args = p.parse_args()
+    if why := unavailable():
+        sys.exit(f"the power-cut filesystem cannot run here: {why}")
+    violations: list[str] = []
+    restored_behind = 0
+    t0 = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="pg-powercut-") as tmp:
+        for i in range(args.cuts):
+            r = checkpoint_cut(Path(tmp), args.seed + i)
+            violations += r.violations
+            restored_behind += int(r.restored is not None and r.restored > max(r.acked, default=0))
+            print(
+                f"cut {i + 1}/{args.cuts} seed {r.seed}: acked {max(r.acked, default=0)}, restored {r.restored}"
+                f"{' ' + '; '.join(r.violations) if r.violations else ''}",
+                flush=True,
+            )
+        for i in range(args.broker_cuts):
+            found = asyncio.run(broker_cut(Path(tmp), args.seed + i))
+            violations += found
+            print(f"broker cut {i + 1}/{args.broker_cuts}: {'; '.join(found) or 'ok'}", flush=True)
+    result = {
+        "checkpoint_cuts": args.cuts,
+        "broker_cuts": args.broker_cuts,
+        "violations": len(violations),
+        "violation_list": violations,
+        "restored_the_save_in_flight": restored_behind,
+        "checked": {
+            "checkpoint_cuts": "one rank saving every step (ckpt-agent, local tier, retention keep=2) on the POSIX "
+            "power-cut filesystem, cut at uniform(0.2, 2.5) s after the first ack; restore in a fresh process: no "
+            "exception, restored >= newest acked step, <= the one in flight, bit-exact weights",
+            "broker_cuts": "one nats-server (sync_interval always, journal-mode file system) acknowledging 1-300 "
+            "messages, cut, restarted: every acknowledged message stored. Not yet: the services' sagas, ledger and "
+            "leases across cuts, the 3-node cluster",
+        },
+        "seconds": round(time.monotonic() - t0, 1),
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"{args.cuts} checkpoint cuts, {args.broker_cuts} broker cuts, {len(violations)} violations; {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,106 @@
+"""Power-cut campaigns (tests with fixed seeds, bench/powercut.py with many): a job saving
+checkpoints on the power-cut filesystem loses power at a random instant; after the "reboot" a
+fresh process restores.
+
+Invariants checked per cut: the restore raises nothing; it returns a checkpoint at least as new
+as the newest one acked before the cut (a save that returned) and at most the one in flight;
+its weights are bit-exact those of that step (never a partial checkpoint)."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import ROOT, PowerCutFs
+
+
+@dataclass
+class CutResult:
+    seed: int
+    cut_after_s: float
+    acked: list[int] = field(default_factory=list)
+    restored: int | None = None
+    bit_exact: bool = False
+    error: str | None = None
+
+    @property
+    def violations(self) -> list[str]:
+        out = []
+        if self.error:
+            out.append(f"seed {self.seed}: restore failed: {self.error}")
+            return out
+        newest = max(self.acked, default=0)
+        if self.restored is None or self.restored < newest:
+            out.append(f"seed {self.seed}: acked step {newest} but restored {self.restored}")
+        elif self.restored > newest + 1:
+            out.append(f"seed {self.seed}: restored {self.restored}, newer than the one in flight ({newest + 1})")
+        if not self.bit_exact:
+            out.append(f"seed {self.seed}: step {self.restored} restored with other weights (a partial checkpoint)")
+        return out
+
+
+def _trainer(directory: Path, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "tests.powercut.trainer", str(directory), *extra]
+
+
+def checkpoint_cut(root: Path, seed: int, *, max_after_s: float = 2.5) -> CutResult:
+    """One cut: a job saving every step, power lost ``uniform(0.2, max_after_s)`` s after its
+    first ack, then a restore in a fresh process."""
+    rng = random.Random(seed)
+    result = CutResult(seed=seed, cut_after_s=round(rng.uniform(0.2, max_after_s), 3))
+    pc = PowerCutFs(Path(root) / f"cut-{seed}").start()
+    ckpt = pc.mountpoint / "ckpt"
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    job = subprocess.Popen(
+        _trainer(ckpt),
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env=env,
+        start_new_session=True,
+    )
+    first = threading.Event()
+
+    def read() -> None:
+        assert job.stdout is not None
+        for line in job.stdout:
+            if line.startswith("acked "):
+                result.acked.append(int(line.split()[1]))
+                first.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        if not first.wait(60):
+            result.error = "the job never acked a checkpoint"
+            return result
+        time.sleep(result.cut_after_s)  # the cut's instant: what the campaign varies
+        pc.cut()  # the file system first: nothing the job does from here on is stored
+        os.killpg(job.pid, signal.SIGKILL)
+        job.wait()
+        reader.join(5)
+        pc.start()
+        out = subprocess.run(
+            _trainer(ckpt, "--restore"), cwd=ROOT, capture_output=True, text=True, env=env, timeout=120
+        )
+        line = next((ln for ln in out.stdout.splitlines() if ln.startswith("restored ")), None)
+        if out.returncode != 0 or line is None:
+            result.error = (out.stderr or out.stdout).strip().splitlines()[-1:] or [f"exit {out.returncode}"]
+            result.error = result.error[0]
+        else:
+            _, step, verdict = line.split()
+            result.restored, result.bit_exact = int(step), verdict == "ok"
+        return result
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+            job.wait()
+        pc.stop()
