@@ -149,3 +149,20 @@ def test_the_final_checkpoint_is_taken_whenever_it_fits(runtimes, took_s, measur
         else:
             assert plan.final is None and plan.final_note.startswith("skipped")
         break
+
+
+def test_an_outage_records_the_ups_estimate_against_its_observed_discharge_for_status_console_and_trace():
+    """A UPS that said 600 s and drained 15 % in 60 s at 40 % load (360 s from its 90 %): the
+    figures status, the console and the trace show say so, per UPS."""
+    from powerguard.coordinator.figures import saga_figures
+
+    s = Site()
+    s.send(s.power("A", True, runtime_s=600, charge_pct=90, load_pct=40))
+    for k in range(1, 7):
+        s.advance(10)
+        s.send(s.power("A", True, runtime_s=600, charge_pct=90 - 2.5 * k, load_pct=40))
+    s.send(s.power("A", False, runtime_s=600, charge_pct=75))
+    rec = s.core.open.get("s1") or next(r for r in s.steps[-1].changed if r.saga_id == "s1")
+    b = saga_figures(rec)["battery"]["A"]
+    assert b["predicted_s"] == 600 and b["load_pct"] == 40
+    assert 300 < b["observed_s"] < 420 and b["ratio"] == round(b["observed_s"] / 600, 3)

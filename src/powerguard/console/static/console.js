@@ -61,6 +61,13 @@ function tick() {
   c.textContent = `${left.toFixed(1)} s`;
 }
 
+// per UPS of an outage: observed over predicted runtime (below 1: an optimistic estimate, an aged battery)
+function batteryCell(battery) {
+  const parts = Object.entries(battery || {}).filter(([, b]) => b.ratio !== null && b.ratio !== undefined)
+    .map(([ups, b]) => `${ups} ${b.ratio.toFixed(2)}× (${fmt(b.observed_s, " s")} of ${fmt(b.predicted_s, " s")}${b.load_pct != null ? ` at ${b.load_pct} %` : ""})`);
+  return el("span", { class: parts.some((p) => parseFloat(p.split(" ")[1]) < 0.8) ? "badge warn" : "" }, parts.join("; ") || "–");
+}
+
 function render() {
   const conn = $("conn");
   conn.textContent = snap.bus_connected ? "bus connected" : "bus disconnected";
@@ -85,7 +92,7 @@ function render() {
   rows("past", snap.past, (r) => {
     const trace = r.trace_id ? (snap.trace_url ? el("a", { href: snap.trace_url.replace("{trace_id}", r.trace_id) }, r.trace_id.slice(0, 12)) : r.trace_id.slice(0, 12)) : "–";
     return [when(r.started), r.saga, el("span", { class: "past-state" }, r.state), r.lost_steps ?? "–", fmt(r.rto_s, " s", 1), (r.nodes_at_risk || []).length,
-      trace, el("a", { href: `api/sagas/${encodeURIComponent(r.saga)}/timeline.svg` }, "timeline")];
+      batteryCell(r.battery), trace, el("a", { href: `api/sagas/${encodeURIComponent(r.saga)}/timeline.svg` }, "timeline")];
   });
 }
 

@@ -102,4 +102,23 @@ def saga_figures(rec: SagaRecord) -> dict[str, Any]:
         "charge_at_stop_pct": min(charges) if charges else None,
         "rto_s": None if (r := rto_s(rec)) is None else round(r, 3),
         "jobs": {name: job_figures(p, rec) for name, p in sorted(rec.jobs.items())},
+        "battery": battery_figures(rec),
+        "nodes_not_off": {
+            n: p.error for n, p in sorted(rec.nodes.items()) if p.shutdown_at and not p.off_at and p.error
+        },
     }
+
+
+def battery_figures(rec: SagaRecord) -> dict[str, dict[str, Any]]:
+    """Per UPS of the outage: its first runtime estimate against what its observed discharge
+    gave, at the load observed (a ratio below 1: the estimate was optimistic, an aged battery)."""
+    out = {}
+    for ups, b in sorted(rec.battery.items()):
+        ratio = b.ratio
+        out[ups] = {
+            "predicted_s": None if b.predicted_s is None else round(b.predicted_s, 1),
+            "observed_s": None if b.observed_s is None else round(b.observed_s, 1),
+            "ratio": None if ratio is None else round(ratio, 3),
+            "load_pct": b.load_pct,
+        }
+    return out

@@ -129,6 +129,14 @@ def _emit_root(tracer: Tracer, rec: SagaRecord, now: float) -> None:
             attrs[f"powerguard.{key}"] = figures[key]
     if figures["lost_steps"] is not None:
         attrs["powerguard.rpo_steps"] = figures["lost_steps"]  # work lost at the stop, worst job
+    if figures["nodes_not_off"]:  # an off that failed and never succeeded: never hidden as "down"
+        attrs["powerguard.nodes_not_off"] = ", ".join(figures["nodes_not_off"])
+    if S.PARTLY_DOWN in {t.state for t in rec.history}:
+        attrs["powerguard.partly_down"] = True
+    for ups, b in figures["battery"].items():
+        for key in ("predicted_s", "observed_s", "ratio"):
+            if b[key] is not None:
+                attrs[f"powerguard.ups.{ups}.runtime_{key}"] = b[key]
     for name, plan in sorted(rec.jobs.items()):
         for key, value in job_figures(plan, rec).items():
             if value is not None:
