@@ -61,6 +61,12 @@ class _RestoreMixin:
             self.last_committed_step = loaded
             self._step = loaded
             log.info("rank %d: restored step %d from the %s tier (%s)", self.rank, loaded, tier, url)
+            if self._key is None and self.rank == 0:
+                log.info(
+                    "rank 0: no site key (POWERGUARD_CKPT_KEY_FILE): the checksums found no corruption, but "
+                    "whoever can write the tier could have rewritten them (forgery is not detected); nothing "
+                    "read ran code (.metadata and state read without unpickling arbitrary objects)"
+                )
             self._restored = (loaded, tier)
             if self.rank == 0:
                 try:
