@@ -79,6 +79,8 @@ def main() -> None:
         for i in range(args.cuts):
             r = checkpoint_cut(Path(tmp), args.seed + i)
             violations += r.violations
+            if r.violations:
+                print(f"  after the cut: {r.durable}\n  restore log: {r.restore_log}", flush=True)
             restored_behind += int(r.restored is not None and r.restored > max(r.acked, default=0))
             print(
                 f"cut {i + 1}/{args.cuts} seed {r.seed}: acked {max(r.acked, default=0)}, restored {r.restored}"

@@ -29,6 +29,8 @@ class CutResult:
     restored: int | None = None
     bit_exact: bool = False
     error: str | None = None
+    restore_log: str = ""  # what the restore logged (why it skipped what it skipped)
+    durable: list[str] = field(default_factory=list)  # the job's step directories after the cut
 
     @property
     def violations(self) -> list[str]:
@@ -88,10 +90,17 @@ def checkpoint_cut(root: Path, seed: int, *, max_after_s: float = 2.5) -> CutRes
         job.wait()
         reader.join(5)
         pc.start()
+        job_dir = ckpt / "pc"
+        result.durable = (
+            sorted(f"{d.name}{'' if (d / 'COMMIT').exists() else ' (no COMMIT)'}" for d in job_dir.iterdir())
+            if job_dir.is_dir()
+            else []
+        )
         out = subprocess.run(
             _trainer(ckpt, "--restore"), cwd=ROOT, capture_output=True, text=True, env=env, timeout=120
         )
         line = next((ln for ln in out.stdout.splitlines() if ln.startswith("restored ")), None)
+        result.restore_log = "\n".join(ln for ln in out.stderr.splitlines() if "UserWarning" not in ln)[-2000:]
         if out.returncode != 0 or line is None:
             result.error = (out.stderr or out.stdout).strip().splitlines()[-1:] or [f"exit {out.returncode}"]
             result.error = result.error[0]

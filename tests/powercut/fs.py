@@ -75,7 +75,15 @@ def cut(root: Path) -> None:
             shutil.rmtree(child)
         else:
             child.unlink()
-    uids = {str(os.lstat(live).st_ino): ROOT_UID}
+    uids = materialize(root, live)
+    _write_atomic(root / "uids.json", json.dumps(uids).encode())
+
+
+def materialize(root: Path, target: Path) -> dict[str, str]:
+    """Build what is durable now into the empty directory ``target`` (a cut does it into
+    ``live/``; a test may do it elsewhere to look while the mount runs). Returns inode -> uid."""
+    root, target = Path(root), Path(target)
+    uids = {str(os.lstat(target).st_ino): ROOT_UID}
     linked: dict[str, Path] = {}
 
     def build(dir_uid: str, at: Path, seen: set[str]) -> None:
@@ -103,8 +111,8 @@ def cut(root: Path) -> None:
                 linked[ref] = path
                 uids[str(os.lstat(path).st_ino)] = ref
 
-    build(ROOT_UID, live, set())
-    _write_atomic(root / "uids.json", json.dumps(uids).encode())
+    build(ROOT_UID, target, set())
+    return uids
 
 
 class PowerCutOps(Operations):
@@ -116,6 +124,13 @@ class PowerCutOps(Operations):
         self._lock = threading.RLock()
         self._uids: dict[int, str] = {int(k): v for k, v in json.loads((self.root / "uids.json").read_text()).items()}
         self.journal = (self.root / "mode").read_text().strip() == "journal"
+        self._trace = open(self.root / "trace.log", "a") if os.environ.get("POWERCUT_TRACE") else None  # noqa: SIM115
+
+    def trace(self, *what: object) -> None:
+        if self._trace is not None:
+            with self._lock:
+                self._trace.write(" ".join(str(w) for w in what) + "\n")
+                self._trace.flush()
 
     # ------------------------------------------------------------------ bookkeeping
     def _real(self, path: str) -> str:
@@ -131,7 +146,9 @@ class PowerCutOps(Operations):
     def _fresh(self, real: str) -> None:
         """A new inode got a name: it is a new file or directory, whatever its number was."""
         with self._lock:
-            self._uids[os.lstat(real).st_ino] = uuid.uuid4().hex
+            ino = os.lstat(real).st_ino
+            self._uids[ino] = uuid.uuid4().hex
+            self.trace("fresh", real.removeprefix(self.live), ino, self._uids[ino])
 
     def save_uids(self) -> None:
         with self._lock:
@@ -153,6 +170,7 @@ class PowerCutOps(Operations):
         finally:
             os.close(reader)
         _write_atomic(self.root / "files" / uid, b"".join(chunks))
+        self.trace("fsync", path, uid, offset)
         if self.journal:
             self._commit_journal()
         return 0
@@ -163,7 +181,10 @@ class PowerCutOps(Operations):
     def _commit_journal(self) -> None:
         """Every directory's entries as they are now (a journal commit)."""
         for dirpath, _, _ in os.walk(self.live):
-            self._sync_entries(dirpath)
+            try:
+                self._sync_entries(dirpath)
+            except FileNotFoundError:  # removed while walked
+                continue
 
     def _sync_dir(self, path: str) -> int:
         if self.journal:
@@ -176,15 +197,22 @@ class PowerCutOps(Operations):
         entries: dict[str, list[str]] = {}
         with os.scandir(real) as it:
             for e in it:
-                st = os.lstat(e.path)
+                try:
+                    st = os.lstat(e.path)
+                except FileNotFoundError:  # unlinked while listed (another thread): not an entry now
+                    continue
                 if stat.S_ISDIR(st.st_mode):
                     entries[e.name] = ["dir", self._uid(st.st_ino)]
                 elif stat.S_ISLNK(st.st_mode):
-                    entries[e.name] = ["symlink", os.readlink(e.path)]
+                    try:
+                        entries[e.name] = ["symlink", os.readlink(e.path)]
+                    except FileNotFoundError:
+                        continue
                 elif stat.S_ISREG(st.st_mode):
                     entries[e.name] = ["file", self._uid(st.st_ino)]
         uid = self._uid(os.lstat(real).st_ino)
         _write_atomic(self.root / "dirs" / f"{uid}.json", json.dumps(entries).encode())
+        self.trace("fsyncdir", real.removeprefix(self.live), uid, sorted(entries))
 
     # ------------------------------------------------------------------ passthrough
     def access(self, path: str, amode: int) -> int:
