@@ -124,7 +124,7 @@ class PowerCutOps(Operations):
         self._lock = threading.RLock()
         self._uids: dict[int, str] = {int(k): v for k, v in json.loads((self.root / "uids.json").read_text()).items()}
         self.journal = (self.root / "mode").read_text().strip() == "journal"
-        self._trace = open(self.root / "trace.log", "a") if os.environ.get("POWERCUT_TRACE") else None  # noqa: SIM115
+        self._trace = open(self.root / "trace.log", "a") if os.environ.get("POWERCUT_TRACE") else None
 
     def trace(self, *what: object) -> None:
         if self._trace is not None:
