@@ -21,7 +21,7 @@ for job in $JOBS; do
 done
 [ -f secrets/tls/ca.pem ] || sh make-certs.sh secrets/tls nats nats-2 nats-3 localhost
 [ -f secrets/bmc_username ] || printf 'admin' > secrets/bmc_username
-[ -f secrets/bmc_password ] || printf '%s' "$(pw)" > secrets/bmc_password
+[ -f secrets/bmc_password ] || printf '%s' "$(pw | cut -c1-20)" > secrets/bmc_password   # IPMI 2.0: at most 20 bytes
 [ -f secrets/pdu_community ] || printf 'private' > secrets/pdu_community
 [ -f secrets/snmp_community ] || printf 'public' > secrets/snmp_community
 [ -f secrets/console_token ] || printf '%s' "$(pw)" > secrets/console_token   # the operator console's password

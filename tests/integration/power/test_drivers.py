@@ -12,7 +12,13 @@ from powerguard.power_control.drivers.ipmi import IpmiDriver
 from powerguard.power_control.drivers.ipmitool import IpmitoolDriver
 from powerguard.power_control.drivers.pdu import ApcPduDriver
 from powerguard.power_control.drivers.redfish import RedfishDriver
-from powerguard.power_control.errors import AuthenticationFailed, CommandRejected, DeviceUnreachable, TlsUntrusted
+from powerguard.power_control.errors import (
+    AuthenticationFailed,
+    CommandRejected,
+    DeviceUnreachable,
+    PowerControlError,
+    TlsUntrusted,
+)
 
 from .peers import PASSWORD, USER, free_udp_port, ipmitool
 
@@ -102,6 +108,11 @@ async def test_ipmi_wrong_password_fails_fast_and_is_not_retried(make_bmc, ipmi)
     with pytest.raises(AuthenticationFailed, match="not retried"):  # held off: the BMC is not asked again
         await d.on()
     assert bmc.changes == 0
+
+
+def test_ipmitool_refuses_a_password_longer_than_ipmi_allows_naming_the_limit():
+    with pytest.raises(PowerControlError, match=r"bmc:n1: the BMC password is 21 bytes; IPMI 2.0 allows at most 20"):
+        IpmitoolDriver("bmc:n1", Guarded("bmc:n1", timeout_s=1), host="127.0.0.1", user=USER, password="x" * 21)
 
 
 async def test_ipmi_unknown_user_is_an_authentication_error(make_bmc, ipmi):

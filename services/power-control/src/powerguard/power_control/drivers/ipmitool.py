@@ -36,6 +36,7 @@ _STATUS = re.compile(r"chassis power is (on|off)", re.IGNORECASE)
 _POWERED_ON = re.compile(r"chassis power control: up/on", re.IGNORECASE)
 _END = "--powerguard-end--"
 SESSION_AHEAD_S = 5.0  # how long before a ramp slot the IPMI session is opened
+MAX_PASSWORD_BYTES = 20  # IPMI 2.0's user password field
 
 
 async def _kill(proc: asyncio.subprocess.Process) -> None:
@@ -95,6 +96,12 @@ class IpmitoolDriver(PowerDriver):
         binary: str | None = None,
     ) -> None:
         super().__init__(device, guard)
+        if len(password.encode()) > MAX_PASSWORD_BYTES:
+            raise PowerControlError(
+                f"{device}: the BMC password is {len(password.encode())} bytes; IPMI 2.0 allows at most "
+                f"{MAX_PASSWORD_BYTES} (ipmitool refuses a longer one): set a shorter password on the BMC and "
+                "in the site's secret"
+            )
         self.host, self.port = host, port
         self._binary = binary or find_ipmitool()
         self._user, self._cipher = user, cipher_suite
