@@ -3,6 +3,8 @@ simulated site on loopback, real torch.distributed ranks. Asserts the report and
 
 from __future__ import annotations
 
+import re
+
 import json
 import subprocess
 import sys
@@ -155,7 +157,9 @@ def test_a_real_nut_ups_whose_runtime_drops_below_the_reserve_still_gets_the_fin
     assert r.returncode == 0, r.stdout[-3000:]
     assert report["scenario"] == "real-ups" and len(report["earlier_outages"]) == 1
     saga = report["saga"]
-    assert saga["stop_reason"] == "runtime 100s below the 120s shutdown reserve"
+    # the estimate drops to 100 s and keeps draining in real seconds: the reading the saga acts on
+    stop = re.fullmatch(r"runtime (\d+)s below the 120s shutdown reserve", saga["stop_reason"] or "")
+    assert stop and int(stop.group(1)) <= 100, saga["stop_reason"]
     job = saga["jobs"]["demo-train"]
     assert job["final_checkpoint"].startswith("committed at step") and job["lost_steps"] == 0
     assert "final_checkpoint" in report["saga_states"]
