@@ -3,9 +3,8 @@ simulated site on loopback, real torch.distributed ranks. Asserts the report and
 
 from __future__ import annotations
 
-import re
-
 import json
+import re
 import subprocess
 import sys
 from collections import Counter
