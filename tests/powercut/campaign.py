@@ -85,9 +85,7 @@ def checkpoint_cut(root: Path, seed: int, *, max_after_s: float = 2.5) -> CutRes
             result.error = "the job never acked a checkpoint"
             return result
         time.sleep(result.cut_after_s)  # the cut's instant: what the campaign varies
-        pc.cut()  # the file system first: nothing the job does from here on is stored
-        os.killpg(job.pid, signal.SIGKILL)
-        job.wait()
+        pc.cut(with_processes=(job,))  # the file system first, then the job, then the mount goes
         reader.join(5)
         pc.start()
         job_dir = ckpt / "pc"
