@@ -74,30 +74,14 @@ class Devices:
         if cfg.driver == "ipmi":
             opts = IpmiOptions.model_validate(cfg.options)
             kg = _secret(opts.kg, f"node {node}: bmc.options.kg") if opts.kg else None
+            common = dict(host=cfg.host, port=cfg.port or 623, user=user, password=password, kg=kg)
             if opts.transport == "ipmitool":
                 from .ipmitool import IpmitoolDriver
 
-                return IpmitoolDriver(
-                    device,
-                    self._guard(device, "ipmi"),
-                    host=cfg.host,
-                    port=cfg.port or 623,
-                    user=user,
-                    password=password,
-                    kg=kg,
-                    cipher_suite=opts.cipher_suite,
-                )
+                return IpmitoolDriver(device, self._guard(device, "ipmi"), cipher_suite=opts.cipher_suite, **common)
             from .ipmi import IpmiDriver
 
-            return IpmiDriver(
-                device,
-                self._guard(device, "ipmi"),
-                host=cfg.host,
-                port=cfg.port or 623,
-                user=user,
-                password=password,
-                kg=kg,
-            )
+            return IpmiDriver(device, self._guard(device, "ipmi"), **common)
         from .redfish import RedfishDriver
 
         opts = RedfishOptions.model_validate(cfg.options)

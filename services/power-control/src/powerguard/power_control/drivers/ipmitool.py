@@ -121,16 +121,20 @@ class IpmitoolDriver(PowerDriver):
             base.append("-K")
         return [*base, *command]
 
+    async def _spawn(self, *command: str, stdin: int, stderr: int) -> asyncio.subprocess.Process:
+        """One ipmitool process in a session of its own (so a kill takes its whole group)."""
+        return await asyncio.create_subprocess_exec(
+            *self.argv(*command),
+            stdin=stdin,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=stderr,
+            env=self._env,
+            start_new_session=True,
+        )
+
     async def _run(self, what: str, *command: str) -> str:
         async def request() -> str:
-            proc = await asyncio.create_subprocess_exec(
-                *self.argv(*command),
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE,
-                env=self._env,
-                start_new_session=True,
-            )
+            proc = await self._spawn(*command, stdin=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
             try:
                 out, err = await proc.communicate()
             finally:
@@ -161,14 +165,7 @@ class IpmitoolDriver(PowerDriver):
             raise _wrap(self.device, 1, out)
 
     async def _open_shell(self) -> asyncio.subprocess.Process:
-        shell = await asyncio.create_subprocess_exec(
-            *self.argv("shell"),
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT,
-            env=self._env,
-            start_new_session=True,
-        )
+        shell = await self._spawn("shell", stdin=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
         try:
             await self._shell_request(shell, None)  # the session is open once the shell answers
         except BaseException:
