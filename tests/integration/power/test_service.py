@@ -21,7 +21,7 @@ def bmc_node(name: str, bmc, cred: dict, **kw) -> dict:
 
 async def test_shutdown_and_restore_with_bmcs_and_pdu_outlets(make_bus, make_bmc, pdu, monkeypatch):
     cred = creds(monkeypatch)
-    bmcs = {n: make_bmc(n, boot_delay=0.8, soft_off_delay=0.2, ignore_acpi=(n == "n3")) for n in ("n1", "n2", "n3")}
+    bmcs = {n: make_bmc(n, boot_delay=2.0, soft_off_delay=0.2, ignore_acpi=(n == "n3")) for n in ("n1", "n2", "n3")}
     nodes = [bmc_node(n, b, cred, outlets=[{"pdu": "p1", "outlet": i + 1}]) for i, (n, b) in enumerate(bmcs.items())]
     pdus = [{"name": "p1", "host": "127.0.0.1", "port": pdu.port, "options": {"community": {"env": "PG_TEST_PDU_RW"}}}]
     cfg = site(
@@ -46,8 +46,12 @@ async def test_shutdown_and_restore_with_bmcs_and_pdu_outlets(make_bus, make_bmc
         assert "hard off" in hard[0].data.detail  # ACPI ignored: soft-off timed out, then forced
         assert bmcs["n3"].events("command off") and not bmcs["n1"].events("command off")
 
-        for n in bmcs:
+        # n3's command arrives once n1 and n2 are booting: a batch of its own, and still it waits
+        # for a place in the window (a window per batch let it start beside them)
+        for n in ("n1", "n2"):
             await bus.publish(power_on(n))
+        await rec.wait(lambda: all("booting" in rec.states(n) for n in ("n1", "n2")), what="n1 and n2 booting")
+        await bus.publish(power_on("n3"))
         await rec.wait(lambda: all("ready" in rec.states(n) for n in bmcs), what="every node ready")
         assert {n: b.power for n, b in bmcs.items()} == {"n1": "on", "n2": "on", "n3": "on"}
         assert pdu.outlets() == {"1": "on", "2": "on", "3": "on", "4": "on"}
@@ -56,7 +60,8 @@ async def test_shutdown_and_restore_with_bmcs_and_pdu_outlets(make_bus, make_bmc
         assert len(ons) == 3 and all(b - a >= 0.45 for a, b in itertools.pairwise(ons))
         # the window, as the BMCs saw it: with 2 places, n3 is asked to power on only once n1 or n2 is on
         first_on = min(bmcs[n].events("power on")[-1][0] for n in ("n1", "n2"))
-        assert bmcs["n3"].events("command on")[-1][0] >= first_on
+        failed = [(e.data.node, e.data.error) for e in rec.of(PowerActionFailed)]
+        assert bmcs["n3"].events("command on")[-1][0] >= first_on, failed
         done = sorted(e.time for e in rec.of(PowerActionDone, action="outlet_on"))
         assert all((b - a).total_seconds() >= 0.45 for a, b in itertools.pairwise(done))
         assert not rec.of(PowerActionFailed)
@@ -253,6 +258,42 @@ async def test_a_later_batch_starts_while_the_earlier_batch_waits_for_readiness(
         await rec.wait(lambda: all("ready" in rec.states(n) for n in ("a1", "a2", "b1", "b2")), what="all ready")
     finally:
         gate.set()
+        await pc.stop()
+
+
+async def test_a_power_on_whose_answer_was_lost_keeps_its_place_in_the_window(make_bus, monkeypatch):
+    """The BMC took a1's power-on but its answer came back garbled (under load, an IPMI reply
+    lost and retransmitted): the node is on, and its inrush came. It keeps its place in the
+    window until its state is read (a2 waits), and it is reported on, not failed (a failure
+    gave its place away at once and a2 started beside it)."""
+    from powerguard.power_control.drivers.dryrun import DryRunPower
+    from powerguard.power_control.errors import CommandRejected
+
+    real_on = DryRunPower.on
+
+    async def garbled(self):
+        await real_on(self)
+        if self.device == "bmc:a1":
+            raise CommandRejected(f"{self.device}: BMC rejected the command (a garbled answer)")
+
+    monkeypatch.setattr(DryRunPower, "on", garbled)
+    nodes = [{"name": n, "bmc": {"driver": "dry-run", "host": "127.0.0.1"}} for n in ("a1", "a2")]
+    bus = await make_bus("power-control")
+    rec = await Recorder().start(bus)
+    pc = await service(bus, site(nodes, dry_run=True, max_parallel_power_on=1, batch_interval_s=1.0))
+    try:
+        for n in ("a1", "a2"):
+            pc.seq.devices.bmc(n).state = "off"
+        for n in ("a1", "a2"):
+            await bus.publish(power_on(n))
+        await rec.wait(lambda: all("ready" in rec.states(n) for n in ("a1", "a2")), what="a1 and a2 ready")
+        assert not rec.of(PowerActionFailed), [e.data for e in rec.of(PowerActionFailed)]
+        done = rec.of(PowerActionDone, node="a1", action="on")
+        assert "garbled" in done[0].data.detail
+        on_a1 = done[0].time
+        booting_a2 = next(e.time for e in rec.of(NodeState, node="a2") if e.data.state == "booting")
+        assert (booting_a2 - on_a1).total_seconds() >= 0.9  # a2 waited for a1's place (+ batch_interval)
+    finally:
         await pc.stop()
 
 

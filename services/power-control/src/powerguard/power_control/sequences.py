@@ -35,7 +35,7 @@ from . import metrics
 from .config import PowerControlSettings
 from .drivers import Devices, PowerDriver, PowerState
 from .drivers.base import sleep_until
-from .errors import PowerControlError, PowerStateTimeout, SchedulerError
+from .errors import AuthenticationFailed, PowerControlError, PowerStateTimeout, SchedulerError
 from .probes import probe_once
 from .ramp import Ramp
 from .schedulers import Scheduler
@@ -139,6 +139,11 @@ class Sequencer:
         # most this many nodes at a time: 10,000 nodes set up at once flooded the event loop the
         # ramp's starts run on, and held the ramp up 8 s
         self._setup = asyncio.Semaphore(SETUP_CONCURRENCY)
+        # at most max_parallel_power_on nodes between their power-on command and "on" (the
+        # inrush), across every restore this sequencer runs: commands that arrive apart are
+        # restored in separate batches, and a window per batch let a later batch's nodes start
+        # beside an earlier batch's still booting
+        self._window = asyncio.Semaphore(settings.max_parallel_power_on)
 
     # -------------------------------------------------------------- reporting
     async def _done(self, o: Order, action: str, device: str | None, started: float, **kw: Any) -> None:
@@ -318,12 +323,11 @@ class Sequencer:
                     powered.append(o)
                 else:
                     result[o.node] = False
-            # at most max_parallel_power_on nodes between their power-on command and "on" (the
-            # inrush); a node takes its place only once its BMC answered, so a dead BMC (its
-            # status read retried for a minute) never holds up the others, as fixed batches did
-            window = asyncio.Semaphore(self.s.max_parallel_power_on)
+            # the sequencer's power-on window: a node takes its place only once its BMC answered, so
+            # a dead BMC (its status read retried for a minute) never holds up the others, as fixed
+            # batches did
             readiness: dict[str, asyncio.Task] = {}  # each node's readiness runs from the moment it is on
-            running = asyncio.gather(*(self._power_on(o, started[o.node], readiness, window) for o in powered))
+            running = asyncio.gather(*(self._power_on(o, started[o.node], readiness) for o in powered))
             if group == last and issued is not None and self.s.ramp.enabled:
                 await asyncio.sleep(0)  # every power-on has its place in the ramp: the next restore may set up
                 issued.set()
@@ -360,16 +364,14 @@ class Sequencer:
         finally:
             metrics.RAMP_QUEUED.dec()
 
-    async def _power_on(
-        self, o: Order, started: float, readiness: dict[str, asyncio.Task], window: asyncio.Semaphore
-    ) -> bool:
+    async def _power_on(self, o: Order, started: float, readiness: dict[str, asyncio.Task]) -> bool:
         """Power the node on; once it is on, its readiness check starts (a task in ``readiness``)."""
-        if await self._switch_on(o, started, window):
+        if await self._switch_on(o, started):
             readiness[o.node] = asyncio.create_task(self._ready(o, started))
             return True
         return False
 
-    async def _switch_on(self, o: Order, started: float, window: asyncio.Semaphore) -> bool:
+    async def _switch_on(self, o: Order, started: float) -> bool:
         bmc = self.devices.bmc(o.node)
         if bmc is None:
             return True  # the outlet was the power switch (its outlet-on waited for the ramp)
@@ -380,20 +382,36 @@ class Sequencer:
             if state == "on":
                 await self._done(o, "on", bmc.device, t, power_state="on", detail="already on")
                 return True
-            async with window:
+            async with self._window:
                 # the ramp's slot is when the BMC gets the command (a retry goes at once: its slot passed)
-                await self._ramp_wait(o, lambda slot: self._retrying(f"{bmc.device} power on", lambda: bmc.on_at(slot)))
+                unclear = await self._command_on(o, bmc)
                 await self._node_state(o, "booting")
                 left = self.s.boot_timeout_s - (time.monotonic() - started)
                 if not await self._wait_state(bmc, "on", max(left, self.s.poll_interval_s)):
                     raise PowerStateTimeout(f"{bmc.device}: not on {self.s.boot_timeout_s:.0f}s after power-on")
-                await self._done(o, "on", bmc.device, t, power_state="on")
+                detail = f"on, although its power-on answer was: {unclear}" if unclear else None
+                await self._done(o, "on", bmc.device, t, power_state="on", detail=detail)
                 if self.s.batch_interval_s:
                     await asyncio.sleep(self.s.batch_interval_s)  # the place is free this long after "on"
             return True
         except PowerControlError as exc:
             await self._failed(o, "on", bmc.device, t, str(exc), power_state="unknown")
             return False
+
+    async def _command_on(self, o: Order, bmc: PowerDriver) -> str | None:
+        """Send the power-on (in the ramp's slot); None, or the error of a command that may have
+        reached the BMC all the same (an answer lost or garbled): the node keeps its place in the
+        window while a read of its power state decides, since its inrush may still come. A
+        refused credential never reached it."""
+        try:
+            # the ramp's slot is when the BMC gets the command (a retry goes at once: its slot passed)
+            await self._ramp_wait(o, lambda slot: self._retrying(f"{bmc.device} power on", lambda: bmc.on_at(slot)))
+            return None
+        except PowerControlError as exc:
+            if isinstance(exc, AuthenticationFailed) or not await self._wait_state(bmc, "on", self.s.device_timeout_s):
+                raise
+            log.warning("%s: on after a power-on that failed (%s)", o.node, exc)
+            return str(exc)
 
     async def _ready(self, o: Order, started: float) -> bool:
         probe = self.s.probes.get(o.node)
