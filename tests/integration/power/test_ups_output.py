@@ -1,0 +1,87 @@
+"""A UPS told to cut its output and return (the last step of an outage longer than the
+battery), through Debian's real upsd: the UPS is the simulated one speaking NUT's driver socket
+protocol (``dummy-ups`` does not implement ``shutdown.return``), so upsd's own permission
+checks and command tracking are what power-control meets."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from powerguard.power_control.drivers.base import Guarded
+from powerguard.power_control.drivers.ups_nut import NutUpsOutput
+from powerguard.power_control.errors import CommandRejected
+from tests.integration.ups.nut_peer import require_nut
+
+pytestmark = pytest.mark.integration
+
+USERS = (
+    "[pg]\n password = pgsecret\n instcmds = shutdown.return\n instcmds = shutdown.stop\n"
+    "[monitor]\n password = mon\n upsmon primary\n"
+)
+
+
+@pytest.fixture
+def ups(tmp_path):
+    require_nut()
+    from powerguard.sim.nut_driver import NutDriverUps
+
+    u = NutDriverUps(tmp_path, delay_shutdown_s=0.5, delay_start_s=0.3, users=USERS).start()
+    yield u
+    u.stop()
+
+
+def output(ups, user: str = "pg", password: str = "pgsecret") -> NutUpsOutput:
+    return NutUpsOutput(
+        "ups:ups1",
+        Guarded("ups:ups1", timeout_s=10),
+        host="127.0.0.1",
+        port=ups.port,
+        ups="ups1",
+        user=user,
+        password=password,
+    )
+
+
+def wait(pred, what: str, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not pred():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
+async def test_shutdown_return_cuts_the_output_after_the_delay_and_mains_brings_it_back(ups):
+    ups.mains(False)
+    said = await output(ups).shutdown_return(1)
+    assert said == "shutdown.return done by the UPS (ups1)"  # the driver's own result, through upsd's tracking
+    wait(lambda: ups.events("output off"), "the output off")
+    (asked, _), (off, _) = ups.events("instcmd shutdown.return 1")[0], ups.events("output off")[0]
+    assert 0.9 <= off - asked < 3.0  # after the delay it was given
+    assert not ups.output_on
+    ups.mains(True)
+    wait(lambda: ups.events("output on"), "the output back with mains")
+    (mains, _), (on, _) = ups.events("mains on")[0], ups.events("output on")[0]
+    assert on - mains >= 0.25 and ups.output_on  # ups.delay.start after mains returned
+
+
+async def test_a_user_without_the_instcmd_permission_is_refused_naming_the_setting(ups):
+    with pytest.raises(CommandRejected, match=r"upsd.users needs 'instcmds = shutdown.return' in \[monitor\]"):
+        await output(ups, "monitor", "mon").shutdown_return(1)
+    # upsd refused it before its driver saw anything; the permitted user's command is the first it sees
+    await output(ups).cancel()
+    assert [what for _, what in ups.events() if what.startswith("instcmd")] == ["instcmd shutdown.stop"]
+    assert ups.output_on
+
+
+async def test_a_ups_that_does_not_offer_the_command_is_refused_before_anything_is_sent(tmp_path):
+    require_nut()
+    from powerguard.sim.nut_driver import NutDriverUps
+
+    u = NutDriverUps(tmp_path, commands=("load.off",), users=USERS).start()
+    try:
+        with pytest.raises(CommandRejected, match=r"does not offer shutdown.return \(it lists: load.off\)"):
+            await output(u).shutdown_return(1)
+        assert not u.events() and u.output_on
+    finally:
+        u.stop()
