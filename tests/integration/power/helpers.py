@@ -20,6 +20,7 @@ from powerguard.schemas import (
     PowerOnRequested,
     ShutdownRequested,
     SiteConfig,
+    UpsOutputResult,
 )
 
 from .peers import PASSWORD, USER
@@ -76,9 +77,10 @@ class Recorder:
             NodeState,
             JobStopped,
             JobRestarted,
+            UpsOutputResult,
             handler=handler,
             durable="recorder",
-            subject=[s.power_result("*"), s.job_result("*")],
+            subject=[s.power_result("*"), s.job_result("*"), s.ups_result("*")],
             deliver="new",
         )
         return self
@@ -99,7 +101,7 @@ class Recorder:
                 summary = [
                     (
                         type(e).__name__,
-                        e.data.node if hasattr(e.data, "node") else e.data.job,
+                        getattr(e.data, "node", None) or getattr(e.data, "job", None) or getattr(e.data, "ups", None),
                         getattr(e.data, "action", getattr(e.data, "state", "")),
                         getattr(e.data, "error", None),
                     )

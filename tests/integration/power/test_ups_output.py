@@ -85,3 +85,81 @@ async def test_a_ups_that_does_not_offer_the_command_is_refused_before_anything_
         assert not u.events() and u.output_on
     finally:
         u.stop()
+
+
+# ------------------------------------------------------------------ power-control, as a service
+def ups_site(ups, *, control: bool = True, **settings):
+    from .helpers import site
+
+    cfg = site([{"name": "n1", "bmc": {"driver": "dry-run"}}], **settings)
+    entry = {"name": "ups-a", "driver": "nut", "host": "127.0.0.1", "port": ups.port, "options": {"ups_name": "ups1"}}
+    if control:
+        entry["control"] = {"username": {"env": "PG_TEST_UPS_USER"}, "password": {"env": "PG_TEST_UPS_PASSWORD"}}
+    return cfg.model_copy(update={"ups": [type(cfg.ups[0]).model_validate(entry)]})
+
+
+def ups_off(saga: str = "saga-1", **kw):
+    from powerguard.schemas import UpsOutputCommandData, UpsOutputOffRequested
+
+    data = UpsOutputCommandData(
+        saga_id=saga, ups="ups-a", idempotency_key=f"{saga}/ups:ups-a/output_off", delay_s=1, **kw
+    )
+    return UpsOutputOffRequested(data=data)
+
+
+async def down_saga(bus, saga: str = "saga-1", state: str = "down") -> None:
+    kv = await bus.sagas()
+    await kv.put(bus.names.saga_key(saga), {"saga_id": saga, "state": state})
+
+
+async def test_power_control_tells_the_ups_through_upsd_and_reports_what_it_said(ups, make_bus, monkeypatch):
+    from powerguard.schemas import UpsOutputResult
+
+    from .helpers import Recorder, service
+
+    monkeypatch.setenv("PG_TEST_UPS_USER", "pg")
+    monkeypatch.setenv("PG_TEST_UPS_PASSWORD", "pgsecret")
+    bus = await make_bus("power-control")
+    rec = await Recorder().start(bus)
+    await down_saga(bus)
+    pc = await service(bus, ups_site(ups, require_saga=True))
+    try:
+        ups.mains(False)
+        await bus.publish(ups_off())
+        await rec.wait(lambda: rec.of(UpsOutputResult), what="the UPS's answer")
+        (res,) = rec.of(UpsOutputResult)
+        assert res.data.ok and res.data.detail == "shutdown.return done by the UPS (ups1)", res.data
+        assert res.data.saga_id == "saga-1" and not res.data.dry_run
+        wait(lambda: ups.events("output off"), "the output off")
+        ups.mains(True)
+        wait(lambda: ups.events("output on"), "the output back with mains")
+        # a redelivery is a duplicate: the UPS sees one command, the ledger says so
+        await bus.publish(ups_off())
+        await down_saga(bus, "saga-2", state="restoring")  # mains is back: that saga restores
+        await bus.publish(ups_off("saga-2"))
+        await rec.wait(lambda: len(rec.of(UpsOutputResult)) == 2, what="the second saga's refusal")
+        refused = rec.of(UpsOutputResult)[1]
+        assert not refused.data.ok and "saga saga-2 is restoring" in refused.data.error
+        assert [w for _, w in ups.events() if w.startswith("instcmd")] == ["instcmd shutdown.return 1"]
+    finally:
+        await pc.stop()
+
+
+async def test_a_ups_without_a_control_credential_is_never_told_and_the_result_says_why(ups, make_bus):
+    from powerguard.schemas import UpsOutputResult
+
+    from .helpers import Recorder, service
+
+    bus = await make_bus("power-control")
+    rec = await Recorder().start(bus)
+    await down_saga(bus)
+    pc = await service(bus, ups_site(ups, control=False))
+    try:
+        ups.mains(False)
+        await bus.publish(ups_off())
+        await rec.wait(lambda: rec.of(UpsOutputResult), what="the failure")
+        (res,) = rec.of(UpsOutputResult)
+        assert not res.data.ok and "no 'control' credential in the site file" in res.data.error
+        assert not [w for _, w in ups.events() if w.startswith("instcmd")] and ups.output_on
+    finally:
+        await pc.stop()

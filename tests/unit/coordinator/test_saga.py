@@ -229,9 +229,11 @@ def test_shutting_down_until_every_node_reports_off():
     d.power("A", True, runtime_s=50)
     d.node("n1", "off")
     assert d.state == "shutting_down"
-    d.node("n2", "failed_off")
+    d.node("n2", "failed_off")  # without a detail it failed all the same (was taken for an off: "down")
+    assert d.state == "shutting_down" and d.kinds(d.commands[-1:]) == [("shutdown", "n2")]  # the off again
+    d.node("n2", "off")
     assert d.state == "down"
-    assert d.rec.nodes["n2"].off_at is not None
+    assert d.rec.nodes["n2"].off_at is not None and d.rec.nodes["n2"].error is None
 
 
 def test_shutdown_timeout_moves_on_and_names_the_silent_node():

@@ -39,8 +39,9 @@ def durable_filters(names: BusNames, site: str) -> dict[str, list[str]]:
             s.power_result("*"),
             s.job_result("*"),
             s.job_resumed("*"),
+            s.ups_result("*"),
         ],
-        d["power-control"]: [s.power_cmd("*"), s.job_cmd("*")],
+        d["power-control"]: [s.power_cmd("*"), s.job_cmd("*"), s.ups_cmd("*")],
     }
 
 

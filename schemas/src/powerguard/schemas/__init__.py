@@ -38,6 +38,10 @@ from .commands import (
     PowerResult,
     PowerResultData,
     ShutdownRequested,
+    UpsOutputCommandData,
+    UpsOutputOffRequested,
+    UpsOutputResult,
+    UpsOutputResultData,
     command_key,
 )
 from .dlq import DeadLetter, DeadLetterData
@@ -102,6 +106,7 @@ from .site import (
     SecretRef,
     SiteConfig,
     UpsConfig,
+    UpsControl,
     load_site,
     secret_value,
 )
@@ -110,6 +115,7 @@ from .subjects import Subjects, token
 __all__ = [
     "command_key",
     "UpsConfig",
+    "UpsControl",
     "PduConfig",
     "OutletRef",
     "NodeConfig",
@@ -174,6 +180,10 @@ __all__ = [
     "SecretRef",
     "secret_value",
     "ShutdownRequested",
+    "UpsOutputCommandData",
+    "UpsOutputOffRequested",
+    "UpsOutputResult",
+    "UpsOutputResultData",
     "SiteConfig",
     "Subjects",
     "token",

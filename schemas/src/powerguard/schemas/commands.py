@@ -1,4 +1,5 @@
-"""Power commands (``pg.cmd.power.<node>``) and results (``pg.result.power.<node>``)."""
+"""Power commands (``pg.cmd.power.<node>``) and results (``pg.result.power.<node>``); a UPS's
+output commands (``pg.cmd.ups.<ups>``) and their results (``pg.result.ups.<ups>``)."""
 
 from __future__ import annotations
 
@@ -102,3 +103,47 @@ class NodeState(Envelope):
 
     def nats_subject(self, subjects: Subjects) -> str:
         return subjects.power_result(self.data.node)
+
+
+class UpsOutputCommandData(Data):
+    saga_id: str
+    ups: str
+    idempotency_key: str = Field(description="<saga>/ups:<ups>/output_off; a repeat does nothing new")
+    delay_s: float = Field(ge=0, description="The UPS turns its output off this long after the command")
+    reason: str | None = None
+    dry_run: bool = False
+
+
+class UpsOutputOffRequested(Envelope):
+    """The last step of an outage longer than the battery: the UPS turns its output off after
+    ``delay_s`` and on again when mains returns (NUT ``shutdown.return``)."""
+
+    type: Literal["io.powerguard.ups.v1.output_off_requested"] = "io.powerguard.ups.v1.output_off_requested"
+    data: UpsOutputCommandData
+    SUBJECT_TEMPLATE = "{prefix}.cmd.ups.{ups}"
+
+    def nats_subject(self, subjects: Subjects) -> str:
+        return subjects.ups_cmd(self.data.ups)
+
+
+class UpsOutputResultData(Data):
+    saga_id: str | None = None
+    ups: str
+    idempotency_key: str | None = None
+    ok: bool
+    detail: str | None = None
+    error: str | None = None
+    device: str | None = Field(default=None, description="ups:<name>")
+    duration_s: float | None = Field(default=None, ge=0)
+    dry_run: bool = False
+
+
+class UpsOutputResult(Envelope):
+    """What the UPS said to an output command (its own result where the protocol tracks it)."""
+
+    type: Literal["io.powerguard.ups.v1.output_result"] = "io.powerguard.ups.v1.output_result"
+    data: UpsOutputResultData
+    SUBJECT_TEMPLATE = "{prefix}.result.ups.{ups}"
+
+    def nats_subject(self, subjects: Subjects) -> str:
+        return subjects.ups_result(self.data.ups)

@@ -88,6 +88,15 @@ class NatsSettings(_Model):
     tls_key: Path | None = Field(default=None, description="Client certificate's key")
 
 
+class UpsControl(_Model):
+    """The credential power-control tells the UPS with to cut its output and return (the last
+    step of an outage longer than the battery). NUT: a upsd user with ``instcmds =
+    shutdown.return`` and ``instcmds = shutdown.stop`` in upsd.users."""
+
+    username: SecretRef
+    password: SecretRef
+
+
 class UpsConfig(_Model):
     name: str
     driver: Literal["snmp", "nut", "apcupsd"]
@@ -98,6 +107,11 @@ class UpsConfig(_Model):
         default=None, gt=0, description="Battery energy at full charge, Wh: a runtime estimate of the coordinator's own"
     )
     rated_w: float | None = Field(default=None, gt=0, description="Rated output, W (the load % is a share of it)")
+    control: UpsControl | None = Field(
+        default=None,
+        description="How power-control tells the UPS to cut its output and return (coordinator.ups_off); "
+        "without it the UPS is never told",
+    )
 
     _name = field_validator("name")(lambda v: token(v, what="ups"))
 

@@ -11,6 +11,8 @@ credential can be scoped to its own job::
     pg.cmd.job.<job>             job stop / restart commands        coordinator
     pg.result.power.<node>       power results and node state       power-control
     pg.result.job.<job>          job stopped / restarted            power-control
+    pg.cmd.ups.<ups>             a UPS's output off and return      coordinator
+    pg.result.ups.<ups>          what the UPS did                   power-control
     pg.ckpt.<job>.request        checkpoint requests                coordinator (and the job's own agents)
     pg.ckpt.<job>.release        paused ranks may train on          coordinator
     pg.ckpt.<job>.<rank>.ack     checkpoint acks (durable / failed) the job's agents
@@ -111,6 +113,12 @@ class Subjects:
 
     def job_result(self, job: str) -> str:
         return f"{self.prefix}.result.job.{_job_or_star(job)}"
+
+    def ups_cmd(self, ups: str) -> str:
+        return f"{self.prefix}.cmd.ups.{_star_or(ups, 'ups')}"
+
+    def ups_result(self, ups: str) -> str:
+        return f"{self.prefix}.result.ups.{_star_or(ups, 'ups')}"
 
     @property
     def commands(self) -> str:

@@ -47,11 +47,12 @@ from powerguard.schemas import (
     PowerActionFailed,
     PowerData,
     PowerEvent,
+    UpsOutputResult,
 )
 
 from . import saga
 from .policy import Policy
-from .saga import Ack, Command, Input, NodeReport, Power, Resumed, SagaRecord, Tick, UpsView, observe
+from .saga import Ack, Command, Input, NodeReport, Power, Resumed, SagaRecord, Tick, UpsReport, UpsView, observe
 from .topology import AgentRegistry, Topology
 
 Trace = tuple[str, str] | None  # (trace id, span id) of the event's producer
@@ -107,7 +108,7 @@ def _concerns_sagas(ev: Envelope) -> bool:
         return ev.data.action in ("on", "off", "soft_off")
     if isinstance(ev, JobRestarted):
         return ev.data.dry_run
-    return isinstance(ev, CheckpointDurable | CheckpointFailed | JobResumed)
+    return isinstance(ev, CheckpointDurable | CheckpointFailed | JobResumed | UpsOutputResult)
 
 
 def _snapshot(rec: SagaRecord) -> str:
@@ -275,6 +276,8 @@ class SiteCore:
             return NodeReport(node=d.node, state=kind, detail=d.error) if d.node in rec.nodes else None
         if isinstance(ev, JobResumed):
             return Resumed(job=d.job, step=d.step) if d.job in rec.jobs or d.job in rec.carried else None
+        if isinstance(ev, UpsOutputResult):
+            return UpsReport(ups=d.ups, ok=d.ok, detail=d.error or d.detail) if d.ups in rec.ups_off else None
         if isinstance(ev, JobRestarted):  # a drill's dry-run restart: the job never stopped, so it "resumed"
             return Resumed(job=d.job, step=None) if rec.drill and d.job in rec.jobs else None
         return None

@@ -20,6 +20,8 @@ from powerguard.schemas import (
     SagaData,
     SagaStateChanged,
     ShutdownRequested,
+    UpsOutputCommandData,
+    UpsOutputOffRequested,
     deterministic_id,
 )
 
@@ -73,6 +75,16 @@ def command_event(rec: SagaRecord, cmd: Command) -> Envelope:
             retry=a.get("retry", 0),
         )
         return _POWER_COMMANDS[cmd.kind](id=eid, source=SOURCE, data=data)
+    if cmd.kind == "ups_off":
+        data = UpsOutputCommandData(
+            saga_id=rec.saga_id,
+            ups=cmd.target,
+            idempotency_key=cmd.key,
+            delay_s=a["delay_s"],
+            reason=a.get("reason"),
+            dry_run=rec.drill,
+        )
+        return UpsOutputOffRequested(id=eid, source=SOURCE, data=data)
     raise ValueError(f"unknown command kind {cmd.kind}")
 
 

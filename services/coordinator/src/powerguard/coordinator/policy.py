@@ -65,6 +65,33 @@ class Policy(BaseModel):
         description="Power events older than this (by their time) are ignored: a replayed or delayed history "
         "never starts a saga; a consumer that has to be re-created starts this far back",
     )
+    ups_off: bool = Field(
+        default=False,
+        description="The last step of an outage longer than the battery: once every node a UPS feeds is off and "
+        "every job on them has a durable checkpoint, tell the UPS to cut its output after ups_off_delay_s and "
+        "turn it on again when mains returns (NUT shutdown.return). Only for a site whose UPSes, PDUs and "
+        "BIOS/BMC restore policies bring everything back by themselves (docs/reliability.md)",
+    )
+    ups_off_delay_s: float = Field(
+        default=30.0, ge=0, description="The UPS's delay between the command and its output going off"
+    )
+    ups_off_runtime_s: float = Field(
+        default=60.0,
+        ge=0,
+        description="Tell a UPS once its runtime left (the most conservative estimate) falls to this plus "
+        "ups_off_delay_s, so its output goes off before the battery runs flat",
+    )
+    ups_off_return_s: float = Field(
+        default=60.0,
+        ge=0,
+        description="After a UPS was told to cut its output, the restore waits this long past the command's "
+        "delay (even when mains returned first, a UPS cycles its output: nodes powered on before would lose it)",
+    )
+    ups_off_after_s: float | None = Field(
+        default=600.0,
+        gt=0,
+        description="Or once the saga has been down on battery this long (a site limit; null: only by runtime)",
+    )
     pause_max_s: float = Field(
         default=3600.0, gt=0, description="Paused ranks train on by themselves after this long without a release"
     )

@@ -4,6 +4,11 @@
              -> shutting_down -> down | partly_down -> restoring -> resumed -> done
     exits: cancelled (power back before shutdown), failed (with a reason)
 
+Down on battery with ``ups_off`` allowed, each UPS that fed the saga's nodes is told to cut its
+output and return once :mod:`.killpower` says it may (everything it alone feeds off, every job
+there durable, its runtime short or the site limit reached: the command ``ups_off``); the
+restore then waits until the UPS has had time to cycle its output (``ups_off_return_s``).
+
 A power checkpoint that failed is requested again as a new round (its own request id and
 command key, ``ckpt.2``, ...) up to ``ckpt_retries`` times while the battery budget allows; a
 node whose power-off failed is commanded off again (``shutdown.r1``) up to ``off_retries`` times,
@@ -47,7 +52,7 @@ from pydantic import BaseModel, Field, field_serializer, field_validator, model_
 
 from powerguard.schemas import HoldPolicy, SagaState, command_key
 
-from . import battery
+from . import battery, killpower
 from .policy import Policy
 from .topology import JobInfo, Topology
 
@@ -95,15 +100,24 @@ class Resumed:
 
 
 @dataclass(frozen=True)
+class UpsReport:
+    """What a UPS did with the saga's output command."""
+
+    ups: str
+    ok: bool
+    detail: str | None = None
+
+
+@dataclass(frozen=True)
 class Tick:
     pass
 
 
-Input = Power | Ack | NodeReport | Resumed | Tick
+Input = Power | Ack | NodeReport | Resumed | UpsReport | Tick
 
 
 # --------------------------------------------------------------------------- commands
-CommandKind = Literal["ckpt_request", "release", "job_stop", "shutdown", "power_on", "job_restart"]
+CommandKind = Literal["ckpt_request", "release", "job_stop", "shutdown", "power_on", "job_restart", "ups_off"]
 
 
 @dataclass(frozen=True)
@@ -273,6 +287,7 @@ class NodePlan(BaseModel):
     error: str | None = None
     waiting: str | None = None  # why a node to restore is still off (power-control's ramp)
     off_retry: int | None = None  # the off was commanded again this many times (it failed before)
+    in_doubt: str | None = None  # after its off, before any power-on: reported on (by hand) or a later off failed
 
     @model_serializer(mode="plain")
     def _without_unset(self) -> dict[str, Any]:
@@ -281,6 +296,16 @@ class NodePlan(BaseModel):
         but ``node`` defaults to None, so reading it back gives the same plan; all are JSON
         scalars as they are)."""
         return {k: v for k, v in self.__dict__.items() if v is not None}
+
+
+class UpsOffPlan(BaseModel):
+    """A UPS told to cut its output and return: when, why, and what it said."""
+
+    told_at: float
+    delay_s: float
+    reason: str
+    done_at: float | None = None
+    error: str | None = None
 
 
 class Transition(BaseModel):
@@ -319,6 +344,7 @@ class SagaRecord(BaseModel):
     battery: dict[str, BatteryFigures] = Field(default_factory=dict)  # UPS -> its estimate against what happened
     carried: dict[str, JobPlan] = Field(default_factory=dict)  # jobs a superseded saga had yet to restart
     superseded_by: str | None = None
+    ups_off: dict[str, UpsOffPlan] = Field(default_factory=dict)  # UPS -> its output told off and to return
     id_secret: str = Field(default_factory=lambda: secrets.token_hex(16))  # keys the event ids (outbox)
 
     @field_serializer("issued", "spans_done")
@@ -410,6 +436,13 @@ def handle(
                 _ack(rec, inp, now, policy.require_durability)
             case NodeReport():
                 _node_report(rec, inp, now)
+            case UpsReport():
+                told = rec.ups_off.get(inp.ups)
+                if told is not None and told.done_at is None and told.error is None:
+                    if inp.ok:
+                        told.done_at = now
+                    else:
+                        told.error = inp.detail or "failed"
             case Resumed():
                 plan = rec.jobs.get(inp.job) or rec.carried.get(inp.job)
                 if plan is not None and rec.state == S.RESTORING and plan.resumed_at is None:
@@ -524,9 +557,20 @@ def _node_report(rec: SagaRecord, r: NodeReport, now: float) -> None:
     plan = rec.nodes.get(r.node)
     if plan is None:
         return
+    if plan.power_on_at is None and plan.off_at is not None:  # down, and not yet powered on by the saga
+        if r.state == "ready":  # someone powered it on by hand: it has power again
+            plan.in_doubt = f"reported on ({r.detail or 'no detail'}): powered on by hand?"
+            return
+        if r.state == "failed_off":
+            plan.in_doubt = f"a later off failed ({r.detail or 'no detail'}): its power state is unknown"
+            return
+        if r.state == "off":
+            plan.in_doubt = None
     if r.state in ("off", "failed_off") and plan.shutdown_at is not None and plan.off_at is None:
         plan.off_at = now
-        plan.error = r.detail if r.state == "failed_off" else None
+        plan.error = (
+            (r.detail or "off failed") if r.state == "failed_off" else None
+        )  # a failure without a word still failed
     elif r.state == "off" and plan.error is not None and plan.shutdown_at is not None and plan.power_on_at is None:
         plan.error = None  # off after all (the outlets on a retry, a later read-back): a fact
     elif r.state == "off" and plan.power_on_at is not None and plan.ready_at is None:
@@ -762,13 +806,15 @@ def _step(rec: SagaRecord, now: float, topo: Topology, policy: Policy, out: list
         _set(rec, S.DOWN, now, "every node at risk is off (after a failed off)")
         return
     if state in (S.DOWN, S.PARTLY_DOWN):
+        _ups_off(rec, now, topo, policy, out)
         feeds = {u for n, p in rec.nodes.items() if p.shutdown_at is not None for u in topo.feeds.get(n, ())}
         views = [rec.ups.get(u, UpsView()) for u in feeds]
         if views and all(not v.on_battery for v in views):
             back = max(v.since for v in views)
             rec.power_back_at = back
             charged = all(v.charge_pct is None or v.charge_pct >= policy.min_restart_charge_pct for v in views)
-            if now - back >= policy.restore_stable_s and charged:
+            cycled = all(now >= t.told_at + t.delay_s + policy.ups_off_return_s for t in rec.ups_off.values())
+            if now - back >= policy.restore_stable_s and charged and cycled:
                 _restore(rec, now, out)
         return
     if state == S.RESTORING:
@@ -790,6 +836,21 @@ def _step(rec: SagaRecord, now: float, topo: Topology, policy: Policy, out: list
         for name, plan in sorted(rec.jobs.items()):
             if plan.paused:  # a safety net: nothing of this outage may keep a rank waiting
                 _issue(rec, out, "release", name, "release")
+
+
+def _ups_off(rec: SagaRecord, now: float, topo: Topology, policy: Policy, out: list[Command]) -> None:
+    """Tell each UPS that :mod:`.killpower` finds due to cut its output and return."""
+    if not policy.ups_off:
+        return
+    for due in killpower.decide(rec, now=now, topo=topo, policy=policy).due:
+        rec.ups_off[due.ups] = UpsOffPlan(told_at=now, delay_s=due.delay_s, reason=due.reason)
+        _emit(rec, out, _ups_command(rec, due.ups))
+
+
+def _ups_command(rec: SagaRecord, ups: str) -> Command:
+    told = rec.ups_off[ups]
+    key = command_key(rec.saga_id, f"ups:{ups}", "output_off")
+    return Command(kind="ups_off", key=key, target=ups, args={"delay_s": told.delay_s, "reason": told.reason})
 
 
 def _restartable(rec: SagaRecord) -> list[tuple[str, JobPlan]]:
@@ -1089,6 +1150,8 @@ def pending(rec: SagaRecord, policy: Policy) -> list[Command]:
         for node, p in sorted(rec.nodes.items()):
             if p.shutdown_at is not None and p.off_at is None:
                 out.append(_node_command(rec, "shutdown", node, by_node))
+    if rec.state in (S.DOWN, S.PARTLY_DOWN):
+        out += [_ups_command(rec, u) for u, t in sorted(rec.ups_off.items()) if t.done_at is None and t.error is None]
     elif rec.state == S.RESTORING:
         for node, p in sorted(rec.nodes.items()):
             if p.power_on_at is not None and p.ready_at is None:

@@ -32,6 +32,7 @@ from powerguard.schemas import (
     PowerEvent,
     PowerGuardError,
     SiteConfig,
+    UpsOutputResult,
     new_id,
 )
 
@@ -60,6 +61,7 @@ INPUT_TYPES = (
     PowerActionFailed,
     JobResumed,
     JobRestarted,
+    UpsOutputResult,
 )
 
 

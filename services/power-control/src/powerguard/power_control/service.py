@@ -36,6 +36,9 @@ from powerguard.schemas import (
     PowerResultData,
     ShutdownRequested,
     SiteConfig,
+    UpsOutputOffRequested,
+    UpsOutputResult,
+    UpsOutputResultData,
     command_key,
     decode,
 )
@@ -51,10 +54,11 @@ from .readback import meaning as readback_meaning
 from .schedulers import make_scheduler
 from .schedulers.base import DryRunScheduler
 from .sequences import Order, Sequencer
+from .ups_output import UpsOutputs
 
 log = logging.getLogger(__name__)
 _AFTER_SHUTDOWN = ("restoring", "resumed", "done", "cancelled", "failed")  # saga states after any shutdown
-COMMANDS = (ShutdownRequested, PowerOnRequested, JobStopRequested, JobRestartRequested)
+COMMANDS = (ShutdownRequested, PowerOnRequested, JobStopRequested, JobRestartRequested, UpsOutputOffRequested)
 
 
 def load_settings(site: SiteConfig) -> PowerControlSettings:
@@ -81,6 +85,7 @@ class PowerControl:
         self.dry = Sequencer(Devices(site, self.settings, dry_run=True), dry_jobs, self.settings, self._emit)
         self.executed: list[str] = []  # idempotency keys this process executed, in order
         self._nodes = {n.name for n in site.nodes}
+        self.ups_outputs = UpsOutputs(site, timeout_s=max(self.settings.device_timeout_s, 30.0))
         self._node_locks: dict[str, asyncio.Lock] = {}  # one sequence per node at a time
         self._tasks: set[asyncio.Task] = set()
         self._pending_on: list[tuple[Order, Any]] = []
@@ -176,6 +181,8 @@ class PowerControl:
             return f"command is {age:.0f}s old (max_command_age_s {self.settings.max_command_age_s:.0f})"
         if isinstance(event, ShutdownRequested | PowerOnRequested) and event.data.node not in self._nodes:
             return f"node {event.data.node!r} is not in the site file"
+        if isinstance(event, UpsOutputOffRequested) and event.data.ups not in self.ups_outputs:
+            return f"UPS {event.data.ups!r} is not in the site file"
         if self.settings.require_saga:
             saga_id = event.data.saga_id
             kv = await self.bus.sagas()
@@ -186,12 +193,17 @@ class PowerControl:
             state = data.get("state") if isinstance(data, dict) else None
             if isinstance(event, ShutdownRequested) and state in _AFTER_SHUTDOWN:
                 return f"saga {saga_id} is {state}: a shutdown of {event.data.node} is over"
+            if isinstance(event, UpsOutputOffRequested) and state not in ("down", "partly_down"):
+                return f"saga {saga_id} is {state}: a UPS's output is cut only while its saga is down"
         return None
 
     async def _refuse(self, event: Envelope, why: str) -> None:
         d = event.data
         metrics.REFUSED.labels(event.short_type).inc()
         log.error("refused %s %s: %s", event.short_type, event.id, why)
+        if isinstance(event, UpsOutputOffRequested):
+            await self._ups_result(d, ok=False, error=f"refused: {why}", started=time.monotonic())
+            return
         if isinstance(event, ShutdownRequested | PowerOnRequested):
             node, action = d.node, "off" if isinstance(event, ShutdownRequested) else "on"
         else:
@@ -245,6 +257,9 @@ class PowerControl:
 
     def _run(self, event: Envelope, key: str) -> None:
         d = event.data
+        if isinstance(event, UpsOutputOffRequested):
+            self._spawn(self._ups_off(d, key))
+            return
         if isinstance(event, ShutdownRequested | PowerOnRequested) and d.saga_id and not d.dry_run:
             want = "off" if isinstance(event, ShutdownRequested) else "ready"
             self.readback.expect(d.node, d.saga_id, want, time.monotonic())
@@ -260,6 +275,48 @@ class PowerControl:
             return
         order = Order(saga_id=d.saga_id or "", node=(d.nodes or ["-"])[0], key=key, jobs=(d.job,), dry_run=d.dry_run)
         self._spawn(self._job(order, start=isinstance(event, JobRestartRequested), nodes=d.nodes))
+
+    async def _ups_off(self, d, key: str) -> None:
+        """Tell the UPS to cut its output after the delay and return with mains; report what it said."""
+        started = time.monotonic()
+        with self._tracer.start_as_current_span(
+            f"ups_off {d.ups}", attributes={"powerguard.saga_id": d.saga_id, "powerguard.ups": d.ups}
+        ) as span:
+            if d.dry_run or self.settings.dry_run:
+                detail = f"dry-run: would tell {d.ups} to cut its output in {d.delay_s:.0f}s and return with mains"
+                log.info("%s", detail)
+                await self._ups_result(d, ok=True, detail=detail, started=started)
+                await self._finish(key, True, detail)
+                return
+            try:
+                detail = await self.ups_outputs.driver(d.ups).shutdown_return(d.delay_s)
+            except Exception as exc:  # a refused credential, upsd down, a bug: reported, never silent
+                log.error("telling %s to cut its output failed: %s", d.ups, exc)
+                span.set_attribute("powerguard.ok", False)
+                await self._ups_result(d, ok=False, error=str(exc), started=started)
+                await self._finish(key, False, str(exc))
+                return
+            log.warning("%s: %s (output off in %.0fs, on again when mains returns)", d.ups, detail, d.delay_s)
+            span.set_attribute("powerguard.ok", True)
+            await self._ups_result(d, ok=True, detail=detail, started=started)
+            await self._finish(key, True, detail)
+
+    async def _ups_result(self, d, *, ok: bool, started: float, detail: str | None = None, error: str | None = None):
+        await self._emit(
+            UpsOutputResult(
+                data=UpsOutputResultData(
+                    saga_id=d.saga_id,
+                    ups=d.ups,
+                    idempotency_key=d.idempotency_key,
+                    ok=ok,
+                    detail=detail,
+                    error=error,
+                    device=f"ups:{d.ups}",
+                    duration_s=round(time.monotonic() - started, 3),
+                    dry_run=d.dry_run or self.settings.dry_run,
+                )
+            )
+        )
 
     async def _job_stopped(self, saga_id: str, job: str) -> bool:
         """Whether the saga's own stop of ``job`` ran, waiting for it: the saga stops a job with

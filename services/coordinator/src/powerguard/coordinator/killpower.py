@@ -1,0 +1,139 @@
+"""The last step of an outage longer than the battery (pure): which UPS may now be told to cut
+its output after a delay and turn it on again when mains returns, and why each other may not.
+
+NUT ends a long outage this way ("killpower": ``shutdown.return`` once the hosts are down), so
+every machine a UPS feeds boots into a known state when power comes back, instead of the
+battery running flat under whatever is left. A UPS of a saga is *due* only when all hold, and
+each one that is not says the first rule it fails:
+
+1. the site allows it (``ups_off``: the UPSes, PDUs and BIOS/BMC restore policies are set up
+   to come back by themselves; docs/reliability.md);
+2. the command was not given in this saga already;
+3. it is on battery now, by a real reading (mains back, or a drill: never);
+4. every node it feeds *alone* (each of whose feeds is on battery: a node with a feed on mains
+   keeps its power) was shut down by this saga and reported off without an error, and was not
+   reported on again since (an operator powering a node on by hand during the outage) nor had
+   a later off fail;
+5. every rank of every job with a rank on those nodes has a durable checkpoint of this outage
+   (its power or its final round complete);
+6. it is time: its runtime left (the most conservative estimate, :mod:`.battery`) is at or
+   below ``ups_off_runtime_s + ups_off_delay_s``, or the saga has been down ``ups_off_after_s``.
+
+Nothing here sleeps or does I/O; ``now`` is the caller's clock. :func:`.saga.handle` calls it
+while a saga is down (``ups_off`` commands; power-control's NUT driver carries them out).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from powerguard.schemas import SagaState, command_key
+
+from . import battery
+from .policy import Policy
+from .topology import Topology
+
+if TYPE_CHECKING:
+    from .saga import SagaRecord
+
+ACTION = "output_off"
+
+
+def target(ups: str) -> str:
+    """The command's target: a UPS, apart from the nodes and jobs of the saga's keys."""
+    return f"ups:{ups}"
+
+
+@dataclass(frozen=True)
+class UpsOff:
+    ups: str
+    key: str  # <saga>/ups:<name>/output_off: given once per saga
+    delay_s: float
+    reason: str
+
+
+@dataclass(frozen=True)
+class Decision:
+    due: list[UpsOff] = field(default_factory=list)
+    blocked: dict[str, str] = field(default_factory=dict)  # UPS -> why not now
+
+
+def fed_alone(ups: str, topo: Topology, on_battery: set[str]) -> list[str]:
+    """The nodes that lose power when ``ups`` cuts its output: it feeds them and each of their
+    other feeds is on battery too (one on mains keeps a node powered)."""
+    return sorted(n for n, feeds in topo.feeds.items() if ups in feeds and set(feeds) <= on_battery | {ups})
+
+
+def _down_since(rec: SagaRecord) -> float | None:
+    if rec.state != SagaState.DOWN:
+        return None
+    return next((t.at for t in reversed(rec.history) if t.state == SagaState.DOWN), None)
+
+
+def decide(rec: SagaRecord, *, now: float, topo: Topology, policy: Policy) -> Decision:
+    """Which UPSes that fed this saga's shut-down nodes are due to be told, and why the others are not."""
+    fed = sorted({u for n, p in rec.nodes.items() if p.shutdown_at is not None for u in topo.feeds.get(n, ())})
+    on_battery = {u for u, v in rec.ups.items() if v.on_battery}
+    out = Decision()
+    for ups in fed:
+        why = _blocked(rec, ups, now=now, topo=topo, policy=policy, on_battery=on_battery)
+        if why is not None:
+            out.blocked[ups] = why
+            continue
+        out.due.append(
+            UpsOff(
+                ups=ups,
+                key=command_key(rec.saga_id, target(ups), ACTION),
+                delay_s=policy.ups_off_delay_s,
+                reason=_due(rec, ups, now=now, topo=topo, policy=policy) or "",
+            )
+        )
+    return out
+
+
+def _blocked(
+    rec: SagaRecord, ups: str, *, now: float, topo: Topology, policy: Policy, on_battery: set[str]
+) -> str | None:
+    if not policy.ups_off:
+        return "the site does not allow it (coordinator.ups_off: false)"
+    if command_key(rec.saga_id, target(ups), ACTION) in rec.issued:
+        return "already told in this saga"
+    view = rec.ups.get(ups)
+    if view is None or not view.on_battery:
+        return "mains is back"
+    if view.drill or rec.drill:
+        return "a drill: a UPS's output is never cut"
+    for node in fed_alone(ups, topo, on_battery):
+        plan = rec.nodes.get(node)
+        if plan is None or plan.shutdown_at is None:
+            return f"{node}, which it alone feeds, was not shut down by this saga"
+        if plan.off_at is None:
+            return f"{node}, which it alone feeds, is not off yet"
+        if plan.error is not None:
+            return f"{node}, which it alone feeds, may still be on (its off failed: {plan.error})"
+        if plan.in_doubt is not None:
+            return f"{node}, which it alone feeds, may be on again: {plan.in_doubt}"
+    nodes = set(fed_alone(ups, topo, on_battery))
+    for name, plan in sorted(rec.jobs.items()):
+        if set(plan.ranks.values()) & nodes and plan.durable_step is None:
+            return f"job {name} has ranks without a durable checkpoint of this outage"
+    return None if _due(rec, ups, now=now, topo=topo, policy=policy) else "not yet: the battery lasts"
+
+
+def _due(rec: SagaRecord, ups: str, *, now: float, topo: Topology, policy: Policy) -> str | None:
+    view = rec.ups[ups]
+    runtime = battery.estimate(
+        reported_s=view.runtime_s,
+        samples=view.samples,
+        charge_pct=view.charge_pct,
+        load_pct=view.load_pct,
+        capacity=topo.capacity.get(ups),
+    ).runtime_s
+    threshold = policy.ups_off_runtime_s + policy.ups_off_delay_s
+    if runtime is not None and runtime <= threshold:
+        return f"runtime {runtime:.0f}s at or below {threshold:.0f}s (ups_off_runtime_s + ups_off_delay_s)"
+    since = _down_since(rec)
+    if policy.ups_off_after_s is not None and since is not None and now - since >= policy.ups_off_after_s:
+        return f"down on battery for {now - since:.0f}s (ups_off_after_s)"
+    return None
