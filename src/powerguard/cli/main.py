@@ -216,6 +216,9 @@ def status(
             r["reason"] or "",
         )
     Console().print(table)
+    for r in rows:  # the last step of an outage longer than the battery, per UPS told
+        for ups, what in (r.get("ups_off") or {}).items():
+            Console().print(f"{r['saga']}: UPS {ups} {what}")
 
 
 def _restore_cell(r: dict | None) -> str:

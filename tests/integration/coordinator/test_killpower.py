@@ -10,7 +10,9 @@ import asyncio
 
 import pytest
 
+from powerguard.coordinator.saga import SagaRecord
 from powerguard.coordinator.service import Coordinator
+from powerguard.coordinator.status import summarize
 from powerguard.power_control.service import PowerControl
 from powerguard.schemas import SiteConfig, UpsOutputResult
 from powerguard.sim.agents import SimulatedRanks
@@ -89,6 +91,9 @@ async def test_the_ups_is_told_once_everything_is_down_and_durable_and_the_resto
         assert told["done_at"] is not None and told["reason"].startswith("runtime 40s at or below 61s"), told
         # the power-on came only once the UPS could cycle its output (delay 1 s + ups_off_return_s 2 s)
         assert record["restore_started_at"] >= told["told_at"] + 3.0
+        # what `powerguard status` and the console show of the stage
+        shown = summarize(SagaRecord.model_validate(record))["ups_off"]
+        assert shown["ups-a"].startswith("told at +") and "(the UPS confirmed)" in shown["ups-a"], shown
     finally:
         stop.set()
         await asyncio.wait_for(task, 10)

@@ -46,6 +46,7 @@ function renderSaga(s) {
       s.stop_reason ? ` — shutdown trigger: ${s.stop_reason}` : ""),
     el("p", {}, "checkpoint deadline in ", el("span", { id: "countdown" }, "–")),
     el("table", { class: "acks" }, el("thead", {}, el("tr", {}, el("th", {}, "job"), el("th", {}, "checkpoint"), el("th", {}, "ranks"))), el("tbody", {}, ...perJob)),
+    ...Object.entries(s.ups_off || {}).map(([ups, what]) => el("p", { class: "ups-off", "data-ups": ups }, `last step: UPS ${ups} ${what}`)),
     s.restore ? el("p", { id: "restore" }, `restore: ${s.restore.ready}/${s.restore.asked} nodes ready` + (s.restore.in_ramp ? `, ${s.restore.in_ramp} waiting in the power-on ramp (${s.restore.ramp})` : "")) : "",
   );
   tick();

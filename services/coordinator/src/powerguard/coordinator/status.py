@@ -25,6 +25,23 @@ def _restore(rec: SagaRecord) -> dict | None:
     }
 
 
+def _ups_off(rec: SagaRecord) -> dict[str, str]:
+    """The last step, per UPS told to cut its output and return: what it said."""
+    out = {}
+    for ups, t in sorted(rec.ups_off.items()):
+        if t.error is not None:
+            out[ups] = f"told to cut its output and return: FAILED ({t.error})"
+        elif t.done_at is not None:
+            at = t.told_at - rec.created_at
+            out[ups] = (
+                f"told at +{at:.0f}s (the UPS confirmed): output off {t.delay_s:.0f}s later, "
+                f"on again with mains ({t.reason})"
+            )
+        else:
+            out[ups] = f"told to cut its output and return, no answer yet ({t.reason})"
+    return out
+
+
 def summarize(rec: SagaRecord, now: float | None = None) -> dict:
     now = time.time() if now is None else now
     acked, expected = rec.acks()
@@ -43,6 +60,7 @@ def summarize(rec: SagaRecord, now: float | None = None) -> dict:
         "nodes_at_risk": rec.at_risk,
         "missing": {j: p.missing for j, p in rec.jobs.items() if p.missing and p.settled_at is not None},
         "restore": _restore(rec),
+        "ups_off": _ups_off(rec),
         "started": rec.created_at,
         "age_s": round(now - rec.created_at, 1),
         "trace_id": rec.trace_id,
