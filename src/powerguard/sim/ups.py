@@ -90,13 +90,82 @@ class Battery:
         return int(self._elapsed())
 
 
+@dataclass
+class Output:
+    """The UPS's output, as UPS-MIB's upsControl group drives it: ``upsShutdownAfterDelay``
+    turns it off that many seconds later (-1 cancels a pending shutdown); with
+    ``upsAutoRestart`` on it comes back ``startup_delay_s`` after mains returns (else it stays
+    off). ``mains`` says whether utility power is there now. Every change is in ``log``."""
+
+    mains: Callable[[], bool]
+    auto_restart: bool = False
+    startup_delay_s: float = 0.3
+    on: bool = True
+    shutdown_at: float | None = None
+    _mains_since: float | None = None
+    log: list[tuple[float, str]] = field(default_factory=list)
+
+    def _advance(self) -> None:
+        now = time.monotonic()
+        if self.shutdown_at is not None and now >= self.shutdown_at:
+            self.shutdown_at, self.on = None, False
+            self.log.append((now, "output off"))
+        mains = self.mains()
+        if not mains:
+            self._mains_since = None
+        elif self._mains_since is None:
+            self._mains_since = now
+        if (
+            not self.on
+            and self.auto_restart
+            and mains
+            and now - max(self._mains_since or now, self._off_at()) >= self.startup_delay_s
+        ):
+            self.on = True
+            self.log.append((now, "output on"))
+
+    def _off_at(self) -> float:
+        return next((t for t, what in reversed(self.log) if what == "output off"), 0.0)
+
+    def shutdown_after(self, delay_s: int) -> None:
+        self._advance()
+        now = time.monotonic()
+        self.shutdown_at = None if delay_s < 0 else now + delay_s
+        self.log.append((now, f"shutdown after {delay_s}" if delay_s >= 0 else "shutdown cancelled"))
+
+    def set_auto_restart(self, on: bool) -> None:
+        self.auto_restart = on
+        self.log.append((time.monotonic(), f"auto restart {'on' if on else 'off'}"))
+
+    def is_on(self) -> bool:
+        self._advance()
+        return self.on
+
+    def seconds_to_shutdown(self) -> int:
+        self._advance()
+        return -1 if self.shutdown_at is None else max(0, round(self.shutdown_at - time.monotonic()))
+
+    def events(self, what: str) -> list[float]:
+        self._advance()
+        return [t for t, w in self.log if w == what]
+
+
 UPS_MIB = "1.3.6.1.2.1.33.1"
 APC = "1.3.6.1.4.1.318.1.1.1"
 
 
-def ups_agent(battery: Battery, *, community: str = "public", input_v: float = 230.0) -> SnmpAgent:
-    """The UPS's SNMP agent: every value computed from ``battery`` when it is read."""
-    a = SnmpAgent(community=community)
+def ups_agent(
+    battery: Battery,
+    *,
+    community: str = "public",
+    input_v: float = 230.0,
+    output: Output | None = None,
+    write_community: str | None = None,
+) -> SnmpAgent:
+    """The UPS's SNMP agent: every value computed from ``battery`` when it is read. With
+    ``output`` and a ``write_community``, UPS-MIB's upsControl group drives the output (the last
+    step of an outage longer than the battery)."""
+    a = SnmpAgent(community=community, write_community=write_community if output is not None else None)
     b = battery
     integer, gauge, ticks = rfc1902.Integer32, rfc1902.Gauge32, rfc1902.TimeTicks
     # while ``garbage``: charge 255 % and load 999 % (a broken agent's out-of-range readings)
@@ -113,8 +182,23 @@ def ups_agent(battery: Battery, *, community: str = "public", input_v: float = 2
     a.scalar(f"{UPS_MIB}.2.3.0", integer, lambda: int(b.runtime_s // 60))  # upsEstimatedMinutesRemaining
     a.scalar(f"{UPS_MIB}.2.4.0", integer, charge)  # upsEstimatedChargeRemaining
     a.scalar(f"{UPS_MIB}.3.3.1.3.1", integer, lambda: 0 if b.on_battery else round(input_v))  # upsInputVoltage
-    a.scalar(f"{UPS_MIB}.4.1.0", integer, lambda: 5 if b.on_battery else 3)  # upsOutputSource
+    out_on = output.is_on if output is not None else (lambda: True)
+    a.scalar(f"{UPS_MIB}.4.1.0", integer, lambda: 2 if not out_on() else 5 if b.on_battery else 3)  # upsOutputSource
     a.scalar(f"{UPS_MIB}.4.4.1.5.1", integer, load)  # upsOutputPercentLoad
+    if output is not None:  # upsControl: upsShutdownAfterDelay (-1 cancels), upsAutoRestart on(1)/off(2)
+        o = output
+        a.scalar(
+            f"{UPS_MIB}.8.2.0",
+            integer,
+            o.seconds_to_shutdown,
+            set=lambda v, dry: v >= -1 and (dry or o.shutdown_after(v) or True),
+        )
+        a.scalar(
+            f"{UPS_MIB}.8.5.0",
+            integer,
+            lambda: 1 if o.auto_restart else 2,
+            set=lambda v, dry: v in (1, 2) and (dry or o.set_auto_restart(v == 1) or True),
+        )
     # APC PowerNet (runtime in TimeTicks: better than UPS-MIB's whole minutes)
     a.scalar(f"{APC}.2.1.1.0", integer, lambda: 3 if b.low else 2)  # upsBasicBatteryStatus
     a.scalar(f"{APC}.2.2.1.0", gauge, charge)  # upsAdvBatteryCapacity

@@ -5,6 +5,7 @@ checks and command tracking are what power-control meets."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import pytest
@@ -163,3 +164,67 @@ async def test_a_ups_without_a_control_credential_is_never_told_and_the_result_s
         assert not [w for _, w in ups.events() if w.startswith("instcmd")] and ups.output_on
     finally:
         await pc.stop()
+
+
+# ------------------------------------------------------------------ SNMP: UPS-MIB's upsControl group
+async def _snmp_ups():
+    from powerguard.sim.ups import Battery, Output, ups_agent
+
+    battery = Battery(load=lambda: 40.0, on_battery=True)
+    output = Output(mains=lambda: not battery.on_battery, startup_delay_s=0.3)
+    agent = ups_agent(battery, output=output, write_community="private")
+    await agent.start("127.0.0.1", 0)
+    return battery, output, agent
+
+
+def snmp_output(agent):
+    """power-control's driver for the agent, from a site file whose control community is in the environment."""
+    from powerguard.power_control.ups_output import UpsOutputs
+    from powerguard.schemas import SiteConfig
+
+    cfg = SiteConfig.model_validate(
+        {
+            "site": "dc1",
+            "ups": [
+                {
+                    "name": "ups-a",
+                    "driver": "snmp",
+                    "port": agent.port,
+                    "control": {"options": {"community": {"env": "PG_TEST_UPS_COMMUNITY"}}},
+                }
+            ],
+            "nodes": [{"name": "n1", "feeds": ["ups-a"]}],
+        }
+    )
+    return UpsOutputs(cfg, timeout_s=10).driver("ups-a")
+
+
+async def test_ups_mib_shutdown_after_delay_with_auto_restart_cuts_and_restores_the_output(monkeypatch):
+    monkeypatch.setenv("PG_TEST_UPS_COMMUNITY", "private")
+    battery, output, agent = await _snmp_ups()
+    try:
+        said = await snmp_output(agent).shutdown_return(1)
+        assert said.startswith("upsShutdownAfterDelay counting down (1 s left), upsAutoRestart on"), said
+        deadline = time.monotonic() + 10
+        while output.is_on():
+            assert time.monotonic() < deadline, "the output never went off"
+            await asyncio.sleep(0.05)
+        (asked,) = [t for t, w in output.log if w == "shutdown after 1"]
+        assert 0.9 <= output.events("output off")[0] - asked < 3.0
+        battery.set_on_battery(False)  # mains returns: with upsAutoRestart on, the output comes back
+        while not output.is_on():
+            assert time.monotonic() < deadline + 10, "the output never came back"
+            await asyncio.sleep(0.05)
+    finally:
+        agent.stop()
+
+
+async def test_ups_mib_with_the_read_only_community_is_refused_naming_the_write_credential(monkeypatch):
+    monkeypatch.setenv("PG_TEST_UPS_COMMUNITY", "public")
+    _, output, agent = await _snmp_ups()
+    try:
+        with pytest.raises(CommandRejected, match=r"needs its write community"):
+            await snmp_output(agent).shutdown_return(1)
+        assert output.is_on() and output.seconds_to_shutdown() == -1 and not output.log
+    finally:
+        agent.stop()

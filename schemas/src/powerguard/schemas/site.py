@@ -90,11 +90,14 @@ class NatsSettings(_Model):
 
 class UpsControl(_Model):
     """The credential power-control tells the UPS with to cut its output and return (the last
-    step of an outage longer than the battery). NUT: a upsd user with ``instcmds =
-    shutdown.return`` and ``instcmds = shutdown.stop`` in upsd.users."""
+    step of an outage longer than the battery). NUT: ``username``/``password`` of a upsd user
+    with ``instcmds = shutdown.return`` and ``instcmds = shutdown.stop`` in upsd.users. SNMP
+    (UPS-MIB upsControl): ``options`` with write access, as a PDU's (``community``, or
+    ``version: "3"`` with ``user``, ``auth_key``, ``priv_key``)."""
 
-    username: SecretRef
-    password: SecretRef
+    username: SecretRef | None = None
+    password: SecretRef | None = None
+    options: dict[str, Any] = Field(default_factory=dict, description="SNMP write credentials")
 
 
 class UpsConfig(_Model):

@@ -1,6 +1,6 @@
 """A UPS's output, as the saga's last step of a long outage asks it (``UpsOutputOffRequested``):
 which driver tells which UPS, built from the site file when first needed (its credential read
-then, never logged)."""
+then, never logged): NUT through upsd, or SNMP through UPS-MIB's upsControl group."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from powerguard.schemas import SiteConfig, UpsConfig, secret_value
 
 from .drivers.base import Guarded
 from .drivers.ups_nut import DEFAULT_PORT, NutUpsOutput
+from .drivers.ups_snmp import UpsMibOutput
 from .errors import CommandRejected, CredentialUnavailable
 
 
@@ -15,35 +16,47 @@ class UpsOutputs:
     def __init__(self, site: SiteConfig, *, timeout_s: float) -> None:
         self._ups: dict[str, UpsConfig] = {u.name: u for u in site.ups}
         self._timeout_s = timeout_s
-        self._drivers: dict[str, NutUpsOutput] = {}
+        self._drivers: dict[str, NutUpsOutput | UpsMibOutput] = {}
 
     def __contains__(self, ups: str) -> bool:
         return ups in self._ups
 
-    def driver(self, ups: str) -> NutUpsOutput:
+    def driver(self, ups: str) -> NutUpsOutput | UpsMibOutput:
         """The UPS's output driver; :class:`CommandRejected` naming what the site file lacks."""
         if ups in self._drivers:
             return self._drivers[ups]
         cfg = self._ups[ups]
+        device = f"ups:{ups}"
         if cfg.control is None:
-            raise CommandRejected(f"ups:{ups}: no 'control' credential in the site file: the UPS cannot be told")
+            raise CommandRejected(f"{device}: no 'control' credential in the site file: the UPS cannot be told")
+        guard = Guarded(device, timeout_s=self._timeout_s)
+        if cfg.driver == "snmp":
+            from powerguard.snmp import SnmpCredentials, auth_data
+
+            try:
+                auth = auth_data(SnmpCredentials.model_validate(cfg.control.options))
+            except Exception as exc:  # a missing community, an unreadable secret
+                raise CredentialUnavailable(f"{device}: control.options: {exc}") from None
+            self._drivers[ups] = UpsMibOutput(device, guard, host=cfg.host, port=cfg.port or 161, auth=auth)
+            return self._drivers[ups]
         if cfg.driver != "nut":
             raise CommandRejected(
-                f"ups:{ups}: telling a UPS to cut its output and return is built for NUT (upsd) only, "
-                f"not yet for driver {cfg.driver}"
+                f"{device}: telling a UPS to cut its output and return is built for NUT (upsd) and SNMP "
+                f"(UPS-MIB), not yet for driver {cfg.driver}"
             )
         try:
             user, password = secret_value(cfg.control.username), secret_value(cfg.control.password)
         except Exception as exc:
-            raise CredentialUnavailable(f"ups:{ups}: control credential unavailable: {exc}") from None
-        device = f"ups:{ups}"
+            raise CredentialUnavailable(f"{device}: control credential unavailable: {exc}") from None
+        if not user or not password:
+            raise CredentialUnavailable(f"{device}: control needs username and password (a upsd user)")
         self._drivers[ups] = NutUpsOutput(
             device,
-            Guarded(device, timeout_s=self._timeout_s),
+            guard,
             host=cfg.host,
             port=cfg.port or DEFAULT_PORT,
             ups=str(cfg.options.get("ups_name") or cfg.name),
-            user=user or "",
-            password=password or "",
+            user=user,
+            password=password,
         )
         return self._drivers[ups]

@@ -1,0 +1,99 @@
+"""A UPS's output over SNMP, RFC 1628 UPS-MIB's upsControl group: the last step of an outage
+longer than the battery, for a UPS whose network card speaks SNMP (pysnmp 7, asyncio; v2c
+with the write community, or v3 authPriv, as for the PDUs).
+
+``shutdown_return(delay)``: one SET of ``upsAutoRestart`` = on(1) (the output comes back when
+mains returns) and ``upsShutdownAfterDelay`` = delay (the output goes off that many seconds
+later), then a GET of ``upsShutdownAfterDelay``: a count-down (≥ 0) is the UPS's own word that
+the shutdown is pending. ``cancel()``: ``upsShutdownAfterDelay`` = -1. A read-only community
+(noAccess, notWritable) is :class:`CommandRejected` naming the write credential.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pysnmp.hlapi.v3arch.asyncio import ContextData, ObjectIdentity, ObjectType, UdpTransportTarget, get_cmd, set_cmd
+from pysnmp.proto.rfc1902 import Integer
+
+from powerguard.snmp import classify, engine
+
+from ..errors import AuthenticationFailed, CommandRejected, DeviceUnreachable, PowerControlError
+from .base import Guarded
+
+UPS_SHUTDOWN_AFTER_DELAY = "1.3.6.1.2.1.33.1.8.2.0"
+UPS_AUTO_RESTART = "1.3.6.1.2.1.33.1.8.5.0"  # on(1), off(2)
+_REFUSALS = ("noAccess", "notWritable", "authorizationError", "readOnly", "noCreation", "inconsistentName")
+
+
+class UpsMibOutput:
+    kind = "snmp"
+
+    def __init__(self, device: str, guard: Guarded, *, host: str, port: int = 161, auth: Any) -> None:
+        """``auth``: pysnmp's CommunityData/UsmUserData with write access (``powerguard.snmp.auth_data``)."""
+        self.device, self.guard = device, guard
+        self.host, self.port = host, port
+        self._auth = auth
+
+    def __repr__(self) -> str:
+        return f"UpsMibOutput({self.device} {self.host}:{self.port})"
+
+    async def shutdown_return(self, delay_s: float | None = None) -> str:
+        delay = max(0, round(delay_s if delay_s is not None else 0))
+
+        async def go() -> str:
+            await self._set(
+                "SET upsAutoRestart on, upsShutdownAfterDelay",
+                (UPS_AUTO_RESTART, 1),
+                (UPS_SHUTDOWN_AFTER_DELAY, delay),
+            )
+            left = await self._get_int("GET upsShutdownAfterDelay", UPS_SHUTDOWN_AFTER_DELAY)
+            if left < 0:
+                raise CommandRejected(f"{self.device}: the UPS took the SET but reports no pending shutdown ({left})")
+            return f"upsShutdownAfterDelay counting down ({left} s left), upsAutoRestart on (UPS-MIB)"
+
+        return await self.guard.call("upsShutdownAfterDelay", go)
+
+    async def cancel(self) -> str:
+        async def go() -> str:
+            await self._set("SET upsShutdownAfterDelay -1", (UPS_SHUTDOWN_AFTER_DELAY, -1))
+            return "pending shutdown cancelled (upsShutdownAfterDelay -1)"
+
+        return await self.guard.call("upsShutdownAfterDelay -1", go)
+
+    async def _target(self) -> UdpTransportTarget:
+        return await UdpTransportTarget.create(
+            (self.host, self.port), timeout=min(2.0, self.guard.timeout_s), retries=1
+        )
+
+    async def _set(self, what: str, *values: tuple[str, int]) -> None:
+        binds = [ObjectType(ObjectIdentity(oid), Integer(v)) for oid, v in values]
+        ei, es, _, _ = await set_cmd(engine(), self._auth, await self._target(), ContextData(), *binds)
+        self._check(what, ei, es)
+
+    async def _get_int(self, what: str, oid: str) -> int:
+        ei, es, _, binds = await get_cmd(
+            engine(), self._auth, await self._target(), ContextData(), ObjectType(ObjectIdentity(oid))
+        )
+        self._check(what, ei, es)
+        try:
+            return int(binds[0][1])
+        except (TypeError, ValueError):
+            raise CommandRejected(f"{self.device}: the UPS has no {oid} ({binds[0][1].prettyPrint()})") from None
+
+    def _check(self, what: str, err_ind: Any, err_status: Any) -> None:
+        if err_ind:
+            text, kind = str(err_ind), classify(err_ind)
+            if kind == "timeout":
+                raise DeviceUnreachable(f"{self.device}: no SNMP answer from {self.host}:{self.port} to {what}")
+            if kind == "auth":
+                raise AuthenticationFailed(f"{self.device}: SNMPv3 credentials refused ({text})")
+            raise PowerControlError(f"{self.device}: SNMP {what} failed: {text}")
+        if err_status:
+            status = err_status.prettyPrint()
+            if status in _REFUSALS:
+                raise CommandRejected(
+                    f"{self.device}: the UPS refused {what}: {status} (ups[].control.options needs its write "
+                    "community or a v3 user with write access)"
+                )
+            raise CommandRejected(f"{self.device}: the UPS answered {status} to {what}")
