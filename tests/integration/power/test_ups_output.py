@@ -228,3 +228,34 @@ async def test_ups_mib_with_the_read_only_community_is_refused_naming_the_write_
         assert output.is_on() and output.seconds_to_shutdown() == -1 and not output.log
     finally:
         agent.stop()
+
+
+async def test_a_node_found_on_when_its_ups_is_to_be_told_stops_the_command(ups, make_bus, monkeypatch):
+    """The saga counts n1 off, but someone powered it on by hand since (power-control's read-back
+    watches only nodes whose command has not reached its result): power-control reads every node
+    that would lose power first, and refuses while one is on."""
+    from powerguard.schemas import UpsOutputResult
+
+    from .helpers import Recorder, service
+
+    monkeypatch.setenv("PG_TEST_UPS_USER", "pg")
+    monkeypatch.setenv("PG_TEST_UPS_PASSWORD", "pgsecret")
+    bus = await make_bus("power-control")
+    rec = await Recorder().start(bus)
+    await down_saga(bus)
+    await down_saga(bus, "saga-2")
+    pc = await service(bus, ups_site(ups))
+    try:
+        ups.mains(False)
+        pc.seq.devices.bmc("n1").state = "on"  # the dry-run BMC: on again
+        await bus.publish(ups_off(nodes=["n1"]))
+        await rec.wait(lambda: rec.of(UpsOutputResult), what="the refusal")
+        (res,) = rec.of(UpsOutputResult)
+        assert not res.data.ok and res.data.error.startswith("not told: n1 on (read now"), res.data
+        pc.seq.devices.bmc("n1").state = "off"  # off again: the next saga's command goes through
+        await bus.publish(ups_off("saga-2", nodes=["n1"]))
+        await rec.wait(lambda: len(rec.of(UpsOutputResult)) == 2, what="the UPS's answer")
+        assert rec.of(UpsOutputResult)[1].data.ok
+        assert [w for _, w in ups.events() if w.startswith("instcmd")] == ["instcmd shutdown.return 1"]
+    finally:
+        await pc.stop()

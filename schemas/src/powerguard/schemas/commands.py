@@ -111,6 +111,12 @@ class UpsOutputCommandData(Data):
     idempotency_key: str = Field(description="<saga>/ups:<ups>/output_off; a repeat does nothing new")
     delay_s: float = Field(ge=0, description="The UPS turns its output off this long after the command")
     reason: str | None = None
+    nodes: list[str] = Field(
+        default_factory=list,
+        max_length=100_000,
+        description="The nodes that lose power with it: power-control reads each one's power first and refuses "
+        "the command while one is on (powered on by hand since its off)",
+    )
     dry_run: bool = False
 
 

@@ -51,6 +51,7 @@ class UpsOff:
     key: str  # <saga>/ups:<name>/output_off: given once per saga
     delay_s: float
     reason: str
+    nodes: tuple[str, ...] = ()  # what loses power with it (power-control reads each one first)
 
 
 @dataclass(frozen=True)
@@ -87,6 +88,7 @@ def decide(rec: SagaRecord, *, now: float, topo: Topology, policy: Policy) -> De
                 key=command_key(rec.saga_id, target(ups), ACTION),
                 delay_s=policy.ups_off_delay_s,
                 reason=_due(rec, ups, now=now, topo=topo, policy=policy) or "",
+                nodes=tuple(fed_alone(ups, topo, on_battery)),
             )
         )
     return out

@@ -82,6 +82,7 @@ def command_event(rec: SagaRecord, cmd: Command) -> Envelope:
             idempotency_key=cmd.key,
             delay_s=a["delay_s"],
             reason=a.get("reason"),
+            nodes=a.get("nodes", []),
             dry_run=rec.drill,
         )
         return UpsOutputOffRequested(id=eid, source=SOURCE, data=data)

@@ -304,6 +304,7 @@ class UpsOffPlan(BaseModel):
     told_at: float
     delay_s: float
     reason: str
+    nodes: list[str] = Field(default_factory=list)  # what loses power with it
     done_at: float | None = None
     error: str | None = None
 
@@ -843,14 +844,15 @@ def _ups_off(rec: SagaRecord, now: float, topo: Topology, policy: Policy, out: l
     if not policy.ups_off:
         return
     for due in killpower.decide(rec, now=now, topo=topo, policy=policy).due:
-        rec.ups_off[due.ups] = UpsOffPlan(told_at=now, delay_s=due.delay_s, reason=due.reason)
+        rec.ups_off[due.ups] = UpsOffPlan(told_at=now, delay_s=due.delay_s, reason=due.reason, nodes=list(due.nodes))
         _emit(rec, out, _ups_command(rec, due.ups))
 
 
 def _ups_command(rec: SagaRecord, ups: str) -> Command:
     told = rec.ups_off[ups]
     key = command_key(rec.saga_id, f"ups:{ups}", "output_off")
-    return Command(kind="ups_off", key=key, target=ups, args={"delay_s": told.delay_s, "reason": told.reason})
+    args = {"delay_s": told.delay_s, "reason": told.reason, "nodes": told.nodes}
+    return Command(kind="ups_off", key=key, target=ups, args=args)
 
 
 def _restartable(rec: SagaRecord) -> list[tuple[str, JobPlan]]:

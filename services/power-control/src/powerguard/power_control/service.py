@@ -288,6 +288,13 @@ class PowerControl:
                 await self._ups_result(d, ok=True, detail=detail, started=started)
                 await self._finish(key, True, detail)
                 return
+            on = await self._nodes_on(d.nodes)
+            if on:
+                why = f"not told: {', '.join(on)} on (read now; powered on by hand since its off?)"
+                log.error("%s: %s", d.ups, why)
+                await self._ups_result(d, ok=False, error=why, started=started)
+                await self._finish(key, False, why)
+                return
             try:
                 detail = await self.ups_outputs.driver(d.ups).shutdown_return(d.delay_s)
             except Exception as exc:  # a refused credential, upsd down, a bug: reported, never silent
@@ -300,6 +307,20 @@ class PowerControl:
             span.set_attribute("powerguard.ok", True)
             await self._ups_result(d, ok=True, detail=detail, started=started)
             await self._finish(key, True, detail)
+
+    async def _nodes_on(self, nodes: Sequence[str]) -> list[str]:
+        """The nodes of ``nodes`` whose BMC says they are on now (each read on its own; a node
+        whose BMC does not answer was reported off by its saga and counts as off)."""
+
+        async def read(node: str) -> str | None:
+            try:
+                bmc = self.devices.bmc(node) if node in self._nodes else None
+                return node if bmc is not None and await bmc.status() == "on" else None
+            except Exception as exc:
+                log.warning("%s: power not readable before its UPS is told (%s): taken as reported off", node, exc)
+                return None
+
+        return sorted(n for n in await asyncio.gather(*map(read, nodes)) if n is not None)
 
     async def _ups_result(self, d, *, ok: bool, started: float, detail: str | None = None, error: str | None = None):
         await self._emit(
