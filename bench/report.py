@@ -392,8 +392,9 @@ def main() -> None:
                 "power cuts (power-cut filesystem): checkpoint cuts of a saving job and broker cuts; "
                 "invariant violations",
                 "0 (≥ 200 checkpoint cuts, ≥ 50 broker cuts)",
-                f"{pcut['violations']} in {pcut['checkpoint_cuts']} checkpoint cuts and "
-                f"{pcut['broker_cuts']} broker cuts ({pcut['seconds']:.0f} s)",
+                f"{pcut['violations']} in {pcut['checkpoint_cuts']} checkpoint cuts, "
+                f"{pcut['broker_cuts']} broker cuts and {pcut.get('service_cuts', 0)} cuts of the broker and the "
+                f"services mid-outage ({pcut['seconds']:.0f} s)",
                 "`bench/powercut.py`",
             )
         )
