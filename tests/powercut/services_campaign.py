@@ -15,7 +15,6 @@ import asyncio
 import json
 import os
 import random
-import sys
 from pathlib import Path
 
 import yaml
@@ -34,26 +33,7 @@ STATES = ("holding", "shutting_down", "down", "restoring")
 class PowerControlProcess(CoordinatorProcess):
     """``python -m powerguard.power_control`` (the same flags, log lines and kill)."""
 
-    async def start(self) -> PowerControlProcess:
-        self.proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "powerguard.power_control",
-            "--config",
-            str(self.config),
-            "--nats-url",
-            self.url,
-            "--instance",
-            self.instance,
-            "--http-port",
-            "0",
-            "--log-level",
-            "INFO",
-            stdout=asyncio.subprocess.DEVNULL,
-            stderr=asyncio.subprocess.PIPE,
-        )
-        self._reader = asyncio.create_task(self._read())
-        return self
+    module = "powerguard.power_control"
 
 
 def _site_file(path: Path, names: BusNames, bmcs: dict[str, PyghmiBmc]) -> Path:

@@ -1,4 +1,5 @@
-"""The coordinator as a real process (``python -m powerguard.coordinator``), its log lines parsed."""
+"""The coordinator (or another service with its flags) as a real process (``python -m powerguard.coordinator``),
+its log lines parsed."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from pathlib import Path
 
 
 class CoordinatorProcess:
+    module = "powerguard.coordinator"  # a service of the same flags: set by a subclass
+
     def __init__(self, config: Path, url: str, instance: str) -> None:
         self.config, self.url, self.instance = config, url, instance
         self.proc: asyncio.subprocess.Process | None = None
@@ -20,7 +23,7 @@ class CoordinatorProcess:
         self.proc = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
-            "powerguard.coordinator",
+            self.module,
             "--config",
             str(self.config),
             "--nats-url",

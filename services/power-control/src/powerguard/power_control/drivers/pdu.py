@@ -12,14 +12,14 @@ from typing import Any
 from pysnmp.hlapi.v3arch.asyncio import ContextData, ObjectIdentity, ObjectType, UdpTransportTarget, get_cmd, set_cmd
 from pysnmp.proto.rfc1902 import Integer
 
-from powerguard.snmp import classify, engine
+from powerguard.snmp import engine
 
-from ..errors import AuthenticationFailed, CommandRejected, DeviceUnreachable, PowerControlError
+from ..errors import CommandRejected
 from .base import Guarded, OutletDriver, PowerState
+from .snmp_errors import raise_for
 
 OUTLET_COMMAND = "1.3.6.1.4.1.318.1.1.12.3.3.1.1.4"  # .<n>: 1 immediateOn, 2 immediateOff, 3 immediateReboot
 OUTLET_STATE = "1.3.6.1.4.1.318.1.1.12.3.5.1.1.4"  # .<n>: 1 outletStatusOn, 2 outletStatusOff
-_REFUSALS = ("noAccess", "notWritable", "authorizationError", "readOnly", "noCreation", "inconsistentName")
 
 
 class ApcPduDriver(OutletDriver):
@@ -48,18 +48,14 @@ class ApcPduDriver(OutletDriver):
         )
 
     def _check(self, what: str, err_ind: Any, err_status: Any, err_index: Any) -> None:
-        if err_ind:
-            text, kind = str(err_ind), classify(err_ind)
-            if kind == "timeout":
-                raise DeviceUnreachable(f"{self.device}: no SNMP answer from {self.host}:{self.port} to {what}")
-            if kind == "auth":
-                raise AuthenticationFailed(f"{self.device}: SNMPv3 credentials refused ({text})")
-            raise PowerControlError(f"{self.device}: SNMP {what} failed: {text}")
-        if err_status:
-            status = err_status.prettyPrint()
-            if status in _REFUSALS:
-                raise CommandRejected(f"{self.device}: agent refused {what}: {status} (check the write community/user)")
-            raise CommandRejected(f"{self.device}: agent answered {status} to {what}")
+        raise_for(
+            self.device,
+            f"{self.host}:{self.port}",
+            what,
+            err_ind,
+            err_status,
+            refused_hint="check the write community/user",
+        )
 
     async def outlet_state(self, outlet: int) -> PowerState:
         async def go() -> PowerState:

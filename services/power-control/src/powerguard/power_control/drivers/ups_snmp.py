@@ -16,14 +16,14 @@ from typing import Any
 from pysnmp.hlapi.v3arch.asyncio import ContextData, ObjectIdentity, ObjectType, UdpTransportTarget, get_cmd, set_cmd
 from pysnmp.proto.rfc1902 import Integer
 
-from powerguard.snmp import classify, engine
+from powerguard.snmp import engine
 
-from ..errors import AuthenticationFailed, CommandRejected, DeviceUnreachable, PowerControlError
+from ..errors import CommandRejected
 from .base import Guarded
+from .snmp_errors import raise_for
 
 UPS_SHUTDOWN_AFTER_DELAY = "1.3.6.1.2.1.33.1.8.2.0"
 UPS_AUTO_RESTART = "1.3.6.1.2.1.33.1.8.5.0"  # on(1), off(2)
-_REFUSALS = ("noAccess", "notWritable", "authorizationError", "readOnly", "noCreation", "inconsistentName")
 
 
 class UpsMibOutput:
@@ -82,18 +82,11 @@ class UpsMibOutput:
             raise CommandRejected(f"{self.device}: the UPS has no {oid} ({binds[0][1].prettyPrint()})") from None
 
     def _check(self, what: str, err_ind: Any, err_status: Any) -> None:
-        if err_ind:
-            text, kind = str(err_ind), classify(err_ind)
-            if kind == "timeout":
-                raise DeviceUnreachable(f"{self.device}: no SNMP answer from {self.host}:{self.port} to {what}")
-            if kind == "auth":
-                raise AuthenticationFailed(f"{self.device}: SNMPv3 credentials refused ({text})")
-            raise PowerControlError(f"{self.device}: SNMP {what} failed: {text}")
-        if err_status:
-            status = err_status.prettyPrint()
-            if status in _REFUSALS:
-                raise CommandRejected(
-                    f"{self.device}: the UPS refused {what}: {status} (ups[].control.options needs its write "
-                    "community or a v3 user with write access)"
-                )
-            raise CommandRejected(f"{self.device}: the UPS answered {status} to {what}")
+        raise_for(
+            self.device,
+            f"{self.host}:{self.port}",
+            what,
+            err_ind,
+            err_status,
+            refused_hint="ups[].control.options needs its write community or a v3 user with write access",
+        )
