@@ -199,6 +199,24 @@ def ups_agent(
             lambda: 1 if o.auto_restart else 2,
             set=lambda v, dry: v in (1, 2) and (dry or o.set_auto_restart(v == 1) or True),
         )
+    if output is not None:  # APC PowerNet: upsAdvConfigShutoffDelay, upsBasicControlConserveBattery (on battery only)
+        delay = {"ticks": 2000}
+        a.scalar(
+            f"{APC}.5.2.10.0",
+            ticks,
+            lambda: delay["ticks"],
+            set=lambda v, dry: v >= 0 and (dry or not delay.update(ticks=v)),
+        )
+
+        def conserve(v: int, dry: bool) -> bool:
+            if v != 2 or not b.on_battery:
+                return v == 1  # noTurnOffUps is accepted and does nothing; sleeping on line is refused
+            if not dry:
+                output.set_auto_restart(True)
+                output.shutdown_after(round(delay["ticks"] / 100))
+            return True
+
+        a.scalar(f"{APC}.6.1.1.0", integer, lambda: 1, set=conserve)
     # APC PowerNet (runtime in TimeTicks: better than UPS-MIB's whole minutes)
     a.scalar(f"{APC}.2.1.1.0", integer, lambda: 3 if b.low else 2)  # upsBasicBatteryStatus
     a.scalar(f"{APC}.2.2.1.0", gauge, charge)  # upsAdvBatteryCapacity

@@ -177,7 +177,7 @@ async def _snmp_ups():
     return battery, output, agent
 
 
-def snmp_output(agent):
+def snmp_output(agent, profile: str = "auto"):
     """power-control's driver for the agent, from a site file whose control community is in the environment."""
     from powerguard.power_control.ups_output import UpsOutputs
     from powerguard.schemas import SiteConfig
@@ -190,6 +190,7 @@ def snmp_output(agent):
                     "name": "ups-a",
                     "driver": "snmp",
                     "port": agent.port,
+                    "options": {"profile": profile},
                     "control": {"options": {"community": {"env": "PG_TEST_UPS_COMMUNITY"}}},
                 }
             ],
@@ -259,3 +260,29 @@ async def test_a_node_found_on_when_its_ups_is_to_be_told_stops_the_command(ups,
         assert [w for _, w in ups.events() if w.startswith("instcmd")] == ["instcmd shutdown.return 1"]
     finally:
         await pc.stop()
+
+
+async def test_apc_powernet_conserve_battery_sleeps_the_ups_on_battery_and_is_refused_on_line(monkeypatch):
+    """APC PowerNet's way: upsAdvConfigShutoffDelay, then upsBasicControlConserveBattery
+    turnOffUpsToConserveBattery(2): asleep after the delay, on again with mains; the agent
+    refuses it while the UPS is on line (nothing to conserve)."""
+    monkeypatch.setenv("PG_TEST_UPS_COMMUNITY", "private")
+    battery, output, agent = await _snmp_ups()
+    try:
+        battery.set_on_battery(False)
+        with pytest.raises(CommandRejected, match=r"wrongValue to SET upsBasicControlConserveBattery"):
+            await snmp_output(agent, "apc").shutdown_return(1)
+        assert output.is_on() and output.seconds_to_shutdown() == -1
+        battery.set_on_battery(True)
+        said = await snmp_output(agent, "apc").shutdown_return(1)
+        assert said.endswith("(APC PowerNet)") and output.auto_restart, said
+        deadline = time.monotonic() + 10
+        while output.is_on():
+            assert time.monotonic() < deadline, "the UPS never went to sleep"
+            await asyncio.sleep(0.05)
+        battery.set_on_battery(False)
+        while not output.is_on():
+            assert time.monotonic() < deadline + 10, "the UPS never woke with mains"
+            await asyncio.sleep(0.05)
+    finally:
+        agent.stop()

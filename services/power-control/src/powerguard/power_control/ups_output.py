@@ -37,7 +37,10 @@ class UpsOutputs:
                 auth = auth_data(SnmpCredentials.model_validate(cfg.control.options))
             except Exception as exc:  # a missing community, an unreadable secret
                 raise CredentialUnavailable(f"{device}: control.options: {exc}") from None
-            self._drivers[ups] = UpsMibOutput(device, guard, host=cfg.host, port=cfg.port or 161, auth=auth)
+            profile = str(cfg.options.get("profile", "auto"))
+            self._drivers[ups] = UpsMibOutput(
+                device, guard, host=cfg.host, port=cfg.port or 161, auth=auth, profile=profile
+            )
             return self._drivers[ups]
         if cfg.driver != "nut":
             raise CommandRejected(
