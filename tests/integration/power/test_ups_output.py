@@ -286,3 +286,47 @@ async def test_apc_powernet_conserve_battery_sleeps_the_ups_on_battery_and_is_re
             await asyncio.sleep(0.05)
     finally:
         agent.stop()
+
+
+async def test_an_apcupsd_ups_is_told_through_the_sites_command_with_the_delay_and_its_exit_counts(
+    tmp_path, monkeypatch
+):
+    """apcupsd's killpower runs on the host wired to the UPS: the site gives the argv (no shell);
+    power-control runs it with the UPS and the delay in its environment, never its credentials."""
+    from powerguard.power_control.ups_output import UpsOutputs
+    from powerguard.schemas import SiteConfig
+
+    monkeypatch.setenv("PG_TEST_SECRET", "must-not-leak")
+    seen = tmp_path / "killpower.env"
+    script = tmp_path / "killpower.sh"
+    script.write_text(
+        f'#!/bin/sh\nenv > {seen}\n[ "$POWERGUARD_DELAY_S" = 30 ] || exit 3\necho "apcupsd: killpower armed"\n'
+    )
+    script.chmod(0o755)
+
+    def driver(argv):
+        cfg = SiteConfig.model_validate(
+            {
+                "site": "dc1",
+                "ups": [{"name": "ups-a", "driver": "apcupsd", "control": {"options": {"command": argv}}}],
+                "nodes": [{"name": "n1", "feeds": ["ups-a"]}],
+            }
+        )
+        return UpsOutputs(cfg, timeout_s=10).driver("ups-a")
+
+    assert await driver([str(script)]).shutdown_return(30) == f"{script} ran: apcupsd: killpower armed"
+    env = dict(line.split("=", 1) for line in seen.read_text().splitlines() if "=" in line)
+    assert env["POWERGUARD_UPS"] == "ups-a" and "PG_TEST_SECRET" not in env
+    with pytest.raises(CommandRejected, match=r"exited 3"):
+        await driver([str(script)]).shutdown_return(5)
+    with pytest.raises(CommandRejected, match=r"needs control.options.command"):
+        UpsOutputs(
+            SiteConfig.model_validate(
+                {
+                    "site": "dc1",
+                    "ups": [{"name": "ups-a", "driver": "apcupsd", "control": {"options": {}}}],
+                    "nodes": [{"name": "n1", "feeds": ["ups-a"]}],
+                }
+            ),
+            timeout_s=10,
+        ).driver("ups-a")
