@@ -1,8 +1,9 @@
 """An outage longer than the battery, to its last step, against the real coordinator and
-power-control on a real nats-server and Debian's real upsd: once the node is off and the job's
-checkpoint durable, the saga tells the UPS to cut its output and return (NUT shutdown.return
-through upsd, as its upsd.users permits); the UPS cuts it; mains returns, the UPS turns it on,
-and only then, once the UPS could cycle its output, is the node powered on again."""
+power-control on a real nats-server and Debian's real upsd: once the compute node is off and
+the job's checkpoint durable, the saga shuts the storage node down, then tells the UPS to cut
+its output and return (NUT shutdown.return through upsd, as its upsd.users permits), then
+shuts PowerGuard's own (management) host down; the UPS cuts its output; mains returns, the UPS
+turns it on, and only then, once the UPS could cycle its output, is every node powered on."""
 
 from __future__ import annotations
 
@@ -40,7 +41,11 @@ def site(ups_port: int, **policy) -> SiteConfig:
                     "control": {"username": {"env": "PG_TEST_UPS_USER"}, "password": {"env": "PG_TEST_UPS_PASSWORD"}},
                 }
             ],
-            "nodes": [{"name": "n1", "feeds": ["ups-a"], "bmc": {"driver": "dry-run"}}],
+            "nodes": [
+                {"name": "n1", "feeds": ["ups-a"], "bmc": {"driver": "dry-run"}},
+                {"name": "s1", "feeds": ["ups-a"], "bmc": {"driver": "dry-run"}, "role": "storage"},
+                {"name": "m1", "feeds": ["ups-a"], "bmc": {"driver": "dry-run"}, "role": "management"},
+            ],
             "coordinator": {**POLICY, **policy},
             "power_control": {"gather_s": 0.1, "poll_interval_s": 0.1, "soft_off_timeout_s": 2, "readback_s": 60},
         }
@@ -83,7 +88,7 @@ async def test_the_ups_is_told_once_everything_is_down_and_durable_and_the_resto
         await power_back(obs_bus)
         await eventually(lambda: ups.events("output on"), 10, "the output back with mains")
         await watch.reach("restoring", timeout=30)
-        await rec.wait(lambda: "ready" in rec.states("n1"), what="n1 ready again")
+        await rec.wait(lambda: all("ready" in rec.states(n) for n in ("n1", "s1", "m1")), what="every node ready")
         saga = watch.events[-1].data.saga_id
         kv = await obs_bus.sagas()
         record = (await kv.get(obs_bus.names.saga_key(saga))).json()
@@ -91,6 +96,11 @@ async def test_the_ups_is_told_once_everything_is_down_and_durable_and_the_resto
         assert told["done_at"] is not None and told["reason"].startswith("runtime 40s at or below 61s"), told
         # the power-on came only once the UPS could cycle its output (delay 1 s + ups_off_return_s 2 s)
         assert record["restore_started_at"] >= told["told_at"] + 3.0
+        # the last stage's order: the compute node, the storage node off; the UPS told; our own host
+        nodes = record["nodes"]
+        assert nodes["n1"]["off_at"] <= nodes["s1"]["shutdown_at"] <= nodes["s1"]["off_at"] <= told["told_at"]
+        assert told["told_at"] <= nodes["m1"]["shutdown_at"] and told["nodes"] == ["n1", "s1"]
+        assert all(nodes[n].get("power_on_at") for n in ("n1", "s1", "m1")), nodes  # every load restored
         # what `powerguard status` and the console show of the stage
         shown = summarize(SagaRecord.model_validate(record))["ups_off"]
         assert shown["ups-a"].startswith("told at +") and "(the UPS confirmed)" in shown["ups-a"], shown

@@ -7,6 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from powerguard.coordinator import killpower, saga
+from powerguard.coordinator.topology import Topology
 
 from .harness import POLICY, TOPO, Drive
 from .test_saga_properties import apply, steps
@@ -18,6 +19,7 @@ TOWARDS = (
     [("power", "A", True, 300.0, False)]
     + [("ack", "j1", r, True, "ckpt") for r in range(4)]
     + [("power", "A", True, 50.0, False), ("node", "n1", "off"), ("node", "n2", "off"), ("advance", 1.0)]
+    + [("node", "s1", "off"), ("node", "w1", "off")]  # the last stage: storage, network
     + [("power", "A", False, None, False), ("advance", 40.0), ("advance", 60.0)]  # mains back: the restore
 )
 NOISE = steps.map(lambda s: s[0])
@@ -25,6 +27,18 @@ MIXED = st.tuples(*[st.lists(NOISE, max_size=3) for _ in TOWARDS]).map(
     lambda gaps: [s for gap, step in zip(gaps, TOWARDS, strict=True) for s in (*gap, step)]
 )
 
+# the harness's site with a storage, a network and a management node on feed A (and a storage
+# node on A+B, which A alone does not take down while B is on line)
+SITE = Topology(
+    site="dc1",
+    feeds=TOPO.feeds,
+    infra={
+        "s1": ("storage", ("A",)),
+        "s2": ("storage", ("A", "B")),
+        "w1": ("network", ("A",)),
+        "m1": ("management", ("A",)),
+    },
+)
 ON = POLICY.model_copy(update={"ups_off": True, "ups_off_delay_s": 30, "ups_off_runtime_s": 60, "ups_off_after_s": 600})
 
 
@@ -156,6 +170,47 @@ def test_a_failed_ups_command_is_recorded_and_not_sent_again():
     assert saga.pending(d.rec, d.policy) == [] and len([c for c in d.commands if c.kind == "ups_off"]) == 1
 
 
+def test_the_last_stage_shuts_storage_then_network_down_tells_the_ups_then_shuts_powerguards_hosts():
+    d = Drive(policy=ON, topo=SITE)
+    d.power("A", True)
+    d.ack_all("j1")
+    d.power("A", True, runtime_s=50)
+    assert [c.target for c in d.commands if c.kind == "shutdown"] == ["n1", "n2"]  # compute only, as ever
+    d.node("n1", "off")
+    d.node("n2", "off")
+    assert d.state == "down"
+    last = [(c.kind, c.target) for c in d.commands[-1:]]
+    assert last == [("shutdown", "s1")] and "ups_off" not in [c.kind for c in d.commands]  # storage first
+    assert decide(d).blocked == {"A": "the last stage: s1, which it alone feeds, is not off yet"}
+    assert [c.target for c in saga.pending(d.rec, d.policy)] == ["s1"]  # re-sent after a restart
+    d.node("s1", "off")
+    assert [(c.kind, c.target) for c in d.commands[-1:]] == [("shutdown", "w1")]  # then the network
+    d.node("w1", "off")
+    told = [c for c in d.commands if c.kind == "ups_off"]
+    assert [(c.target, c.args["nodes"]) for c in told] == [("A", ["n1", "n2", "s1", "w1"])]
+    assert [(c.kind, c.target) for c in d.commands[-2:]] == [("ups_off", "A"), ("shutdown", "m1")]  # ours last
+    assert "s2" not in d.rec.nodes  # fed by B too, and B is on line: it keeps its power
+    d.node("m1", "off")
+    d.power("A", False, charge_pct=90)
+    d.advance(100)
+    assert d.state == "restoring"
+    assert sorted(c.target for c in d.commands if c.kind == "power_on") == ["m1", "n1", "n2", "s1", "w1"]
+
+
+def test_a_storage_node_whose_off_failed_keeps_the_ups_from_being_told():
+    d = Drive(policy=ON.model_copy(update={"off_retries": 0}), topo=SITE)
+    d.power("A", True)
+    d.ack_all("j1")
+    d.power("A", True, runtime_s=50)
+    d.node("n1", "off")
+    d.node("n2", "off")
+    d.node("s1", "failed_off", "no IPMI answer")
+    assert decide(d).blocked == {
+        "A": "the last stage: s1, which it alone feeds, may still be on (its off failed: no IPMI answer)"
+    }
+    assert not [c for c in d.commands if c.kind == "ups_off"] and "w1" not in d.rec.nodes
+
+
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(MIXED)
 def test_a_ups_is_due_only_when_everything_it_alone_powers_is_off_and_durable(steps_):
@@ -163,23 +218,34 @@ def test_a_ups_is_due_only_when_everything_it_alone_powers_is_off_and_durable(st
     battery, every node that loses power with it (by the site's feeds and the readings the test
     sent) last reported off, and every job with a rank there has a complete round; once, and
     no node is powered on before the UPS could cycle its output."""
-    d = Drive(policy=ON)
+    d = Drive(policy=ON, topo=SITE)
     last_report: dict[str, str] = {}
     told: dict[str, float] = {}
     for step in steps_:
         if step[0] == "node" and d.rec is not None:
             last_report[step[1]] = step[2]
-        cmds = apply(d, step)
-        for c in cmds:
+        for c in apply(d, step):  # in the order the saga issued them
+            if c.kind == "shutdown" and c.target in SITE.infra:
+                role, feeds = SITE.infra[c.target]
+                if role == "management":
+                    assert set(feeds) & set(told), f"{c.target} shut down before its UPS was told"
+                else:
+                    assert not set(feeds) & set(told), f"{c.target} ({role}) shut down after its UPS was told"
+                dark = [n for n, f in TOPO.feeds.items() if set(f) & set(feeds) and set(f) <= set(feeds)]
+                assert all(last_report.get(n) == "off" for n in dark), f"{c.target} shut down before compute was off"
             if c.kind == "power_on":
                 late = {u: t for u, t in told.items() if d.now < t + ON.ups_off_delay_s + ON.ups_off_return_s}
                 assert not late, f"{c.target} powered on before {late} could cycle its output"
-        for ups in (c.target for c in cmds if c.kind == "ups_off"):
+            if c.kind != "ups_off":
+                continue
+            ups = c.target
             assert ups not in told, f"{ups} told twice"
             told[ups] = d.now
             assert d.ups[ups].on_battery, f"{ups} told while on line"
             on_battery = {u for u, v in d.ups.items() if v.on_battery}
             dark = [n for n, feeds in TOPO.feeds.items() if ups in feeds and set(feeds) <= on_battery]
+            loads = [n for n, (r, f) in SITE.infra.items() if r != "management" and ups in f and set(f) <= on_battery]
+            assert all(last_report.get(n) == "off" for n in loads), f"{ups} told before its loads {loads} were off"
             assert dark, "a UPS that feeds nothing of the saga is never told"
             for n in dark:
                 last = last_report.get(n)

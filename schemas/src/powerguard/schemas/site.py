@@ -149,6 +149,13 @@ class NodeConfig(_Model):
     outlets: list[OutletRef] = Field(default_factory=list)
     bmc: BmcConfig | None = None
     power_on_group: int = Field(default=0, ge=0)
+    role: Literal["compute", "storage", "network", "management"] = Field(
+        default="compute",
+        description="compute: runs jobs, checkpointed and shut down by the outage saga. storage, network: kept "
+        "up for the checkpoints and shut down in the last stage of an outage longer than the battery (storage, "
+        "then network) before the UPS is told to cut its output. management: PowerGuard's own hosts, shut down "
+        "last, after the UPS was told (they go down within its delay)",
+    )
 
     _name = field_validator("name")(lambda v: token(v, what="node"))
 

@@ -17,7 +17,12 @@ each one that is not says the first rule it fails:
 5. every rank of every job with a rank on those nodes has a durable checkpoint of this outage
    (its power or its final round complete);
 6. it is time: its runtime left (the most conservative estimate, :mod:`.battery`) is at or
-   below ``ups_off_runtime_s + ups_off_delay_s``, or the saga has been down ``ups_off_after_s``.
+   below ``ups_off_runtime_s + ups_off_delay_s``, or the saga has been down ``ups_off_after_s``;
+7. the site's other loads it alone feeds (``role`` in the site file) are down: once 1-6 hold,
+   its storage nodes are shut down, then its network nodes (``Decision.shutdown``), and it is
+   told only when all of them are off (the same rules as 4). Its management nodes
+   (PowerGuard's own hosts) are shut down last, right after it is told (``UpsOff.management``):
+   they go down within its delay, and power-control, which runs there, does not read them.
 
 Nothing here sleeps or does I/O; ``now`` is the caller's clock. :func:`.saga.handle` calls it
 while a saga is down (``ups_off`` commands; power-control's NUT driver carries them out).
@@ -52,18 +57,44 @@ class UpsOff:
     delay_s: float
     reason: str
     nodes: tuple[str, ...] = ()  # what loses power with it (power-control reads each one first)
+    management: tuple[str, ...] = ()  # PowerGuard's own hosts it alone feeds: shut down right after it is told
 
 
 @dataclass(frozen=True)
 class Decision:
     due: list[UpsOff] = field(default_factory=list)
     blocked: dict[str, str] = field(default_factory=dict)  # UPS -> why not now
+    shutdown: list[str] = field(default_factory=list)  # storage/network nodes to shut down now (the last stage)
+
+
+INFRA_ORDER = ("storage", "network")  # shut down in this order before their UPS is told
 
 
 def fed_alone(ups: str, topo: Topology, on_battery: set[str]) -> list[str]:
     """The nodes that lose power when ``ups`` cuts its output: it feeds them and each of their
     other feeds is on battery too (one on mains keeps a node powered)."""
     return sorted(n for n, feeds in topo.feeds.items() if ups in feeds and set(feeds) <= on_battery | {ups})
+
+
+def infra_fed_alone(ups: str, topo: Topology, on_battery: set[str], role: str) -> list[str]:
+    """The site's ``role`` nodes (storage, network, management) that lose power with ``ups``."""
+    return sorted(
+        n for n, (r, feeds) in topo.infra.items() if r == role and ups in feeds and set(feeds) <= on_battery | {ups}
+    )
+
+
+def _not_off(rec: SagaRecord, node: str) -> str | None:
+    """Why ``node`` cannot count as off in this saga (None: shut down by it and off)."""
+    plan = rec.nodes.get(node)
+    if plan is None or plan.shutdown_at is None:
+        return f"{node}, which it alone feeds, was not shut down by this saga"
+    if plan.off_at is None:
+        return f"{node}, which it alone feeds, is not off yet"
+    if plan.error is not None:
+        return f"{node}, which it alone feeds, may still be on (its off failed: {plan.error})"
+    if plan.in_doubt is not None:
+        return f"{node}, which it alone feeds, may be on again: {plan.in_doubt}"
+    return None
 
 
 def _down_since(rec: SagaRecord) -> float | None:
@@ -79,19 +110,38 @@ def decide(rec: SagaRecord, *, now: float, topo: Topology, policy: Policy) -> De
     out = Decision()
     for ups in fed:
         why = _blocked(rec, ups, now=now, topo=topo, policy=policy, on_battery=on_battery)
+        if why is None:
+            why = _loads(rec, ups, topo, on_battery, out.shutdown)
         if why is not None:
             out.blocked[ups] = why
             continue
+        loads = [n for role in INFRA_ORDER for n in infra_fed_alone(ups, topo, on_battery, role)]
         out.due.append(
             UpsOff(
                 ups=ups,
                 key=command_key(rec.saga_id, target(ups), ACTION),
                 delay_s=policy.ups_off_delay_s,
                 reason=_due(rec, ups, now=now, topo=topo, policy=policy) or "",
-                nodes=tuple(fed_alone(ups, topo, on_battery)),
+                nodes=tuple(fed_alone(ups, topo, on_battery) + loads),
+                management=tuple(infra_fed_alone(ups, topo, on_battery, "management")),
             )
         )
     return out
+
+
+def _loads(rec: SagaRecord, ups: str, topo: Topology, on_battery: set[str], shutdown: list[str]) -> str | None:
+    """Rule 7: the storage, then the network nodes it alone feeds, shut down and off before it is
+    told; those to shut down now are added to ``shutdown``. None once all are off."""
+    for role in INFRA_ORDER:
+        nodes = infra_fed_alone(ups, topo, on_battery, role)
+        start = [n for n in nodes if n not in rec.nodes or rec.nodes[n].shutdown_at is None]
+        if start:
+            shutdown.extend(n for n in start if n not in shutdown)
+            return f"the last stage: shutting down its {role} first ({', '.join(start)})"
+        for n in nodes:
+            if why := _not_off(rec, n):
+                return f"the last stage: {why}"
+    return None
 
 
 def _blocked(
@@ -107,15 +157,8 @@ def _blocked(
     if view.drill or rec.drill:
         return "a drill: a UPS's output is never cut"
     for node in fed_alone(ups, topo, on_battery):
-        plan = rec.nodes.get(node)
-        if plan is None or plan.shutdown_at is None:
-            return f"{node}, which it alone feeds, was not shut down by this saga"
-        if plan.off_at is None:
-            return f"{node}, which it alone feeds, is not off yet"
-        if plan.error is not None:
-            return f"{node}, which it alone feeds, may still be on (its off failed: {plan.error})"
-        if plan.in_doubt is not None:
-            return f"{node}, which it alone feeds, may be on again: {plan.in_doubt}"
+        if why := _not_off(rec, node):
+            return why
     nodes = set(fed_alone(ups, topo, on_battery))
     for name, plan in sorted(rec.jobs.items()):
         if set(plan.ranks.values()) & nodes and plan.durable_step is None:

@@ -843,9 +843,21 @@ def _ups_off(rec: SagaRecord, now: float, topo: Topology, policy: Policy, out: l
     """Tell each UPS that :mod:`.killpower` finds due to cut its output and return."""
     if not policy.ups_off:
         return
-    for due in killpower.decide(rec, now=now, topo=topo, policy=policy).due:
+    decision = killpower.decide(rec, now=now, topo=topo, policy=policy)
+    for node in decision.shutdown:  # the last stage: the site's storage, then network, first
+        _shut_down_load(rec, node, now, out)
+    for due in decision.due:
         rec.ups_off[due.ups] = UpsOffPlan(told_at=now, delay_s=due.delay_s, reason=due.reason, nodes=list(due.nodes))
         _emit(rec, out, _ups_command(rec, due.ups))
+        for node in due.management:  # PowerGuard's own hosts last: down within the UPS's delay
+            _shut_down_load(rec, node, now, out)
+
+
+def _shut_down_load(rec: SagaRecord, node: str, now: float, out: list[Command]) -> None:
+    plan = rec.nodes.setdefault(node, NodePlan(node=node))
+    if plan.shutdown_at is None:
+        plan.shutdown_at = now
+        _emit(rec, out, _node_command(rec, "shutdown", node, {}))
 
 
 def _ups_command(rec: SagaRecord, ups: str) -> Command:
@@ -1154,6 +1166,10 @@ def pending(rec: SagaRecord, policy: Policy) -> list[Command]:
                 out.append(_node_command(rec, "shutdown", node, by_node))
     if rec.state in (S.DOWN, S.PARTLY_DOWN):
         out += [_ups_command(rec, u) for u, t in sorted(rec.ups_off.items()) if t.done_at is None and t.error is None]
+        by_node = rec.jobs_by_node()
+        for node, p in sorted(rec.nodes.items()):  # the last stage's loads (and any off not reported)
+            if p.shutdown_at is not None and p.off_at is None:
+                out.append(_node_command(rec, "shutdown", node, by_node))
     elif rec.state == S.RESTORING:
         for node, p in sorted(rec.nodes.items()):
             if p.power_on_at is not None and p.ready_at is None:

@@ -12,8 +12,11 @@ from powerguard.schemas import AgentData, HoldPolicy, SiteConfig
 @dataclass(frozen=True)
 class Topology:
     site: str
-    feeds: Mapping[str, tuple[str, ...]]  # node -> UPSes feeding it
+    feeds: Mapping[str, tuple[str, ...]]  # compute node -> UPSes feeding it
     capacity: Mapping[str, tuple[float, float]] = field(default_factory=dict)  # UPS -> (Wh, rated W)
+    # storage, network and management nodes -> (role, feeds): never part of the outage's shutdown,
+    # only of the last stage of an outage longer than the battery (killpower.py)
+    infra: Mapping[str, tuple[str, tuple[str, ...]]] = field(default_factory=dict)
     groups: Mapping[tuple[str, ...], tuple[str, ...]] = field(init=False)  # feed set -> its nodes
 
     def __post_init__(self) -> None:
@@ -25,11 +28,15 @@ class Topology:
     @classmethod
     def from_site(cls, site: SiteConfig) -> Topology:
         capacity = {u.name: (u.capacity_wh, u.rated_w) for u in site.ups if u.capacity_wh and u.rated_w}
-        return cls(site=site.site, feeds={n.name: tuple(n.feeds) for n in site.nodes}, capacity=capacity)
+        feeds = {n.name: tuple(n.feeds) for n in site.nodes if n.role == "compute"}
+        infra = {n.name: (n.role, tuple(n.feeds)) for n in site.nodes if n.role != "compute"}
+        return cls(site=site.site, feeds=feeds, capacity=capacity, infra=infra)
 
     @property
     def ups(self) -> set[str]:
-        return {u for feeds in self.feeds.values() for u in feeds}
+        return {u for feeds in self.feeds.values() for u in feeds} | {
+            u for _, feeds in self.infra.values() for u in feeds
+        }
 
     def nodes_at_risk(self, on_battery: Iterable[str]) -> list[str]:
         """Nodes whose every feed is on battery (A+B: one healthy feed keeps a node safe)."""
