@@ -146,6 +146,27 @@ async def test_kv_cas_refuses_a_stale_revision(bus):
     assert entry.revision == rev2 and entry.json() == {"state": "checkpointing"}
 
 
+async def test_kv_keys_are_listed_even_when_nats_py_answers_no_keys(bus, monkeypatch):
+    """nats-py's key listing can say "no keys" while the bucket holds some (its watcher checks
+    the pending count after the server already pushed them): a coordinator taking over then
+    resumed no saga. The wrapper checks such an answer against the stream itself."""
+    from nats.js import errors as js_errors
+
+    sagas = await bus.sagas()
+    assert await sagas.keys() == []
+    await sagas.create("saga-1", {"state": "holding"})
+    await sagas.create("saga-2", {"state": "down"})
+    await sagas.create("gone", {"state": "done"})
+    await sagas.delete("gone")
+    assert await sagas.keys() == ["saga-1", "saga-2"]
+
+    async def no_keys(*args, **kwargs):
+        raise js_errors.NoKeysError
+
+    monkeypatch.setattr(sagas.raw, "keys", no_keys)  # the race, every time
+    assert await sagas.keys() == ["saga-1", "saga-2"]  # was [] (the open sagas unseen)
+
+
 async def test_setup_is_idempotent_and_safe_to_race(make_bus, names):
     buses = await asyncio.gather(*(make_bus(f"svc{i}", setup=False) for i in range(3)))
     await asyncio.gather(*(b.setup() for b in buses))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from dataclasses import dataclass
 from typing import Any
@@ -72,10 +73,27 @@ class Kv:
         await self.raw.purge(key)
 
     async def keys(self) -> list[str]:
+        """Every live key. nats-py's listing can answer "no keys" while the bucket holds some:
+        its watcher reads the consumer's pending count after the server may already have pushed
+        every key, and then signals the end before the first one is handled (a coordinator
+        taking over resumed no saga: the saga stayed open, unseen). So an empty answer is
+        checked against the stream itself: its subjects, each key's newest message (a deleted
+        key's is its marker)."""
         try:
             return sorted(await self.raw.keys())
         except js_errors.NoKeysError:
+            pass
+        pre = self.raw._pre  # "$KV.<bucket>."; nats-py keeps the stream and prefix private
+        info = await self.raw._js.stream_info(self.raw._stream, subjects_filter=f"{pre}>")
+        if not info.state.messages:
             return []
+        candidates = sorted(s[len(pre) :] for s in (info.state.subjects or {}))
+        live: list[str] = []
+        for i in range(0, len(candidates), 256):  # bounded: a bucket may hold 100k keys
+            batch = candidates[i : i + 256]
+            got = await asyncio.gather(*(self.get(k) for k in batch))
+            live += [k for k, entry in zip(batch, got, strict=True) if entry is not None]
+        return live
 
     async def items(self) -> list[KvEntry]:
         out = []
