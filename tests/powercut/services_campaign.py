@@ -79,7 +79,7 @@ async def _kept(bus: Bus) -> str:
 
 
 async def _now(bus: Bus) -> tuple[str | None, str | None]:
-    """The stored saga now, read again while a read races a write and finds none (20 tries)."""
+    """The stored saga now (read again, up to 20 times, while a read finds none)."""
     for _ in range(20):
         got = await _state(bus)
         if got[0] is not None:
@@ -90,8 +90,7 @@ async def _now(bus: Bus) -> tuple[str | None, str | None]:
 
 async def _until(bus: Bus, states: tuple[str, ...], timeout_s: float) -> tuple[str | None, str | None]:
     """Poll the stored saga (the broker's word, not an event) until it is in one of ``states``:
-    (saga id, state). A read may find no saga while the coordinator rewrites it (the KV key
-    listing races the write): polled again, never taken as the answer."""
+    (saga id, state). A read that finds no saga is polled again, never taken as the answer."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
     seen: tuple[str | None, str | None] = (None, None)
