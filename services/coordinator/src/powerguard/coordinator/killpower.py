@@ -109,9 +109,11 @@ def decide(rec: SagaRecord, *, now: float, topo: Topology, policy: Policy) -> De
     on_battery = {u for u, v in rec.ups.items() if v.on_battery}
     out = Decision()
     for ups in fed:
-        why = _blocked(rec, ups, now=now, topo=topo, policy=policy, on_battery=on_battery)
+        when = None
+        why = _blocked(rec, ups, topo=topo, policy=policy, on_battery=on_battery)
         if why is None:
-            why = _loads(rec, ups, topo, on_battery, out.shutdown)
+            when = _due(rec, ups, now=now, topo=topo, policy=policy)
+            why = "not yet: the battery lasts" if when is None else _loads(rec, ups, topo, on_battery, out.shutdown)
         if why is not None:
             out.blocked[ups] = why
             continue
@@ -121,7 +123,7 @@ def decide(rec: SagaRecord, *, now: float, topo: Topology, policy: Policy) -> De
                 ups=ups,
                 key=command_key(rec.saga_id, target(ups), ACTION),
                 delay_s=policy.ups_off_delay_s,
-                reason=_due(rec, ups, now=now, topo=topo, policy=policy) or "",
+                reason=when or "",
                 nodes=tuple(fed_alone(ups, topo, on_battery) + loads),
                 management=tuple(infra_fed_alone(ups, topo, on_battery, "management")),
             )
@@ -144,9 +146,8 @@ def _loads(rec: SagaRecord, ups: str, topo: Topology, on_battery: set[str], shut
     return None
 
 
-def _blocked(
-    rec: SagaRecord, ups: str, *, now: float, topo: Topology, policy: Policy, on_battery: set[str]
-) -> str | None:
+def _blocked(rec: SagaRecord, ups: str, *, topo: Topology, policy: Policy, on_battery: set[str]) -> str | None:
+    """Rules 1-5: the first one ``ups`` fails (None: all hold)."""
     if not policy.ups_off:
         return "the site does not allow it (coordinator.ups_off: false)"
     if command_key(rec.saga_id, target(ups), ACTION) in rec.issued:
@@ -163,7 +164,7 @@ def _blocked(
     for name, plan in sorted(rec.jobs.items()):
         if set(plan.ranks.values()) & nodes and plan.durable_step is None:
             return f"job {name} has ranks without a durable checkpoint of this outage"
-    return None if _due(rec, ups, now=now, topo=topo, policy=policy) else "not yet: the battery lasts"
+    return None
 
 
 def _due(rec: SagaRecord, ups: str, *, now: float, topo: Topology, policy: Policy) -> str | None:

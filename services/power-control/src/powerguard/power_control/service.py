@@ -282,31 +282,29 @@ class PowerControl:
         with self._tracer.start_as_current_span(
             f"ups_off {d.ups}", attributes={"powerguard.saga_id": d.saga_id, "powerguard.ups": d.ups}
         ) as span:
-            if d.dry_run or self.settings.dry_run:
-                detail = f"dry-run: would tell {d.ups} to cut its output in {d.delay_s:.0f}s and return with mains"
-                log.info("%s", detail)
-                await self._ups_result(d, ok=True, detail=detail, started=started)
-                await self._finish(key, True, detail)
-                return
-            on = await self._nodes_on(d.nodes)
-            if on:
-                why = f"not told: {', '.join(on)} on (read now; powered on by hand since its off?)"
-                log.error("%s: %s", d.ups, why)
-                await self._ups_result(d, ok=False, error=why, started=started)
-                await self._finish(key, False, why)
-                return
-            try:
-                detail = await self.ups_outputs.driver(d.ups).shutdown_return(d.delay_s)
-            except Exception as exc:  # a refused credential, upsd down, a bug: reported, never silent
-                log.error("telling %s to cut its output failed: %s", d.ups, exc)
-                span.set_attribute("powerguard.ok", False)
-                await self._ups_result(d, ok=False, error=str(exc), started=started)
-                await self._finish(key, False, str(exc))
-                return
-            log.warning("%s: %s (output off in %.0fs, on again when mains returns)", d.ups, detail, d.delay_s)
-            span.set_attribute("powerguard.ok", True)
-            await self._ups_result(d, ok=True, detail=detail, started=started)
-            await self._finish(key, True, detail)
+            ok, text = await self._tell_ups(d)
+            span.set_attribute("powerguard.ok", ok)
+            await self._ups_result(d, ok=ok, started=started, **({"detail": text} if ok else {"error": text}))
+            await self._finish(key, ok, text)
+
+    async def _tell_ups(self, d) -> tuple[bool, str]:
+        """(told, what the UPS said or why not)."""
+        if d.dry_run or self.settings.dry_run:
+            detail = f"dry-run: would tell {d.ups} to cut its output in {d.delay_s:.0f}s and return with mains"
+            log.info("%s", detail)
+            return True, detail
+        on = await self._nodes_on(d.nodes)
+        if on:
+            why = f"not told: {', '.join(on)} on (read now; powered on by hand since its off?)"
+            log.error("%s: %s", d.ups, why)
+            return False, why
+        try:
+            detail = await self.ups_outputs.driver(d.ups).shutdown_return(d.delay_s)
+        except Exception as exc:  # a refused credential, upsd down, a bug: reported, never silent
+            log.error("telling %s to cut its output failed: %s", d.ups, exc)
+            return False, str(exc)
+        log.warning("%s: %s (output off in %.0fs, on again when mains returns)", d.ups, detail, d.delay_s)
+        return True, detail
 
     async def _nodes_on(self, nodes: Sequence[str]) -> list[str]:
         """The nodes of ``nodes`` whose BMC says they are on now (each read on its own; a node
