@@ -22,9 +22,9 @@ reachable from ``root`` through durable entries, each file with its durable data
 data was never synced). A directory whose own fsync came before its parent's made its entries
 durable, but it is reachable only once the parent's entry for it is: as on a real disk.
 
-Run: ``python -m tests.powercut.fs ROOT MOUNTPOINT`` (foreground; unmount with ``fusermount3 -u``).
+Run: ``python -m powerguard.sim.powercut_fs ROOT MOUNTPOINT`` (foreground; unmount with ``fusermount3 -u``).
 Library: mfusepy (ctypes over libfuse 3: no compiler, no async runtime; pyfuse3 needs a build
-and trio). Not a product module: a test peer.
+and trio). Used by the tests (tests/powercut), bench/powercut.py and `powerguard demo --blackout`.
 """
 
 from __future__ import annotations
@@ -327,7 +327,7 @@ class PowerCutOps(Operations):
 
 def main(argv: list[str]) -> int:
     if len(argv) != 2:
-        print("usage: python -m tests.powercut.fs ROOT MOUNTPOINT", file=sys.stderr)
+        print("usage: python -m powerguard.sim.powercut_fs ROOT MOUNTPOINT", file=sys.stderr)
         return 2
     root, mountpoint = Path(argv[0]), argv[1]
     if not (root / "uids.json").exists():
