@@ -68,6 +68,9 @@ async def run_demo(
     if scenario == "real-ups":  # a real-time battery (600 s reported, ~470 s at the training load) on NUT
         options.ups_driver, options.speed, options.shutdown_reserve_s = "nut", 1.0, 120.0
         options.steps = max(steps, 600)  # two outages
+    if scenario == "blackout":  # the UPS may cut its output; broker and checkpoints on power-cut disks
+        options.blackout = True
+        console_port = None  # the console's broker goes dark with the site
     if framework:
         options.local_scope = "shared"  # a framework's checkpoints: one directory every rank sees
     site = SimSite(work, options)
@@ -85,6 +88,14 @@ async def run_demo(
         await site.start()
         assert site.nats is not None
         console.print(f"[dim]nats {site.nats.url}, site file {site.site_file}, OTLP receiver {site.otlp_url}[/dim]")
+        if scenario == "blackout":
+            console.print(
+                "[dim]the broker's store and the checkpoint disks are on power-cut filesystems (FUSE): "
+                "what is not durable when the power goes is lost[/dim]"
+                if site.disks
+                else f"[yellow]no power-cut filesystem ({site.powercut_unavailable}): the blackout is SIGKILL "
+                "alone, which loses nothing the page cache holds[/yellow]"
+            )
         bus = await Bus.connect(site.nats.url, service="demo", names=BusNames())
         if console_port is not None:
             from powerguard.schemas import load_site
@@ -109,7 +120,8 @@ async def run_demo(
         report["bit_exact"] = _bit_exact(site.final, reference)
         report["seed"] = seed
         report["framework"] = framework or "torch"
-        await bus.drain()
+        if scenario != "blackout":  # a blackout's drill closed this one when the broker lost power
+            await bus.drain()
         bus = None
         await site.stop()  # the services flush their spans on the way out
         await asyncio.sleep(0.5)
@@ -202,6 +214,14 @@ def _summary(console: Console, r: dict) -> None:
             f"{b.get('charge_pct', '-')} % / {b.get('runtime_s', '-')} s / {b.get('runtime_at_training_load_s', '-')} s"
             if b
             else "-",
+        ),
+        *(
+            [
+                ("blackout: mains -> first training step", s(r.get("mains_to_first_step_s"))),
+                ("blackout: power-cut filesystem", "yes" if r.get("powercut_fs") else "no: SIGKILL alone"),
+            ]
+            if r.get("blackout")
+            else []
         ),
         ("final parameters bit-exact vs. reference run", "[green]yes[/green]" if r["bit_exact"] else "[red]NO[/red]"),
         ("trace", f"{r['trace_id']} ({r['span_count']} spans from {len(r['trace_services'])} services)"),

@@ -250,6 +250,14 @@ def demo(
         "the first measures the shutdown; in the second the UPS's runtime estimate drops from 600 s to 100 s, "
         "below the 120 s shutdown reserve, and its load jumps (needs nut-server)",
     ),
+    blackout: bool = typer.Option(
+        False,
+        "--blackout",
+        help="The outage outlasts the battery: once the nodes are off the coordinator tells the UPS to cut its "
+        "output; the whole site loses power, broker and services included (SIGKILL; the broker's store and the "
+        "checkpoints on a power-cut filesystem, which drops what was not durable, where FUSE mounts); mains "
+        "returns and the site comes back by itself",
+    ),
     seed: int = typer.Option(1234, "--seed", help="Training seed (the reference run uses the same)"),
     steps: int = typer.Option(300, "--steps", min=60, help="Training steps of the job"),
     hold_policy: str = typer.Option(
@@ -274,10 +282,10 @@ def demo(
 ) -> None:
     """Run a whole outage drill on this machine: embedded NATS, simulated UPS/PDU/BMCs, real services,
     a 2-node x 2-rank training job; checks bit-exact resume against a reference run."""
-    if flap + race + real_ups > 1:
-        err.print("[red]error:[/red] --flap, --race and --real-ups are different scenarios; pick one")
+    if flap + race + real_ups + blackout > 1:
+        err.print("[red]error:[/red] --flap, --race, --real-ups and --blackout are different scenarios; pick one")
         raise typer.Exit(2)
-    scenario = "flap" if flap else "race" if race else "real-ups" if real_ups else "outage"
+    scenario = "flap" if flap else "race" if race else "real-ups" if real_ups else "blackout" if blackout else "outage"
     from powerguard.schemas import HOLD_POLICIES
     from powerguard.sim.drill import DrillError
 
@@ -312,6 +320,8 @@ def demo(
         ok = ok and report["nodes_powered_off"] == 0 and "cancelled" in report["saga_states"]
     else:
         ok = ok and report["training_resumed_s"] is not None
+    if scenario == "blackout":  # the saga finished after the power came back, by itself
+        ok = ok and report["saga_states"][-1:] == ["done"] and report["mains_to_first_step_s"] is not None
     if not ok:
         err.print("[red]the drill did not meet its checks[/red] (see the table above)")
         raise typer.Exit(1)

@@ -8,6 +8,11 @@ power on/off/cycle/reset/soft-off (ACPI, honoured after ``--soft-off-delay`` unl
 (Get Chassis Status bits 5-6, Set Power Restore Policy). The power state lives in the JSON
 ``--state`` file (written atomically) so a simulated site can act on it.
 
+``--ac-restored``: the BMC starts because its node's AC power came back after a blackout. The
+node lost its power with it (``on`` in the state file becomes ``off``), then the restore policy
+decides, as a real chassis does: always-on boots it (after ``--boot-delay``), previous boots it
+when it was on when the power went, always-off leaves it off.
+
 Two pyghmi server bugs are worked around: it offers cipher suite 17 but cannot do it (so an
 open-session request for anything but SHA1 is refused and the client falls back), and it
 never answers an unknown user (answered here with RAKP2 status 0x0d, unauthorized name).
@@ -63,6 +68,7 @@ class SimBmc(bmc.Bmc):
         soft_off_delay: float,
         ignore_acpi: bool,
         address: str = "127.0.0.1",
+        ac_restored: bool = False,
     ):
         super().__init__(authdata, port=port, address=address)
         self.state_file = state
@@ -76,6 +82,17 @@ class SimBmc(bmc.Bmc):
         else:
             self.state = {"power": "on", "policy": 2, "changes": 0}
             self._save()
+        if ac_restored:
+            self._ac_restored()
+
+    def _ac_restored(self) -> None:
+        was_on = self.state["power"] == "on"
+        if was_on:
+            self._set("off")
+        self._log(f"AC power restored (restore policy {_POLICIES.get(self.state.get('policy', 2))})")
+        policy = self.state.get("policy", 2)
+        if policy == 2 or (policy == 1 and was_on):
+            self._set("on", self.boot_delay)
 
     def _save(self) -> None:
         tmp = self.state_file.with_suffix(".tmp")
@@ -155,6 +172,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--boot-delay", type=float, default=0.5, help="Seconds from power-on to 'on'")
     p.add_argument("--soft-off-delay", type=float, default=0.5, help="Seconds from ACPI shutdown to 'off'")
     p.add_argument("--ignore-acpi", action="store_true", help="Never honour a soft-off (a hung OS)")
+    p.add_argument(
+        "--ac-restored",
+        action="store_true",
+        help="Start as after a blackout: the node lost power; its restore policy decides whether it boots",
+    )
     args = p.parse_args(argv)
     password = args.password_file.read_text().strip()
     server = SimBmc(
@@ -165,6 +187,7 @@ def main(argv: list[str] | None = None) -> int:
         soft_off_delay=args.soft_off_delay,
         ignore_acpi=args.ignore_acpi,
         address=args.listen,
+        ac_restored=args.ac_restored,
     )
     print(f"bmc listening on {args.listen}:{args.port}", flush=True)
     try:

@@ -11,7 +11,9 @@ own figures (from its record in KV) are reported next to them.
 
 Scenarios: ``outage`` (the above), ``flap`` (power returns once every rank has acked, before
 any shutdown: the saga is cancelled and no node goes down), ``race`` (power returns while the
-nodes are shutting down: the shutdown finishes, then the restore runs).
+nodes are shutting down: the shutdown finishes, then the restore runs), ``blackout`` (the
+outage outlasts the battery: the UPS is told to cut its output, the whole site loses power,
+PowerGuard included, and comes back by itself: :mod:`.blackout`).
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ from powerguard.schemas import (
 
 from .site import SimSite
 
-SCENARIOS = ("outage", "flap", "race", "real-ups")
+SCENARIOS = ("outage", "flap", "race", "real-ups", "blackout")
 Notify = Callable[[float, str, str], None]  # (seconds since start, phase, text)
 
 
@@ -172,7 +174,9 @@ async def run_drill(site: SimSite, scenario: str, *, notify: Notify, bus: Bus, w
     def say(phase: str, text: str, at: float | None = None) -> None:
         notify((at or time.time()) - t_start, phase, text)
 
-    async def watch() -> None:
+    conn = {"bus": bus}  # the observer's connection (a new one after a blackout)
+
+    async def watch(bus: Bus) -> None:
         async for event in bus.subscribe(subject=bus.subjects.all, deliver="new"):
             obs = rounds[-1]
             if isinstance(event, SagaStateChanged) and event.data.state.value in ("final_checkpoint", "shutting_down"):
@@ -182,7 +186,22 @@ async def run_drill(site: SimSite, scenario: str, *, notify: Notify, bus: Bus, w
             if line:
                 say(*line)
 
-    watcher = asyncio.create_task(watch())
+    watchers = [asyncio.create_task(watch(bus))]
+
+    async def detach() -> None:
+        """A blackout is coming: the observer lets go of the broker (it is not part of the site)."""
+        for old in watchers:
+            old.cancel()
+        await asyncio.gather(*watchers, return_exceptions=True)
+        await conn["bus"].close()
+
+    async def attach() -> None:
+        """After a blackout: a new connection to the restarted broker, watched before any
+        service starts."""
+        conn["bus"] = await Bus.connect(site.nats_url, service="demo", names=bus.names)
+        watchers.append(asyncio.create_task(watch(conn["bus"])))
+        await asyncio.sleep(0.3)  # the subscription is bound
+
     try:
         await asyncio.sleep(0.3)  # the subscription is bound
         # the site's scheduler starts the job (the process adapter power-control restarts it with later);
@@ -214,13 +233,38 @@ async def run_drill(site: SimSite, scenario: str, *, notify: Notify, bus: Bus, w
                 site.battery.runtime_trace = REAL_UPS_RUNTIME_TRACE
                 site.battery.load_jumps = REAL_UPS_LOAD_JUMPS
                 say("outage", "this time the UPS's runtime estimate will drop from 600 s to 100 s, and its load jump")
-            times = await _one_outage(site, obs, kind, say=say, job=job, world=world)
+            if kind == "blackout":
+                from .blackout import blackout_outage
+
+                times = await blackout_outage(
+                    site,
+                    obs,
+                    say=say,
+                    job=job,
+                    world=world,
+                    until=_until,
+                    detach=detach,
+                    attach=attach,
+                    progress=lambda: _progress(site),
+                    lines=lambda: _lines(site),
+                )
+            else:
+                times = await _one_outage(site, obs, kind, say=say, job=job, world=world)
             if i < len(plan) - 1:
                 earlier.append({"saga_id": _saga_id(obs), "saga": await _saga_figures(bus, _saga_id(obs))})
                 rounds.append(Observed(t0=time.time()))
         obs = rounds[-1]
         await _until(obs, lambda: site.final.exists() and not site.job_running(), 240, "training to finish", site)
+        stages = times.pop("stages", None)
         report = _report(scenario, obs, site, **times)
+        if stages is not None:
+            from .blackout import blackout_figures
+
+            report["blackout"] = True
+            report.update(blackout_figures(stages, _lines(site), stop_at=times["stop_at"]))
+            report["powercut_fs"] = site.powercut_unavailable is None
+            if site.powercut_unavailable:
+                report["powercut_fs_unavailable"] = site.powercut_unavailable
         report["work"] = work_figures(
             _lines(site),
             step_at_detection=times["step_at_detection"],
@@ -228,15 +272,19 @@ async def run_drill(site: SimSite, scenario: str, *, notify: Notify, bus: Bus, w
         )
         del report["stop_at"]
         report["rpo_steps"] = report["work"]["lost_steps"]  # work lost at the stop: steps trained twice
+        report["steps_lost"] = report["rpo_steps"]
         report["battery_at_stop"] = obs.battery
-        report["saga"] = await _saga_figures(bus, report["saga_id"])
+        report["saga"] = await _saga_figures(conn["bus"], report["saga_id"])
         if earlier:
             report["earlier_outages"] = earlier
         return report
     finally:
-        watcher.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await watcher
+        for w in watchers:
+            w.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await w
+        if conn["bus"] is not bus:
+            await conn["bus"].close()  # the drill's own (the caller's was closed at the blackout)
 
 
 # the second outage of ``real-ups`` (UPS seconds on battery -> what the UPS reports from then on)
@@ -330,7 +378,8 @@ async def _saga_figures(bus: Bus, saga_id: str | None) -> dict | None:
 
     for s in await sagas(bus, include_closed=True):
         if s["saga"] == saga_id:
-            return {k: s[k] for k in ("state", "lost_steps", "hold_s", "stop_reason", "runtime_at_stop_s", "jobs")}
+            keys = ("state", "lost_steps", "hold_s", "stop_reason", "runtime_at_stop_s", "jobs", "ups_off")
+            return {k: s.get(k) for k in keys}
     return None
 
 

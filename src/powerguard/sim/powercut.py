@@ -21,7 +21,6 @@ import time
 from pathlib import Path
 
 
-
 def unavailable() -> str | None:
     """Why a FUSE mount cannot be made here (None: it can)."""
     if not os.path.exists("/dev/fuse"):

@@ -2,7 +2,16 @@
 UPS and a switched PDU as SNMP agents (pysnmp), one IPMI BMC per node (pyghmi, own process),
 an OTLP receiver for every process's spans, the site YAML, and the three services
 (ups-monitor, coordinator, power-control) as their own processes. The training job (ckpt-agent
-in every rank) is launched by power-control's ``process`` scheduler adapter."""
+in every rank) is launched by power-control's ``process`` scheduler adapter.
+
+With ``blackout`` the site can lose all its power, PowerGuard's own included: the UPS obeys
+UPS-MIB's upsControl group (its output goes off when told and on again when mains returns),
+the coordinator may tell it (``ups_off``), and the broker's store and the checkpoint disks
+live on power-cut filesystems (:mod:`.powercut_fs`) where FUSE can be mounted.
+:meth:`SimSite.power_lost` is the moment the output goes off: every process is SIGKILLed and
+what no one made durable is gone; :meth:`SimSite.power_returned` boots the site again (the
+PDU's outlets on, each BMC by its restore policy, the broker on what it kept) and
+:meth:`SimSite.start_services` starts the services, as their supervisor would at boot."""
 
 from __future__ import annotations
 
@@ -25,7 +34,8 @@ from powerguard.bus.roles import SERVICES
 
 from .otlp import OtlpReceiver
 from .pdu import SimPdu
-from .ups import Battery, ups_agent
+from .powercut import PowerCutFs, unavailable
+from .ups import Battery, Output, ups_agent
 
 # what the simulated site waits on purpose (the drill benchmark subtracts these from its timings)
 BOOT_DELAY_S = 1.0
@@ -36,7 +46,9 @@ SECRETS = {
     "PG_DEMO_PDU_COMMUNITY": "private",
     "PG_DEMO_BMC_USER": "admin",
     "PG_DEMO_BMC_PASSWORD": "demo-bmc-pw",
+    "PG_DEMO_UPS_WRITE_COMMUNITY": "ups-private",
 }
+UPS_OUTPUT_STARTUP_S = 1.0  # the UPS turns its output on this long after mains returns (auto restart)
 
 
 def _faketime() -> str:
@@ -81,6 +93,9 @@ class SiteOptions:
     local_scope: str = "node"  # each simulated node's own checkpoint disk (ckpt/<node>), or "shared"
     framework: str = ""  # "lightning" or "hf": the job trains with that framework's PowerGuard callback
     ups_driver: str = "snmp"  # "nut": Debian's upsd + dummy-ups fed with the battery's state (a real NUT server)
+    blackout: bool = False  # the UPS may be told to cut its output; broker store and checkpoints on power-cut disks
+    ups_off_after_s: float = 3.0  # blackout: the site limit (down on battery this long: tell the UPS)
+    ups_off_delay_s: float = 3.0  # blackout: the UPS's delay between the command and its output going off
 
 
 @dataclass
@@ -108,6 +123,11 @@ class SimSite:
         self._ups_port = 0
         self.nut = None  # the NUT server (ups_driver "nut")
         self._feeding = threading.Event()
+        self.output: Output | None = None  # blackout: the UPS's output (what feeds the whole site)
+        self.disks: list[PowerCutFs] = []  # blackout: the broker's store and the checkpoints, on power-cut disks
+        self.powercut_unavailable: str | None = None  # why the disks are plain directories (SIGKILL alone)
+        self.dark = False  # the site has no power (every process dead, by design)
+        self.bmc_argv: dict[str, list[str]] = {}
 
     # ------------------------------------------------------------ the physical site
     def node_on(self, node: str) -> bool:
@@ -174,8 +194,13 @@ class SimSite:
         ups = self.agents[0]
         ups.stop()
         await asyncio.sleep(seconds)
-        self.agents[0] = ups_agent(self.battery)
+        self.agents[0] = self._ups_agent()
         await self.agents[0].start("127.0.0.1", self._ups_port)
+
+    def _ups_agent(self):
+        if self.output is None:
+            return ups_agent(self.battery)
+        return ups_agent(self.battery, output=self.output, write_community=SECRETS["PG_DEMO_UPS_WRITE_COMMUNITY"])
 
     def fill_ckpt_disk(self) -> None:
         """Fill the checkpoint filesystem (``ckpt_disk_mb``) to the last byte."""
@@ -226,11 +251,27 @@ class SimSite:
                 capture_output=True,
             )
 
+    def _mount_powercut_disks(self) -> None:
+        """Blackout: the broker's store (journal mode: the metadata of ext4/XFS, which nats-server
+        needs) and the checkpoint disks (POSIX's promises alone) on power-cut filesystems."""
+        self.powercut_unavailable = unavailable()
+        if self.powercut_unavailable is not None:
+            return
+        self.disks = [
+            PowerCutFs(self.workdir / "disk-nats", self.workdir / "nats", mode="journal").start(),
+            PowerCutFs(self.workdir / "disk-ckpt", self.ckpt_dir, mode="posix").start(),
+        ]
+
     async def start(self) -> None:
+        if self.opts.blackout:
+            if self.opts.nats_nodes > 1 or self.opts.ckpt_disk_mb or self.opts.ups_driver != "snmp":
+                raise ValueError("blackout runs with one broker, the SNMP UPS and no checkpoint tmpfs")
+            self.output = Output(mains=lambda: not self.battery.on_battery, startup_delay_s=UPS_OUTPUT_STARTUP_S)
+            self._mount_powercut_disks()
         await self._start_nats()
         self._mount_ckpt_disk()
         self.otlp_url = await self.receiver.start()
-        ups = ups_agent(self.battery)
+        ups = self._ups_agent()
         ups_port = self._ups_port = await ups.start()
         pdu = self.pdu.agent()
         pdu_port = await pdu.start()
@@ -243,27 +284,29 @@ class SimSite:
         for n in self.node_names:
             bmc_ports[n] = _free_udp_port()
             self.bmc_state[n].write_text(json.dumps({"power": "on", "policy": 2, "changes": 0}))
-            self._spawn(
-                f"bmc-{n}",
-                [
-                    sys.executable,
-                    "-m",
-                    "powerguard.sim.bmc",
-                    "--port",
-                    str(bmc_ports[n]),
-                    "--user",
-                    SECRETS["PG_DEMO_BMC_USER"],
-                    "--password-file",
-                    str(pw),
-                    "--state",
-                    str(self.bmc_state[n]),
-                    "--boot-delay",
-                    str(BOOT_DELAY_S),
-                    "--soft-off-delay",
-                    "0.5",
-                ],
-            )
+            self.bmc_argv[n] = [
+                sys.executable,
+                "-m",
+                "powerguard.sim.bmc",
+                "--port",
+                str(bmc_ports[n]),
+                "--user",
+                SECRETS["PG_DEMO_BMC_USER"],
+                "--password-file",
+                str(pw),
+                "--state",
+                str(self.bmc_state[n]),
+                "--boot-delay",
+                str(BOOT_DELAY_S),
+                "--soft-off-delay",
+                "0.5",
+            ]
+            self._spawn(f"bmc-{n}", self.bmc_argv[n])
         self.site_file.write_text(yaml.safe_dump(self._site(ups_port, pdu_port, bmc_ports), sort_keys=False))
+        self.start_services()
+
+    def start_services(self) -> None:
+        """ups-monitor, the coordinator and power-control, each its own process."""
         for svc in SERVICES:
             self._spawn(
                 svc,
@@ -362,7 +405,9 @@ class SimSite:
         self._spawn(name, self.argv[name])
 
     def dead(self) -> list[str]:
-        """Processes of the site that died (a service crash shows up here)."""
+        """Processes of the site that died (a service crash shows up here; none while the site is dark)."""
+        if self.dark:
+            return []
         return [n for n, p in self.procs.items() if p.poll() is not None]
 
     def _train_argv(self, *, out: Path, local_dir: Path, nats: bool) -> list[str]:
@@ -436,6 +481,15 @@ class SimSite:
         }
         if self.nut is not None:
             ups = {"name": "ups-a", "driver": "nut", "host": "127.0.0.1", "port": self.nut.port}
+        blackout = {}
+        if o.blackout:  # the last step of an outage longer than the battery (UPS-MIB upsControl)
+            ups["control"] = {"options": {"community": {"env": "PG_DEMO_UPS_WRITE_COMMUNITY"}}}
+            blackout = {
+                "ups_off": True,
+                "ups_off_after_s": o.ups_off_after_s,
+                "ups_off_delay_s": o.ups_off_delay_s,
+                "ups_off_return_s": 1.0,
+            }
         return {
             "site": "demo",
             "ups": [ups],
@@ -468,6 +522,7 @@ class SimSite:
                 "restore_timeout_s": 150,
                 "max_on_battery_s": o.max_on_battery_s,
                 "hold_policy": o.hold_policy,
+                **blackout,
             },
             "power_control": {
                 "soft_off_timeout_s": 5,
@@ -494,6 +549,42 @@ class SimSite:
                 },
             },
         }
+
+    # ------------------------------------------------------------ a blackout
+    def power_lost(self) -> None:
+        """The UPS's output is off: the whole site loses power at once. Every process dies
+        (SIGKILL: no shutdown, no flush), the power-cut disks drop what was not durable, the
+        PDU's outlets are dead (as their PDU)."""
+        self.dark = True
+        for d in self.disks:  # the disks stop first: nothing written after this instant lands
+            if d.proc is not None and d.proc.poll() is None:
+                os.killpg(d.proc.pid, signal.SIGKILL)
+        job_pid = self.workdir / "jobs" / f"{self.opts.job}.pid"
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            os.killpg(int(job_pid.read_text().split()[0]), signal.SIGKILL)
+        for name in list(self.procs):
+            self.kill(name)
+        for n in self.nats_nodes:
+            n.kill()
+        for d in self.disks:
+            d.cut()
+        for outlet in self.pdu.state:
+            self.pdu.switch(outlet, False)
+
+    def power_returned(self) -> None:
+        """The UPS's output is on again: the PDU switches its outlets on (its own power-on
+        behaviour), the disks come back with what was durable, the broker starts on it, each
+        BMC starts and its node boots by its restore policy (always-on here, as `powerguard
+        power audit --fix` sets it). The services are :meth:`start_services`'s."""
+        for outlet in self.pdu.state:
+            self.pdu.switch(outlet, True)
+        for d in self.disks:
+            d.start()
+        for n in self.nats_nodes:
+            n.start()
+        for n in self.node_names:
+            self._spawn(f"bmc-{n}", [*self.bmc_argv[n], "--ac-restored"])
+        self.dark = False
 
     async def stop(self) -> None:
         job_pid = self.workdir / "jobs" / f"{self.opts.job}.pid"
@@ -522,6 +613,8 @@ class SimSite:
         for n in self.nats_nodes:
             n.stop()
         self._unmount_ckpt_disk()
+        for d in self.disks:
+            d.stop()
 
     def _unmount_ckpt_disk(self) -> None:
         if self.opts.ckpt_disk_mb > 0:
