@@ -191,7 +191,6 @@ def test_blackout_the_whole_site_loses_power_and_comes_back_by_itself_bit_exact(
     its restore policy, the broker and the services start on what was durable, the saga it kept
     finishes: the job resumes from its final checkpoint, not a step trained twice, bit-exact."""
     from powerguard.sim.powercut import unavailable
-
     from tests.conftest import IN_CI
 
     why = unavailable()

@@ -559,9 +559,7 @@ class SimSite:
         for d in self.disks:  # the disks stop first: nothing written after this instant lands
             if d.proc is not None and d.proc.poll() is None:
                 os.killpg(d.proc.pid, signal.SIGKILL)
-        job_pid = self.workdir / "jobs" / f"{self.opts.job}.pid"
-        with contextlib.suppress(OSError, ValueError, IndexError):
-            os.killpg(int(job_pid.read_text().split()[0]), signal.SIGKILL)
+        self._kill_job()
         for name in list(self.procs):
             self.kill(name)
         for n in self.nats_nodes:
@@ -570,6 +568,17 @@ class SimSite:
             d.cut()
         for outlet in self.pdu.state:
             self.pdu.switch(outlet, False)
+
+    def _kill_job(self) -> None:
+        """SIGKILL the training job's launcher and every process below it (torchrun's workers
+        may sit in other process groups)."""
+        from .launch import descendants
+
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            pid = int((self.workdir / "jobs" / f"{self.opts.job}.pid").read_text().split()[0])
+            for p in [pid, *descendants(pid)]:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(p, signal.SIGKILL)
 
     def power_returned(self) -> None:
         """The UPS's output is on again: the PDU switches its outlets on (its own power-on

@@ -17,6 +17,13 @@ class Policy(BaseModel):
     margin_s: float = Field(default=10.0, ge=0, description="Safety margin on the checkpoint deadline")
     max_on_battery_s: float = Field(default=900.0, gt=0, description="Shut down after this long regardless")
     restore_stable_s: float = Field(default=30.0, ge=0, description="On line this long before restoring")
+    job_silence_s: float = Field(
+        default=15.0,
+        gt=0,
+        description="Power back before any shutdown: a job of the saga not heard from (a rank's heartbeat, every "
+        "5 s) this long since is taken to have lost its power (the site went dark before its shutdown) and is "
+        "restarted from its newest durable checkpoint; keep it below the agents' 30 s TTL",
+    )
     min_restart_charge_pct: float = Field(default=30.0, ge=0, le=100)
     shutdown_timeout_s: float = Field(default=300.0, gt=0, description="Give up waiting for nodes to report off")
     restore_timeout_s: float = Field(default=900.0, gt=0, description="Nodes ready and jobs resumed by then")

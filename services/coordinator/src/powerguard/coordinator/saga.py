@@ -238,6 +238,7 @@ class JobPlan(CkptRound):
     stop_step: int | None = None  # newest step the job had trained when it was stopped
     stop_step_exact: bool = False  # ranks were waiting at that step (else: the newest step reported)
     restart_at: float | None = None
+    kept_running: bool = False  # power returned before the shutdown and the job was heard alive: no restart
     resumed_at: float | None = None
     resumed_step: int | None = None
     attempt: int = 1  # the power round's attempt (a failed one is requested again: ckpt.2, ...)
@@ -333,6 +334,7 @@ class SagaRecord(BaseModel):
     shutdown_reason: str | None = None
     shutdown_started_at: float | None = None
     power_back_at: float | None = None
+    back_before_shutdown_at: float | None = None  # power returned before any shutdown: jobs must be heard since
     restore_started_at: float | None = None
     issued: set[str] = Field(default_factory=set)
     history: list[Transition] = Field(default_factory=list)
@@ -744,11 +746,10 @@ def _advance(rec: SagaRecord, now: float, topo: Topology, policy: Policy, out: l
 def _step(rec: SagaRecord, now: float, topo: Topology, policy: Policy, out: list[Command], jobs: JobsArg) -> None:
     state = rec.state
     if state in BEFORE_SHUTDOWN and not rec.at_risk:
-        _set(rec, S.CANCELLED, now, "power back before shutdown")
-        for name, plan in sorted(rec.jobs.items()):
-            if plan.paused:
-                _issue(rec, out, "release", name, "release")
+        _back_before_shutdown(rec, now, policy, out, jobs)
         return
+    if state in BEFORE_SHUTDOWN and rec.back_before_shutdown_at is not None:
+        rec.back_before_shutdown_at = None  # power failed again while the saga waited to hear its jobs
     if state == S.DETECTED or any(j.requested_at is None for j in rec.jobs.values()):
         _request_checkpoints(rec, now, topo, policy, out)
         if state not in (S.CHECKPOINTING, S.FINAL_CHECKPOINT):
@@ -821,7 +822,8 @@ def _step(rec: SagaRecord, now: float, topo: Topology, policy: Policy, out: list
     if state == S.RESTORING:
         for name, plan in _restartable(rec):
             nodes = set(plan.ranks.values())
-            if all(rec.nodes[n].ready_at is not None for n in nodes if n in rec.nodes) and plan.restart_at is None:
+            powered = [rec.nodes[n] for n in nodes if n in rec.nodes and rec.nodes[n].power_on_at is not None]
+            if all(p.ready_at is not None for p in powered) and plan.restart_at is None:
                 plan.restart_at = now
                 _emit(rec, out, _job_command(rec, "job_restart", name))
         nodes_ready = all(p.ready_at is not None for p in rec.nodes.values() if p.power_on_at is not None)
@@ -837,6 +839,42 @@ def _step(rec: SagaRecord, now: float, topo: Topology, policy: Policy, out: list
         for name, plan in sorted(rec.jobs.items()):
             if plan.paused:  # a safety net: nothing of this outage may keep a rank waiting
                 _issue(rec, out, "release", name, "release")
+
+
+def _back_before_shutdown(rec: SagaRecord, now: float, policy: Policy, out: list[Command], jobs: JobsArg) -> None:
+    """Power returned before any shutdown. Paused ranks are released at once. The saga ends
+    ``cancelled`` once every job it protects has been heard from (a heartbeat) since; a job not
+    heard for ``job_silence_s`` died with the power (the site lost power before its shutdown: a
+    blackout, a runtime estimate that was wrong) and is restarted from its newest durable
+    checkpoint (``restoring``). A job no longer registered (its ranks deregistered: it ended) is
+    not waited for."""
+    if rec.back_before_shutdown_at is None:
+        rec.back_before_shutdown_at = now
+        for name, plan in sorted(rec.jobs.items()):
+            if plan.paused:
+                _issue(rec, out, "release", name, "release")
+    since = rec.back_before_shutdown_at
+    live = _jobs_now(jobs) if rec.jobs else {}
+    silent = sorted(
+        name
+        for name in rec.jobs
+        if (info := live.get(name)) is not None and info.heard_at is not None and info.heard_at < since
+    )
+    if not silent:
+        _set(rec, S.CANCELLED, now, "power back before shutdown")
+        return
+    if now - since < policy.job_silence_s:
+        return
+    for name, plan in rec.jobs.items():
+        plan.kept_running = name not in silent
+    rec.restore_started_at = now
+    _set(
+        rec,
+        S.RESTORING,
+        now,
+        f"power back before shutdown, but job(s) {', '.join(silent)} not heard from in {policy.job_silence_s:.0f}s: "
+        "they lost their power; restarting from the newest durable checkpoint",
+    )
 
 
 def _ups_off(rec: SagaRecord, now: float, topo: Topology, policy: Policy, out: list[Command]) -> None:
@@ -868,8 +906,9 @@ def _ups_command(rec: SagaRecord, ups: str) -> Command:
 
 
 def _restartable(rec: SagaRecord) -> list[tuple[str, JobPlan]]:
-    """The jobs this saga restarts: its own and those carried from a saga it superseded."""
-    return sorted({**rec.carried, **rec.jobs}.items())
+    """The jobs this saga restarts: its own (but those that kept running through a power return
+    before the shutdown) and those carried from a saga it superseded."""
+    return sorted((k, p) for k, p in {**rec.carried, **rec.jobs}.items() if not p.kept_running)
 
 
 def _retry_rounds(rec: SagaRecord, now: float, topo: Topology, policy: Policy, out: list[Command]) -> str | None:
@@ -930,7 +969,7 @@ def supersede(old: SagaRecord, new: SagaRecord, now: float) -> None:
             node=node, shutdown_at=p.shutdown_at, off_at=p.off_at or now, error=p.error or f"carried from {old.saga_id}"
         )
     for name, plan in sorted({**old.carried, **old.jobs}.items()):
-        if plan.resumed_at is None and name not in new.jobs:
+        if plan.resumed_at is None and not plan.kept_running and name not in new.jobs:
             new.carried[name] = plan.model_copy(update={"restart_at": None})
     old.superseded_by = new.saga_id
     carried = sorted(new.carried)

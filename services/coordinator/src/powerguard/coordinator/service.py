@@ -186,13 +186,15 @@ class Coordinator:
             await self._watch.stop()
             self._watch = None
 
-    def _on_agent(self, agent: AgentData | None, key: str, seen_at: float) -> None:
+    def _on_agent(self, agent: AgentData | None, key: str, seen_at: float, stored: bool) -> None:
         if agent is None:
             self.registry.remove_key(key)
         else:
             # the coordinator's own clock: the KV timestamp is the server's, and a skew between
-            # the two would make every rank look expired (a saga without checkpoint requests)
-            self.registry.update(agent, time.time())
+            # the two would make every rank look expired (a saga without checkpoint requests).
+            # Records stored before the watch started are not news of a live rank (after a
+            # blackout they are the dead ranks' last words): only what is written since is heard
+            self.registry.update(agent, time.time(), heard=not stored)
 
     # ------------------------------------------------------------------ inputs
     async def on_batch(self, items: list[Received]) -> None:

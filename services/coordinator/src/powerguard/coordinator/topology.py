@@ -60,6 +60,10 @@ class JobInfo:
     ranks: dict[int, str] = field(default_factory=dict)  # rank -> node
     step: int | None = None  # newest step any rank reported
     hold_policy: HoldPolicy | None = None  # from the job's registration (None: the site's default)
+    # when a rank of the job was last heard from (a registration or heartbeat as it happened);
+    # -inf: only known from the bucket's stored records (a coordinator that just started: the
+    # ranks may have died with the power); None: the caller does not track it (counts as heard)
+    heard_at: float | None = None
 
     @property
     def nodes(self) -> set[str]:
@@ -76,9 +80,14 @@ class AgentRegistry:
     def __init__(self, ttl_s: float = 30.0) -> None:
         self.ttl_s = ttl_s
         self._by_job: dict[str, dict[int, tuple[AgentData, float]]] = {}
+        self._heard: dict[str, float] = {}  # job -> when a rank of it was last heard as it happened
 
-    def update(self, agent: AgentData, seen_at: float = float("inf")) -> None:
+    def update(self, agent: AgentData, seen_at: float = float("inf"), *, heard: bool = True) -> None:
+        """A rank's record; ``heard``: it came as it happened (a registration or heartbeat), not
+        from the bucket's stored records read at start."""
         self._by_job.setdefault(agent.job, {})[agent.rank] = (agent, seen_at)
+        if heard:
+            self._heard[agent.job] = max(self._heard.get(agent.job, -math.inf), seen_at)
 
     def remove(self, job: str, rank: int) -> None:
         ranks = self._by_job.get(job)
@@ -86,6 +95,7 @@ class AgentRegistry:
             ranks.pop(rank, None)
             if not ranks:
                 del self._by_job[job]
+                self._heard.pop(job, None)
 
     def remove_key(self, key: str) -> None:
         """A ``<job>.<node>.<rank>`` key was deleted: the rank goes, if it was on that node."""
@@ -129,5 +139,6 @@ class AgentRegistry:
                 ranks={r: a.node for r, a in live.items()},
                 step=max(steps) if steps else None,
                 hold_policy=hold,
+                heard_at=self._heard.get(job, -math.inf),
             )
         return out
