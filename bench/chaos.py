@@ -13,14 +13,21 @@ the node that leads the event stream; a BMC unreachable for a while; the UPS age
 timeouts) or answering out-of-range values (charge 255 %, load 999 %); one training rank
 SIGKILLed in the hold; the checkpoint disk full (a small tmpfs filled to the last byte) from the
 outage on; power flapping back during the hold; one service's wall clock off by 5-60 s from the
-start (libfaketime); none.
+start (libfaketime); none. And the whole site losing its power, PowerGuard's own included (the
+broker's store and the checkpoint disks on the power-cut filesystem, every process SIGKILLed):
+``blackout`` (the outage outlasts the battery: the coordinator tells the UPS to cut its output,
+and the output going off is the cut) and ``cut-during-checkpoint`` (the battery gives out early, a
+runtime estimate that was wrong: the cut lands at a random instant of the power checkpoint, or
+of the final checkpoint or the shutdown); mains returns 0.5-3 s later and the site must come
+back by itself (each BMC boots its node by its restore policy, the services start at boot).
 
 Invariants (a violation names the run's seed):
   shutdown_after_acks   no node is told to shut down before every rank acked or the deadline passed
   one_saga              one outage, one saga (none from a redelivered or late event)
   nodes_on              every node is on after power returned
   no_double_cycle       no node is power-cycled more than once (no action executed twice)
-  resumed_from_commit   training finished, restored from a committed step >= the outage's checkpoint
+  resumed_from_commit   training finished, restored from a committed step >= the newest step every
+                        rank acked as durable (an ack is a promise that survives any later cut)
   saga_terminal         the saga ended (done, or cancelled for a flap), not failed or stuck
   no_unplanned_exit     no service died except by an injected kill
 """
@@ -55,9 +62,20 @@ KINDS = (
     "ups-bad",
     "disk-full",
     "clock-offset",
+    "blackout",
+    "cut-during-checkpoint",
 )
 FIRST_KINDS = KINDS[:8]  # what the campaign drew from before the last four were added (replay: --kinds first)
-PHASES = {"hold": ("holding", "checkpointed", "partial"), "shutdown": ("shutting_down",), "restore": ("restoring",)}
+TWELVE_KINDS = KINDS[:12]  # before the power cuts were added (replay: --kinds twelve)
+CUTS = {"blackout", "cut-during-checkpoint"}  # the whole site loses its power
+PHASES = {
+    "hold": ("holding", "checkpointed", "partial"),
+    "shutdown": ("shutting_down",),
+    "restore": ("restoring",),
+    "checkpoint": ("checkpointing",),  # the power checkpoint being written
+    "stop": ("final_checkpoint", "shutting_down"),  # the final checkpoint (or, without one, the shutdown)
+    "ups-off": (),  # the UPS's output going off (blackout)
+}
 AT_START = {"clock-offset"}  # present from the site's start: the table counts them apart
 SERVICES = ("coordinator", "power-control", "ups-monitor")
 POLICIES = ("checkpoint-at-stop", "pause", "continue")
@@ -70,13 +88,24 @@ class Fault:
     phase: str
     delay_s: float  # how long the killed or unreachable part stays away
     target: str = ""
-    offset_s: float = 0.0  # clock-offset: how far the target's wall clock is off
+    offset_s: float = 0.0  # clock-offset: how far the target's wall clock is off; a cut: how far into its phase
 
     @classmethod
     def draw(cls, rng: random.Random, kinds: tuple[str, ...] = KINDS) -> Fault:
         kind = rng.choice(kinds)
-        fixed = {"kill-rank": "hold", "flap": "hold", "none": "hold", "disk-full": "hold", "clock-offset": "start"}
-        phase = fixed.get(kind) or rng.choice(list(PHASES))
+        fixed = {
+            "kill-rank": "hold",
+            "flap": "hold",
+            "none": "hold",
+            "disk-full": "hold",
+            "clock-offset": "start",
+            "blackout": "ups-off",
+        }
+        phase = (
+            fixed.get(kind)
+            or (rng.choice(("checkpoint", "stop")) if kind == "cut-during-checkpoint" else None)
+            or rng.choice(("hold", "shutdown", "restore"))
+        )
         target = f"node{rng.randint(1, 2)}" if kind == "bmc-down" else ""
         delay = round(rng.uniform(0.5, 3.0), 2)
         if kind == "ups-bad":
@@ -85,6 +114,8 @@ class Fault:
         if kind == "clock-offset":
             target = rng.choice(SERVICES)
             offset = round(rng.choice((-1, 1)) * rng.uniform(5.0, 60.0), 1)
+        if kind == "cut-during-checkpoint":  # how far into the phase the power goes
+            offset = round(rng.uniform(0.0, 0.6), 3)
         return cls(kind, phase, delay, target, offset)
 
 
@@ -126,9 +157,11 @@ async def one(
             nats_nodes=3 if f.kind == "nats-leader-loss" else 1,
             clock_offset={f.target: f.offset_s} if f.kind == "clock-offset" else {},
             ckpt_disk_mb=16 if f.kind == "disk-full" else 0,
+            blackout=f.kind in CUTS,
         ),
     )
     events: list[tuple[float, object]] = []
+    seen_ids: set[str] = set()  # after a cut the watch starts again from the stream's start
     bus = None
     killed: set[str] = set()
 
@@ -149,10 +182,36 @@ async def one(
 
     async def watch() -> None:
         async for ev in bus.subscribe(subject=bus.subjects.all, deliver="all"):
-            events.append((time.time(), ev))
+            if ev.id not in seen_ids:
+                seen_ids.add(ev.id)
+                events.append((time.time(), ev))
+
+    async def cut() -> None:
+        """The whole site loses its power at the fault's moment; mains returns ``delay_s`` later
+        and the site boots: the PDU, each BMC by its restore policy, the broker, the services."""
+        nonlocal bus, watcher
+        if f.kind == "blackout":
+            await until(lambda: not site.output.is_on(), 240, "the UPS's output to go off")
+        else:
+            await until(lambda: reached(*PHASES[f.phase]), 240, f"phase {f.phase} for the cut")
+            await asyncio.sleep(f.offset_s)
+        run.injected_at = next((s for _, _, s in reversed(states())), None)
+        watcher.cancel()
+        with contextlib.suppress(BaseException):
+            await watcher
+        await bus.close()
+        site.power_lost()
+        run.evidence = "power-cut filesystem" if site.disks else f"SIGKILL alone ({site.powercut_unavailable})"
+        await asyncio.sleep(f.delay_s)
+        site.utility(on=True)
+        await until(site.output.is_on, 30, "the UPS's output on again")
+        site.power_returned()
+        bus = await Bus.connect(site.nats_url, service="chaos", names=BusNames(), setup=False)
+        watcher = asyncio.create_task(watch())
+        site.start_services()
 
     async def inject() -> None:
-        if f.kind in ("none", "flap"):
+        if f.kind in ("none", "flap") or f.kind in CUTS:
             return
         if f.kind in AT_START:
             run.injected_at = "start"
@@ -210,7 +269,9 @@ async def one(
             injector = asyncio.create_task(inject())
             t_fail = time.time()
             site.utility(on=False)
-            if run.fault.kind == "flap":
+            if run.fault.kind in CUTS:
+                await cut()
+            elif run.fault.kind == "flap":
                 await until(lambda: reached(*PHASES["hold"]), 120, "the hold")
                 await asyncio.sleep(1.0 + run.fault.delay_s)
                 site.utility(on=True)
@@ -297,8 +358,12 @@ def _check(run, site, events, states, killed, t_fail, t_back, world, Durable, Sh
         shut = [t for t, e in events if isinstance(e, Shutdown) and e.data.saga_id == sid and not e.data.dry_run]
         if shut and (settled is None or min(shut) < settled - 0.05):
             v.append("shutdown_after_acks: a shutdown went out before every rank acked or the deadline")
-        if power:
-            run.checkpoint_step = max(e.data.step for _, e in power)
+        by_step: dict[int, set[int]] = {}  # every checkpoint of the saga (power, retries, final): who acked it
+        for _, e in acks:
+            by_step.setdefault(e.data.step, set()).add(e.data.rank)
+        complete = [step for step, r in by_step.items() if len(r) >= world]
+        if complete:
+            run.checkpoint_step = max(complete)
     if not all(site.node_on(n) for n in site.node_names):
         v.append(f"nodes_on: off after power returned: {[n for n in site.node_names if not site.node_on(n)]}")
     for n in site.node_names:
@@ -394,8 +459,10 @@ def table(result: dict) -> str:
         f"{result['runs']} drills, {result['runs_with_violations']} with a violation "
         f"({result['wall_s'] / 60:.0f} min, `bench/results/chaos.json`).",
         "",
-        "| fault | runs | in the hold | in the shutdown | in the restore | from the start | runs with a violation |",
-        "|---|---|---|---|---|---|---|",
+        "| fault | runs | in the hold | in the shutdown | in the restore | from the start "
+        "| in the power checkpoint | in the final checkpoint or shutdown | at the UPS's output off "
+        "| runs with a violation |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     detail = result["runs_detail"]
     for kind in KINDS:
@@ -404,7 +471,9 @@ def table(result: dict) -> str:
             continue
         by = {p: sum(r["fault"]["phase"] == p for r in mine) for p in (*PHASES, "start")}
         bad = sum(bool(r["violations"]) for r in mine)
-        cells = " | ".join(str(by[p]) for p in ("hold", "shutdown", "restore", "start"))
+        cells = " | ".join(
+            str(by[p]) for p in ("hold", "shutdown", "restore", "start", "checkpoint", "stop", "ups-off")
+        )
         lines.append(f"| {kind} | {len(mine)} | {cells} | {bad} |")
     for v in result["violations"]:
         lines.append("")
@@ -429,7 +498,8 @@ def main() -> None:
         "--kinds",
         default="all",
         help="the faults to draw from: all (default), first (the first eight: replays the campaign's first "
-        "sitting, seeds 1-54), or a comma-separated list of fault kinds",
+        "sitting, seeds 1-54), twelve (all but the power cuts: replays the sittings before them), or a "
+        "comma-separated list of fault kinds",
     )
     p.add_argument(
         "--fault",
@@ -445,7 +515,7 @@ def main() -> None:
     if args.render:
         render(json.loads(args.out.read_text()), args.render)
         return
-    kinds = {"all": KINDS, "first": FIRST_KINDS}.get(args.kinds) or tuple(args.kinds.split(","))
+    kinds = {"all": KINDS, "first": FIRST_KINDS, "twelve": TWELVE_KINDS}.get(args.kinds) or tuple(args.kinds.split(","))
     unknown = set(kinds) - set(KINDS)
     if unknown:
         p.error(f"unknown fault kind(s) {sorted(unknown)}; known: {', '.join(KINDS)}")
