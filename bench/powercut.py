@@ -2,12 +2,14 @@
 loses power at random instants and restores in a fresh process (``--cuts``), and a real
 nats-server with PowerGuard's broker settings loses power after acknowledging messages
 (``--broker-cuts``), and the broker with the coordinator and power-control as processes loses
-power at a random moment of an outage (``--service-cuts``: tests/powercut/services_campaign.py).
+power at a random moment of an outage (``--service-cuts``: tests/powercut/services_campaign.py),
+and the same with a 3-node cluster, every server's store cut at once (``--cluster-cuts``).
 Prints each violation; writes bench/results/powercut.json with the counts (``checkpoint_cuts``,
-``broker_cuts``, ``service_cuts``, ``violations``) and what each kind checked.
+``broker_cuts``, ``service_cuts``, ``cluster_cuts``, ``violations``), each kind's violations and
+seconds, and what each kind checked.
 
-    python bench/powercut.py --cuts 200 --broker-cuts 50 --service-cuts 50 [--seed 1]
-    python bench/powercut.py --merge --service-cuts 50   # add to the file's other counts
+    python bench/powercut.py --cuts 200 --broker-cuts 50 --service-cuts 50 --cluster-cuts 20 [--seed 1]
+    python bench/powercut.py --merge --cuts 0 --broker-cuts 0 --service-cuts 0 --cluster-cuts 20  # one kind
 """
 
 from __future__ import annotations
@@ -28,7 +30,11 @@ SERVICE_CUTS_CHECKED = (
     "one nats-server (sync_interval always, journal-mode file system), the coordinator and power-control as "
     "processes, two nodes behind simulated IPMI BMCs; everything loses power at once at a random state of an outage "
     "(holding, shutting_down, down, restoring, + up to 0.4 s), restarts: the saga is still there and ends done, "
-    "every node powered off once and on once by its BMC's own count. Not yet: the 3-node cluster"
+    "every node powered off once and on once by its BMC's own count"
+)
+CLUSTER_CUTS_CHECKED = (
+    "the same with a 3-node JetStream cluster (R3 stream and buckets), each server's store on its own "
+    "journal-mode power-cut file system, all three cut at the same instant"
 )
 
 from tests.powercut import PowerCutFs, unavailable  # noqa: E402
@@ -73,30 +79,51 @@ async def broker_cut(root: Path, seed: int) -> list[str]:
         pc.stop()
 
 
+CHECKED = {
+    "checkpoint_cuts": "one rank saving every step (ckpt-agent, local tier, retention keep=2) on the POSIX "
+    "power-cut filesystem, cut at uniform(0.2, 2.5) s after the first ack; restore in a fresh process: no "
+    "exception, restored >= newest acked step, <= the one in flight, bit-exact weights",
+    "broker_cuts": "one nats-server (sync_interval always, journal-mode file system) acknowledging 1-300 "
+    "messages, cut, restarted: every acknowledged message stored",
+    "service_cuts": SERVICE_CUTS_CHECKED,
+    "cluster_cuts": CLUSTER_CUTS_CHECKED,
+}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--cuts", type=int, default=200, help="checkpoint cuts")
     p.add_argument("--broker-cuts", type=int, default=50)
     p.add_argument("--service-cuts", type=int, default=50, help="cuts of the broker and the services mid-outage")
-    p.add_argument("--merge", action="store_true", help="run only the service cuts; keep the file's other counts")
+    p.add_argument(
+        "--cluster-cuts",
+        type=int,
+        default=20,
+        help="the same with a 3-node JetStream cluster, every server cut at once",
+    )
+    p.add_argument(
+        "--merge", action="store_true", help="keep the file's figures of every kind not run now (its count 0)"
+    )
     p.add_argument("--seed", type=int, default=1, help="first seed")
     p.add_argument("--out", type=Path, default=RESULTS)
     args = p.parse_args()
     if why := unavailable():
         sys.exit(f"the power-cut filesystem cannot run here: {why}")
-    violations: list[str] = []
+    found: dict[str, list[str]] = {k: [] for k in CHECKED}
+    seconds: dict[str, float] = {}
     restored_behind = 0
-    t0 = time.monotonic()
-    if args.merge:
-        args.cuts = args.broker_cuts = 0
     with tempfile.TemporaryDirectory(prefix="pg-powercut-") as tmp:
-        for i in range(args.service_cuts):
-            found = asyncio.run(services_cut(Path(tmp), args.seed + i))
-            violations += found
-            print(f"service cut {i + 1}/{args.service_cuts}: {'; '.join(found) or 'ok'}", flush=True)
+        for kind, n, servers in (("service_cuts", args.service_cuts, 1), ("cluster_cuts", args.cluster_cuts, 3)):
+            t0 = time.monotonic()
+            for i in range(n):
+                got = asyncio.run(services_cut(Path(tmp), args.seed + i, servers=servers))
+                found[kind] += got
+                print(f"{kind} {i + 1}/{n}: {'; '.join(got) or 'ok'}", flush=True)
+            seconds[kind] = round(time.monotonic() - t0, 1)
+        t0 = time.monotonic()
         for i in range(args.cuts):
             r = checkpoint_cut(Path(tmp), args.seed + i)
-            violations += r.violations
+            found["checkpoint_cuts"] += r.violations
             if r.violations:
                 print(f"  after the cut: {r.durable}\n  restore log: {r.restore_log}", flush=True)
             restored_behind += int(r.restored is not None and r.restored > max(r.acked, default=0))
@@ -105,45 +132,54 @@ def main() -> None:
                 f"{' ' + '; '.join(r.violations) if r.violations else ''}",
                 flush=True,
             )
+        seconds["checkpoint_cuts"] = round(time.monotonic() - t0, 1)
+        t0 = time.monotonic()
         for i in range(args.broker_cuts):
-            found = asyncio.run(broker_cut(Path(tmp), args.seed + i))
-            violations += found
-            print(f"broker cut {i + 1}/{args.broker_cuts}: {'; '.join(found) or 'ok'}", flush=True)
-    service_violations = [v for v in violations if v.startswith("services seed")]
-    if args.merge and args.out.exists():
-        old = json.loads(args.out.read_text())
-        old.update(
-            service_cuts=args.service_cuts,
-            violations=old["violations"] - old.get("service_violations", 0) + len(service_violations),
-            violation_list=[v for v in old["violation_list"] if not v.startswith("services seed")] + violations,
-            service_violations=len(service_violations),
-            service_seconds=round(time.monotonic() - t0, 1),
-        )
-        old["checked"]["service_cuts"] = SERVICE_CUTS_CHECKED
-        args.out.write_text(json.dumps(old, indent=2) + "\n")
-        print(f"{args.service_cuts} service cuts, {len(violations)} violations; merged into {args.out}")
-        return
-    result = {
+            got = asyncio.run(broker_cut(Path(tmp), args.seed + i))
+            found["broker_cuts"] += got
+            print(f"broker cut {i + 1}/{args.broker_cuts}: {'; '.join(got) or 'ok'}", flush=True)
+        seconds["broker_cuts"] = round(time.monotonic() - t0, 1)
+    counts = {
         "checkpoint_cuts": args.cuts,
         "broker_cuts": args.broker_cuts,
         "service_cuts": args.service_cuts,
-        "violations": len(violations),
-        "service_violations": len(service_violations),
-        "violation_list": violations,
-        "restored_the_save_in_flight": restored_behind,
-        "checked": {
-            "checkpoint_cuts": "one rank saving every step (ckpt-agent, local tier, retention keep=2) on the POSIX "
-            "power-cut filesystem, cut at uniform(0.2, 2.5) s after the first ack; restore in a fresh process: no "
-            "exception, restored >= newest acked step, <= the one in flight, bit-exact weights",
-            "broker_cuts": "one nats-server (sync_interval always, journal-mode file system) acknowledging 1-300 "
-            "messages, cut, restarted: every acknowledged message stored",
-            "service_cuts": SERVICE_CUTS_CHECKED,
-        },
-        "seconds": round(time.monotonic() - t0, 1),
+        "cluster_cuts": args.cluster_cuts,
+    }
+    old = json.loads(args.out.read_text()) if args.merge and args.out.exists() else {}
+    kinds: dict[str, dict] = {}
+    for kind, n in counts.items():
+        before = (old.get("kinds") or {}).get(kind) or _legacy(old, kind)
+        if n == 0 and before:
+            kinds[kind] = before
+        else:
+            kinds[kind] = {"cuts": n, "violations": found[kind], "seconds": seconds.get(kind, 0.0)}
+    if args.cuts:
+        kinds["checkpoint_cuts"]["restored_the_save_in_flight"] = restored_behind
+    result = {
+        **{k: v["cuts"] for k, v in kinds.items()},
+        "violations": sum(len(v["violations"]) for v in kinds.values()),
+        "kinds": kinds,
+        "checked": CHECKED,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"{args.cuts} checkpoint cuts, {args.broker_cuts} broker cuts, {len(violations)} violations; {args.out}")
+    print(", ".join(f"{v['cuts']} {k}" for k, v in kinds.items()) + f"; {result['violations']} violations; {args.out}")
+
+
+def _legacy(old: dict, kind: str) -> dict | None:
+    """A kind's figures in the file's earlier layout (counts at the top, one violation list)."""
+    if not old.get(kind):
+        return None
+    prefix = {"service_cuts": "services seed", "broker_cuts": "broker seed"}.get(kind)
+    listed = old.get("violation_list", [])
+    mine = [v for v in listed if prefix and v.startswith(prefix)] if prefix else []
+    if kind == "checkpoint_cuts":
+        mine = [v for v in listed if not v.startswith(("services seed", "broker seed"))]
+    secs = old.get("service_seconds", 0.0) if kind == "service_cuts" else 0.0
+    out = {"cuts": old[kind], "violations": mine, "seconds": secs}
+    if kind == "checkpoint_cuts" and "restored_the_save_in_flight" in old:
+        out["restored_the_save_in_flight"] = old["restored_the_save_in_flight"]
+    return out
 
 
 if __name__ == "__main__":

@@ -393,8 +393,9 @@ def main() -> None:
                 "invariant violations",
                 "0 (≥ 200 checkpoint cuts, ≥ 50 broker cuts)",
                 f"{pcut['violations']} in {pcut['checkpoint_cuts']} checkpoint cuts, "
-                f"{pcut['broker_cuts']} broker cuts and {pcut.get('service_cuts', 0)} cuts of the broker and the "
-                f"services mid-outage ({pcut['seconds']:.0f} s)",
+                f"{pcut['broker_cuts']} broker cuts, {pcut.get('service_cuts', 0)} cuts of the broker and the "
+                f"services mid-outage and {pcut.get('cluster_cuts', 0)} of a 3-node cluster and the services "
+                f"({sum(k.get('seconds', 0) for k in pcut.get('kinds', {}).values()) or pcut.get('seconds', 0):.0f} s)",
                 "`bench/powercut.py`",
             )
         )

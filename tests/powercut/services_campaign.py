@@ -6,6 +6,10 @@ moment of an outage (a seed picks the saga state and an extra delay) everything 
 once: the services are SIGKILLed, the broker too, and what it had not made durable is dropped.
 Power returns, everything starts again on what the broker kept.
 
+With ``servers=3`` the broker is a 3-node JetStream cluster (R3 stream and buckets), each
+server's store on its own power-cut filesystem, all cut at the same instant (one blackout takes
+the whole management rack).
+
 Invariants: the saga is still there; it finishes (``done``); every node was powered off once
 and on once, as its BMC counts (never a second power cycle, never left off)."""
 
@@ -19,7 +23,8 @@ from pathlib import Path
 
 import yaml
 
-from powerguard.bus import Bus, BusNames, EmbeddedNats
+from powerguard.bus import Bus, BusNames, EmbeddedNats, embedded_cluster
+from powerguard.bus.names import StreamLimits
 from powerguard.coordinator.store import SagaStore
 from tests.integration.coordinator.helpers import POLICY, drain_battery, outage, power_back
 from tests.integration.coordinator.process import CoordinatorProcess
@@ -103,25 +108,86 @@ async def _until(bus: Bus, states: tuple[str, ...], timeout_s: float) -> tuple[s
     return seen
 
 
-async def services_cut(root: Path, seed: int, *, sync: str = "always") -> list[str]:
+class Brokers:
+    """One nats-server, or a 3-node cluster, each server's store on its own power-cut filesystem
+    (journal mode: what ext4/XFS keep); cut and started again together."""
+
+    def __init__(self, work: Path, servers: int, sync: str) -> None:
+        self.servers = servers
+        self.limits = StreamLimits(replicas=servers)
+        if servers == 1:
+            self.disks = [PowerCutFs(work / "fs", mode="journal").start()]
+            self.nodes = [EmbeddedNats(store_dir=self.disks[0].mountpoint / "nats", sync=sync)]
+        else:
+            self.nodes = embedded_cluster(work / "stores", servers)
+            self.disks = [
+                PowerCutFs(work / f"fs-{i}", n.store_dir, mode="journal").start() for i, n in enumerate(self.nodes)
+            ]
+            for n in self.nodes:
+                n.sync = sync
+        for n in self.nodes:
+            n.start()
+
+    @property
+    def url(self) -> str:
+        return ",".join(n.url for n in self.nodes)
+
+    async def connect(self, names: BusNames, timeout_s: float = 30.0) -> Bus:
+        """A connection once JetStream answers (a cluster elects its meta leader first)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while True:
+            try:
+                return await Bus.connect(self.url, service="test", names=names, limits=self.limits)
+            except Exception:
+                if loop.time() > deadline:
+                    raise
+                await asyncio.sleep(0.5)
+
+    def cut(self) -> None:
+        """Every server loses power at once; what its disk had not made durable is gone."""
+        for d in self.disks:  # the disks stop first: nothing written after this instant lands
+            if d.proc is not None and d.proc.poll() is None:
+                d.proc.kill()
+        for n in self.nodes:
+            n.kill()
+        for d in self.disks:
+            d.cut()
+
+    def start(self) -> None:
+        for d in self.disks:
+            d.start()
+        for n in self.nodes:
+            n.start()
+
+    def stop(self) -> None:
+        for n in self.nodes:
+            n.kill()
+        for d in self.disks:
+            d.stop()
+
+
+async def services_cut(root: Path, seed: int, *, sync: str = "always", servers: int = 1) -> list[str]:
     """One cut at the state and delay ``seed`` picks; the violations found (empty: none)."""
     rng = random.Random(seed)
     cut_in, extra_s = rng.choice(STATES), round(rng.uniform(0.0, 0.4), 3)
-    tag = f"services seed {seed} (cut in {cut_in} +{extra_s}s)"
+    tag = f"services{'' if servers == 1 else f' ({servers} servers)'} seed {seed} (cut in {cut_in} +{extra_s}s)"
     os.environ.update(PG_CUT_BMC_USER=USER, PG_CUT_BMC_PASSWORD=PASSWORD)
-    work = Path(root) / f"services-{seed}"
+    replicas = os.environ.get("POWERGUARD_NATS_REPLICAS")
+    if servers > 1:
+        os.environ["POWERGUARD_NATS_REPLICAS"] = str(servers)  # the services' streams and buckets: R3
+    work = Path(root) / f"services-{seed}-{servers}"
     work.mkdir(parents=True, exist_ok=True)
     bmcs = {n: PyghmiBmc(work, n, boot_delay=0.5, soft_off_delay=1.0).start() for n in ("n1", "n2")}
     names = BusNames.isolated()
     path = _site_file(work / "site.yaml", names, bmcs)
-    pc = PowerCutFs(work / "fs", mode="journal").start()
-    server = EmbeddedNats(store_dir=pc.mountpoint / "nats", sync=sync).start()
+    brokers = Brokers(work, servers, sync)
     procs: list[CoordinatorProcess] = []
     bus: Bus | None = None
 
     async def start_services() -> str | None:
-        procs.append(await CoordinatorProcess(path, server.url, "c1").start())
-        procs.append(await PowerControlProcess(path, server.url, "p1").start())
+        procs.append(await CoordinatorProcess(path, brokers.url, "c1").start())
+        procs.append(await PowerControlProcess(path, brokers.url, "p1").start())
         for _ in range(600):
             if procs[-2].said("leads site"):
                 return None
@@ -129,7 +195,7 @@ async def services_cut(root: Path, seed: int, *, sync: str = "always") -> list[s
         return f"{tag}: the coordinator never led the site"
 
     try:
-        bus = await Bus.connect(server.url, service="test", names=names)
+        bus = await brokers.connect(names)
         if why := await start_services():
             return [why]
         await outage(bus, 300)
@@ -148,14 +214,12 @@ async def services_cut(root: Path, seed: int, *, sync: str = "always") -> list[s
         await bus.close()
         for p in procs:
             await p.kill()
-        server.kill()
-        pc.cut()
-        pc.start()
+        brokers.cut()
 
         # power returns: the broker, then the services, start on what was durable
-        server = EmbeddedNats(port=server.port, store_dir=server.store_dir, sync=server.sync).start()
+        brokers.start()
         procs.clear()
-        bus = await Bus.connect(server.url, service="test", names=names)
+        bus = await brokers.connect(names)
         again, _ = await _now(bus)  # the saga, if the broker kept it
         if again != saga:
             return [f"{tag}: saga {saga} lost with the power (the broker has {again}; {await _kept(bus)})"]
@@ -181,7 +245,10 @@ async def services_cut(root: Path, seed: int, *, sync: str = "always") -> list[s
             await p.kill()
         if bus is not None and bus.nc.is_connected:
             await bus.close()
-        server.kill()
-        pc.stop()
+        brokers.stop()
         for b in bmcs.values():
             b.stop()
+        if replicas is None:
+            os.environ.pop("POWERGUARD_NATS_REPLICAS", None)
+        else:
+            os.environ["POWERGUARD_NATS_REPLICAS"] = replicas

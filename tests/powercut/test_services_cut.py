@@ -17,10 +17,19 @@ from .services_campaign import services_cut
 pytestmark = pytest.mark.integration
 
 
-@pytest.mark.parametrize("seed", [1, 9])  # 1: cut while shutting down; 9: while restoring
-async def test_a_power_cut_of_the_broker_and_the_services_mid_outage_loses_nothing_they_acted_on(tmp_path, seed):
+@pytest.mark.parametrize(
+    ("seed", "servers"),
+    [
+        (1, 1),  # cut while shutting down
+        (9, 1),  # while restoring
+        (9, 3),  # a 3-node cluster (R3), every server's store cut at the same instant, while restoring
+    ],
+)
+async def test_a_power_cut_of_the_broker_and_the_services_mid_outage_loses_nothing_they_acted_on(
+    tmp_path, seed, servers
+):
     if why := unavailable():
         if IN_CI:
             pytest.fail(f"power-cut filesystem: {why} (CI must provide it)")
         pytest.skip(why)
-    assert await services_cut(tmp_path, seed) == []
+    assert await services_cut(tmp_path, seed, servers=servers) == []
