@@ -58,12 +58,15 @@ def site_args(description: str, results: Path) -> argparse.ArgumentParser:
 
 
 @contextmanager
-def nats_cluster() -> Iterator[list[str]]:
-    """Three routed nats-servers with JetStream; yields their URLs."""
+def nats_cluster(sync: str | None = "always") -> Iterator[list[str]]:
+    """Three routed nats-servers with JetStream; yields their URLs. ``sync``: JetStream's
+    ``sync_interval`` (PowerGuard ships ``always``; None: NATS's default, 2 minutes)."""
     from powerguard.bus import embedded_cluster
 
     with tempfile.TemporaryDirectory() as tmp:
         cluster = embedded_cluster(tmp)
+        for n in cluster:
+            n.sync = sync
         try:
             for n in cluster:
                 n.start()

@@ -11,7 +11,9 @@ and their traffic competes with the fan-out on this machine's 2 cores).
 Measured: on_battery -> each node has its request (p50 / max over nodes, the coordinator's
 apply and store included); request published -> each node has it; request published -> every
 ack stored by JetStream (R3), and the ack rate. The coordinator consuming those acks is
-bench/scale.py's figure. One machine's clock (time.time) throughout.
+bench/scale.py's figure. One machine's clock (time.time) throughout. The servers fsync every
+write (``sync_interval: always``, what PowerGuard ships); ``--sync-ranks`` runs one size again
+with it and with NATS's default (2 minutes), side by side in the same run: the durability's cost.
 
 Writes bench/results/fanout.json.
 """
@@ -303,6 +305,13 @@ def main() -> None:
         help="how the simulated nodes connect, comma-separated for a row each: wire (protocol-level "
         "connections, bench/_wire.py; default) or nats.py",
     )
+    ap.add_argument(
+        "--sync-ranks",
+        type=int,
+        default=10000,
+        help="then this many ranks (wire client) with the broker's sync_interval always and NATS's default, "
+        "side by side in the same run (0: skip)",
+    )
     args = ap.parse_args()
     if args.worker is not None:
         clients = CLIENTS[args.client]
@@ -318,12 +327,23 @@ def main() -> None:
                     row = asyncio.run(run(ranks, urls, ckpt_s, client))
                     print(json.dumps(row), flush=True)
                     rows.append(row)
+    sync_rows = []
+    if args.sync_ranks:  # the broker's durability setting, side by side in one run
+        for sync in ("always", None):
+            with nats_cluster(sync=sync) as urls:
+                for ckpt_s in (float(x) for x in args.ckpt_s.split(",")):
+                    row = asyncio.run(run(args.sync_ranks, urls, ckpt_s, "wire"))
+                    row["broker_sync_interval"] = sync or "2m (NATS's default)"
+                    print(json.dumps(row), flush=True)
+                    sync_rows.append(row)
     result = {
         "benchmark": "fanout",
         "per_node": PER_NODE,
         "client_processes": PROCS,
         "cores": os.cpu_count(),
+        "broker_sync_interval": "always",
         "sizes": rows,
+        "sync_side_by_side": sync_rows,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
