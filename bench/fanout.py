@@ -320,8 +320,10 @@ def main() -> None:
         print(json.dumps(res), flush=True)
         return
     rows = []
+    if not args.ranks:  # --ranks "": only the side by side; the sizes already in --out stay
+        rows = json.loads(args.out.read_text())["sizes"] if args.out.exists() else []
     with nats_cluster() as urls:
-        for ranks in (int(x) for x in args.ranks.split(",")):
+        for ranks in (int(x) for x in args.ranks.split(",") if x):
             for client in args.client.split(","):
                 for ckpt_s in (float(x) for x in args.ckpt_s.split(",")):
                     row = asyncio.run(run(ranks, urls, ckpt_s, client))
