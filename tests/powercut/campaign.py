@@ -18,7 +18,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import ROOT, PowerCutFs
+from . import PowerCutFs
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @dataclass
