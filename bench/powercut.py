@@ -1,5 +1,6 @@
 """Power-cut campaigns on the power-cut filesystem (tests/powercut): a job saving checkpoints
-loses power at random instants and restores in a fresh process (``--cuts``), and a real
+loses power at random instants and restores in a fresh process (``--cuts``; ``--remote-cuts``:
+with its remote tier, restored from it alone), and a real
 nats-server with PowerGuard's broker settings loses power after acknowledging messages
 (``--broker-cuts``), and the broker with the coordinator and power-control as processes loses
 power at a random moment of an outage (``--service-cuts``: tests/powercut/services_campaign.py),
@@ -8,8 +9,8 @@ Prints each violation; writes bench/results/powercut.json with the counts (``che
 ``broker_cuts``, ``service_cuts``, ``cluster_cuts``, ``violations``), each kind's violations and
 seconds, and what each kind checked.
 
-    python bench/powercut.py --cuts 200 --broker-cuts 50 --service-cuts 50 --cluster-cuts 20 [--seed 1]
-    python bench/powercut.py --merge --cuts 0 --broker-cuts 0 --service-cuts 0 --cluster-cuts 20  # one kind
+    python bench/powercut.py --cuts 200 --remote-cuts 50 --broker-cuts 50 --service-cuts 50 --cluster-cuts 20
+    python bench/powercut.py --merge --cuts 0 --remote-cuts 0 --broker-cuts 0 --service-cuts 0 --cluster-cuts 20
 """
 
 from __future__ import annotations
@@ -83,6 +84,9 @@ CHECKED = {
     "checkpoint_cuts": "one rank saving every step (ckpt-agent, local tier, retention keep=2) on the POSIX "
     "power-cut filesystem, cut at uniform(0.2, 2.5) s after the first ack; restore in a fresh process: no "
     "exception, restored >= newest acked step, <= the one in flight, bit-exact weights",
+    "remote_cuts": "the same job with a remote tier (file://, on the same power-cut file system: its host loses "
+    "power too), every committed checkpoint copied there; after the cut the node is gone and the restore reads the "
+    "remote tier alone: no exception, restored >= the newest copy reported committed remotely, bit-exact",
     "broker_cuts": "one nats-server (sync_interval always, journal-mode file system) acknowledging 1-300 "
     "messages, cut, restarted: every acknowledged message stored",
     "service_cuts": SERVICE_CUTS_CHECKED,
@@ -93,6 +97,7 @@ CHECKED = {
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--cuts", type=int, default=200, help="checkpoint cuts")
+    p.add_argument("--remote-cuts", type=int, default=50, help="checkpoint cuts restored from the remote tier")
     p.add_argument("--broker-cuts", type=int, default=50)
     p.add_argument("--service-cuts", type=int, default=50, help="cuts of the broker and the services mid-outage")
     p.add_argument(
@@ -134,6 +139,16 @@ def main() -> None:
             )
         seconds["checkpoint_cuts"] = round(time.monotonic() - t0, 1)
         t0 = time.monotonic()
+        for i in range(args.remote_cuts):
+            r = checkpoint_cut(Path(tmp), args.seed + i, remote=True)
+            found["remote_cuts"] += r.violations
+            print(
+                f"remote cut {i + 1}/{args.remote_cuts} seed {r.seed}: copied {max(r.remote or [], default=0)}, "
+                f"restored {r.restored}{' ' + '; '.join(r.violations) if r.violations else ''}",
+                flush=True,
+            )
+        seconds["remote_cuts"] = round(time.monotonic() - t0, 1)
+        t0 = time.monotonic()
         for i in range(args.broker_cuts):
             got = asyncio.run(broker_cut(Path(tmp), args.seed + i))
             found["broker_cuts"] += got
@@ -141,6 +156,7 @@ def main() -> None:
         seconds["broker_cuts"] = round(time.monotonic() - t0, 1)
     counts = {
         "checkpoint_cuts": args.cuts,
+        "remote_cuts": args.remote_cuts,
         "broker_cuts": args.broker_cuts,
         "service_cuts": args.service_cuts,
         "cluster_cuts": args.cluster_cuts,

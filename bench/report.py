@@ -413,7 +413,8 @@ def main() -> None:
                 "power cuts (power-cut filesystem): checkpoint cuts of a saving job and broker cuts; "
                 "invariant violations",
                 "0 (≥ 200 checkpoint cuts, ≥ 50 broker cuts)",
-                f"{pcut['violations']} in {pcut['checkpoint_cuts']} checkpoint cuts, "
+                f"{pcut['violations']} in {pcut['checkpoint_cuts']} checkpoint cuts "
+                f"({pcut.get('remote_cuts', 0)} more restored from the remote tier), "
                 f"{pcut['broker_cuts']} broker cuts, {pcut.get('service_cuts', 0)} cuts of the broker and the "
                 f"services mid-outage and {pcut.get('cluster_cuts', 0)} of a 3-node cluster and the services "
                 f"({sum(k.get('seconds', 0) for k in pcut.get('kinds', {}).values()) or pcut.get('seconds', 0):.0f} s)",

@@ -1,8 +1,10 @@
 """A one-rank job for power-cut campaigns: trains deterministically (the weights after step N
 are a function of N), saves every ``--every`` steps with the ckpt-agent and prints ``acked N``
 once a save returned (what an ack reports). ``--restore`` prints ``restored N ok|wrong``.
+With ``--remote URL`` rank 0's remote copier copies every committed checkpoint there and the
+job prints ``remote N`` once a copy is committed remotely (what raises an ack to ``remote``).
 
-    python -m tests.powercut.trainer DIR [--every 1] [--restore]
+    python -m tests.powercut.trainer DIR [--every 1] [--remote file:///nas] [--restore]
 """
 
 from __future__ import annotations
@@ -33,13 +35,31 @@ def main(argv: list[str]) -> int:
     p.add_argument("--every", type=int, default=1)
     p.add_argument("--restore", action="store_true")
     p.add_argument("--keep", type=int, default=2)
+    p.add_argument("--remote", help="the remote tier's URL (file:///...)")
     args = p.parse_args(argv)
     torch.manual_seed(0)
     model = nn.Linear(64, 64)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     agent = CheckpointAgent(
-        job="pc", model=model, optimizer=opt, local_dir=args.directory, local_every_s=0, keep=args.keep
+        job="pc",
+        model=model,
+        optimizer=opt,
+        local_dir=args.directory,
+        local_every_s=0,
+        keep=args.keep,
+        remote_url=args.remote,
+        remote_every_s=0.01 if args.remote else 1800.0,
     )
+    copier = getattr(agent, "_remote", None)  # the test peer reports what the agent would ack "remote"
+    if copier is not None and not args.restore:
+        acked_remote = copier.on_copied
+
+        def copied(step: int, url: str) -> None:
+            print(f"remote {step}", flush=True)
+            if acked_remote is not None:
+                acked_remote(step, url)
+
+        copier.on_copied = copied
     try:
         start = agent.restore()  # the next step to run
         done = max(0, start - 1) if start else 0
@@ -57,6 +77,7 @@ def main(argv: list[str]) -> int:
             if step % args.every == 0:
                 agent.save(step)
                 print(f"acked {step}", flush=True)
+            agent.step(step)  # the step boundary: where the remote copier is handed committed steps
     finally:
         agent.close()
 

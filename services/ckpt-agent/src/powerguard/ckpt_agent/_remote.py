@@ -1,6 +1,9 @@
 """Remote tier: rank 0 copies committed local checkpoints to an fsspec URL in a background
 thread (periodically, and on request when the deadline leaves time). Data files first, then
-the manifests, then the remote ``COMMIT``: a copy cut short is never trusted."""
+the manifests, then the remote ``COMMIT``: a copy cut short is never trusted. On a file system
+of this host's (``file://``: a disk, an NFS mount) every file and every directory the copy makes
+is fsynced before the ``COMMIT`` is written: a copy reported committed (an ack raised to
+``remote``) survives a power cut of the host that holds it (tests/powercut, ``remote=True``)."""
 
 from __future__ import annotations
 
@@ -86,23 +89,41 @@ class RemoteCopier:
         if not os.path.exists(os.path.join(src, L.COMMIT)):
             raise FileNotFoundError(f"{src} is not committed")
         t0 = time.perf_counter()
+        local = L.is_local(self.fs)  # a file system of this host's (a disk, an NFS mount): fsync it
         if self.fs.exists(dst):
             self.fs.rm(dst, recursive=True)
-        self.fs.makedirs(dst, exist_ok=True)
+        if local:  # every directory made is fsynced into its parent: else the copy's name is lost
+            L.makedirs_durable(dst)
+        else:
+            self.fs.makedirs(dst, exist_ok=True)
         names = sorted(os.listdir(src))
         data = [n for n in names if n != L.COMMIT and not n.startswith("MANIFEST")]
         size = 0
         for n in data + [n for n in names if n.startswith("MANIFEST")]:
             self.fs.put_file(os.path.join(src, n), f"{dst}/{n}")
+            if local:  # before the COMMIT: a copy whose data is not on disk is never committed
+                _fsync_file(f"{dst}/{n}")
             size += os.path.getsize(os.path.join(src, n))
+        if local:
+            L.fsync_dir(dst)  # every data file's name, before the COMMIT names them complete
         with open(os.path.join(src, L.COMMIT), "rb") as f:
             L.write_durable(self.fs, f"{dst}/{L.COMMIT}", f.read())
         elapsed = time.perf_counter() - t0
         self.throughput = max(1e6, size / max(elapsed, 1e-6))
         self.copied.add(step)
-        L.retain(self.fs, self.root, self.job, self.keep)
+        removed = L.retain(self.fs, self.root, self.job, self.keep)
+        if local and removed:
+            L.fsync_dir(os.path.dirname(dst))
         log.info("step %d copied to %s (%.1f MB in %.2fs)", step, self.remote_url, size / 1e6, elapsed)
         return dst
+
+
+def _fsync_file(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _dir_size(path: str) -> int:
