@@ -1,4 +1,5 @@
-"""Property-based tests: random power events, acks, reports and clock advances."""
+"""Property-based tests: random power events, acks, reports and clock advances, coordinator
+restarts (the ranks known only from the agents' bucket, not heard since) and ranks heard."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from powerguard.coordinator import saga
+from powerguard.coordinator.topology import AgentRegistry
 
 from .harness import POLICY, TOPO, Drive
 
@@ -28,7 +30,17 @@ report = st.tuples(
 )
 resumed = st.tuples(st.just("resumed"), st.sampled_from(["j1", "j2", "j3"]))
 advance = st.tuples(st.just("advance"), st.floats(min_value=0, max_value=400))
-steps = st.lists(st.one_of(power, ack, report, resumed, advance), min_size=1, max_size=40)
+restart = st.tuples(st.just("restart"))  # a new coordinator: every rank known from the bucket, none heard
+hear = st.tuples(st.just("hear"), st.sampled_from(["j1", "j2", "j3"]))  # a rank's heartbeat arrives
+steps = st.lists(st.one_of(power, ack, report, resumed, advance, restart, hear), min_size=1, max_size=40)
+
+
+def restarted(reg: AgentRegistry) -> AgentRegistry:
+    fresh = AgentRegistry()
+    for job in ("j1", "j2", "j3"):
+        for agent in reg.agents(job):
+            fresh.update(agent, heard=False)
+    return fresh
 
 
 def apply(d: Drive, step) -> list[saga.Command]:
@@ -43,6 +55,13 @@ def apply(d: Drive, step) -> list[saga.Command]:
             return d.resumed(job) if d.rec else []
         case ("advance", dt):
             return d.advance(dt) if d.rec else []
+        case ("restart",):
+            d.reg = restarted(d.reg)
+            return []
+        case ("hear", job):
+            for agent in d.reg.agents(job):
+                d.reg.update(agent, d.now)
+            return []
     raise AssertionError(step)
 
 
@@ -61,7 +80,13 @@ def check_commands(d: Drive, cmds: list[saga.Command]) -> None:
             budget = saga._budget_deadline(d.rec, d.now, d.topo, d.policy)
             assert c.args["deadline"] <= budget, "a final checkpoint may not eat into the shutdown reserve"
         if c.kind == "release":
-            assert d.state in ("cancelled", "done") and d.rec.jobs[c.target].paused
+            back = d.rec.back_before_shutdown_at is not None  # power back before any shutdown: released at once
+            assert (back or d.state in ("cancelled", "done")) and d.rec.jobs[c.target].paused
+        if c.kind == "job_restart" and not any(x.kind == "shutdown" for x in d.commands):
+            # no node went down: a job is restarted only when it has not been heard since power returned
+            heard = d.reg.jobs().get(c.target)
+            since = d.rec.back_before_shutdown_at
+            assert since is not None and heard is not None and heard.heard_at < since, (c.target, heard, since)
 
 
 def drain(d: Drive) -> None:
@@ -71,14 +96,14 @@ def drain(d: Drive) -> None:
     for _ in range(3):
         for node, plan in d.rec.nodes.items():
             if plan.shutdown_at is not None:
-                d.node(node, "off")
-        d.advance(d.policy.restore_stable_s + 1)
+                check_commands(d, d.node(node, "off"))
+        check_commands(d, d.advance(d.policy.restore_stable_s + 1))
         for node, plan in d.rec.nodes.items():
             if plan.power_on_at is not None:
-                d.node(node, "ready")
+                check_commands(d, d.node(node, "ready"))
         for job in d.rec.jobs:
-            d.resumed(job)
-        d.advance(1)
+            check_commands(d, d.resumed(job))
+        check_commands(d, d.advance(1))
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -99,8 +124,13 @@ def test_saga_invariants(steps_, hold_policy):
     shut = {c.target for c in d.commands if c.kind == "shutdown"}
     powered = {c.target for c in d.commands if c.kind == "power_on"}
     assert shut <= powered, f"nodes left off: {shut - powered}"
+    restarted_jobs = {c.target for c in d.commands if c.kind == "job_restart"}
     if d.state == "cancelled":
-        assert not shut
+        assert not shut and not restarted_jobs
+        live = d.reg.jobs()
+        since = d.rec.back_before_shutdown_at
+        unheard = [j for j in d.rec.jobs if j in live and live[j].heard_at < since]
+        assert not unheard, f"cancelled with {unheard} not heard from since power returned (dead with the power?)"
         released = {c.target for c in d.commands if c.kind == "release"}
         assert released == {j for j, p in d.rec.jobs.items() if p.paused}, "a paused job was never released"
     stopped = [p for p in d.rec.jobs.values() if p.stopped_at is not None]
