@@ -99,7 +99,9 @@ async def scenario_a(server: EmbeddedNats, tmp: Path, runs: int = 5) -> dict:
     names = BusNames.isolated("benchA")
     bus = await Bus.connect(server.url, service="bench", names=names)
     # A measures the fan-out of requests: the ranks stay silent so that acks (B) do not share the clock
-    ranks = SimulatedRanks(bus, jobs, silent={(j, r) for j, nodes in jobs.items() for r in range(len(nodes))})
+    ranks = SimulatedRanks(
+        bus, jobs, silent={(j, r) for j, nodes in jobs.items() for r in range(len(nodes))}, heartbeat_s=None
+    )
     await ranks.start()
     proc, drain = await start_coordinator(server, site, names, tmp)
     all_requested, per_rank = [], []
@@ -134,7 +136,7 @@ async def scenario_b(server: EmbeddedNats, tmp: Path) -> dict:
     site, jobs = topology(10_240, 64)
     names = BusNames.isolated("benchB")
     bus = await Bus.connect(server.url, service="bench", names=names)
-    ranks = SimulatedRanks(bus, jobs)
+    ranks = SimulatedRanks(bus, jobs, heartbeat_s=None)
     t = time.perf_counter()
     await ranks.start()
     register_s = time.perf_counter() - t

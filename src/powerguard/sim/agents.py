@@ -1,5 +1,6 @@
-"""Simulated training ranks, many per process: they register in ``pg_agents`` and answer
-checkpoint requests with acks over the real bus. Used by coordinator tests and benchmarks
+"""Simulated training ranks, many per process: they register in ``pg_agents``, heartbeat as
+the ckpt-agent does (every ``heartbeat_s``; None: never, for benchmarks of thousands of ranks),
+and answer checkpoint requests with acks over the real bus. Used by coordinator tests and benchmarks
 where real ``torch.distributed`` ranks would only add minutes."""
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from powerguard.bus import Bus
 from powerguard.bus.agents import announce
 from powerguard.schemas import (
     AgentData,
+    AgentHeartbeat,
     AgentRegistered,
     CheckpointDurable,
     CheckpointDurableData,
@@ -33,6 +35,7 @@ class SimulatedRanks:
     jobs: dict[str, list[str]]
     step: int = 100
     ack_delay_s: float = 0.0
+    heartbeat_s: float | None = 1.0  # a coordinator takes a job not heard after power returned for dead
     silent: set[tuple[str, int]] = field(default_factory=set)  # never answer
     failing: set[tuple[str, int]] = field(default_factory=set)  # answer ckpt.failed
     requests_seen: dict[tuple[str, int], float] = field(default_factory=dict)  # (job, rank) -> perf_counter
@@ -43,31 +46,36 @@ class SimulatedRanks:
     _ack_slots: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(256))
 
     async def start(self, *, register: bool = True) -> None:
-        sem = asyncio.Semaphore(256)
-
-        async def reg(job: str, rank: int, node: str) -> None:
-            async with sem:
-                await announce(
-                    self.bus,
-                    AgentRegistered(
-                        source=f"/powerguard/sim/{job}/{rank}",
-                        data=AgentData(
-                            job=job,
-                            rank=rank,
-                            world_size=len(self.jobs[job]),
-                            node=node,
-                            pid=os.getpid(),
-                            step=self.step,
-                        ),
-                    ),
-                )
-
         if register:
-            await asyncio.gather(*(reg(j, r, n) for j, nodes in self.jobs.items() for r, n in enumerate(nodes)))
+            await self._announce_all(AgentRegistered)
+            if self.heartbeat_s:
+                beat = asyncio.create_task(self._heartbeat(self.heartbeat_s))
+                self._tasks.add(beat)
+                beat.add_done_callback(self._tasks.discard)
         for job in self.jobs:
             sub = await self.bus.nc.subscribe(self.bus.subjects.ckpt_request(job), cb=self._handler(job))
             self._subs.append(sub)
         await self.bus.nc.flush()
+
+    async def _announce_all(self, kind: type[AgentRegistered] | type[AgentHeartbeat]) -> None:
+        sem = asyncio.Semaphore(256)
+
+        async def one(job: str, rank: int, node: str) -> None:
+            async with sem:
+                data = AgentData(
+                    job=job, rank=rank, world_size=len(self.jobs[job]), node=node, pid=os.getpid(), step=self.step
+                )
+                await announce(self.bus, kind(source=f"/powerguard/sim/{job}/{rank}", data=data))
+
+        await asyncio.gather(*(one(j, r, n) for j, nodes in self.jobs.items() for r, n in enumerate(nodes)))
+
+    async def _heartbeat(self, every_s: float) -> None:
+        while True:
+            await asyncio.sleep(every_s)
+            try:
+                await self._announce_all(AgentHeartbeat)
+            except Exception:  # a broker restart in a test: the next beat tries again, as an agent's does
+                continue
 
     def _handler(self, job: str):
         """One subscription per job stands in for the job's ranks: every rank sees the request
