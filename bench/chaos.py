@@ -25,7 +25,9 @@ Invariants (a violation names the run's seed):
   shutdown_after_acks   no node is told to shut down before every rank acked or the deadline passed
   one_saga              one outage, one saga (none from a redelivered or late event)
   nodes_on              every node is on after power returned
-  no_double_cycle       no node is power-cycled more than once (no action executed twice)
+  no_double_cycle       no node is power-cycled more than once (no action executed twice); after a
+                        power cut of the site, no BMC command sent twice (the cut itself and the
+                        BMC's restore policy cycle every node once more: the site's, not ours)
   resumed_from_commit   training finished, restored from a committed step >= the newest step every
                         rank acked as durable (an ack is a promise that survives any later cut)
   saga_terminal         the saga ended (done, or cancelled for a flap), not failed or stuck
@@ -44,6 +46,7 @@ import signal
 import sys
 import tempfile
 import time
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -368,7 +371,15 @@ def _check(run, site, events, states, killed, t_fail, t_back, world, Durable, Sh
         v.append(f"nodes_on: off after power returned: {[n for n in site.node_names if not site.node_on(n)]}")
     for n in site.node_names:
         changes = json.loads(site.bmc_state[n].read_text()).get("changes", 0)
-        if changes > 2:
+        if run.fault.kind in CUTS:
+            # the site's own power loss cycles every node once more (off with it, on by the BMC's
+            # restore policy): that is the site's, not PowerGuard's; each command at most once
+            log = Path(f"{site.bmc_state[n]}.log").read_text().splitlines()
+            sent = Counter(line.split(" ", 1)[1] for line in log if " command " in line)
+            twice = {c: k for c, k in sent.items() if k > 1}
+            if twice or changes > 4:
+                v.append(f"no_double_cycle: {n} got {dict(sent)} ({changes} power changes, the cut's two included)")
+        elif changes > 2:
             v.append(f"no_double_cycle: {n} changed power state {changes} times")
     log = (site.workdir / "job.log").read_text(errors="replace") if (site.workdir / "job.log").exists() else ""
     restored = [int(m) for m in re.findall(r"restored step (\d+)", log)]
