@@ -45,7 +45,7 @@ class CutResult:
     def violations(self) -> list[str]:
         out = []
         if self.error:
-            out.append(f"seed {self.seed}: restore failed: {self.error}")
+            out.append(f"seed {self.seed}: {self.error}")
             return out
         newest = max(self.acked, default=0)
         floor = max(self.remote, default=0) if self.remote is not None else newest
@@ -88,11 +88,17 @@ def checkpoint_cut(root: Path, seed: int, *, max_after_s: float = 2.5, remote: b
     def read() -> None:
         assert job.stdout is not None
         for line in job.stdout:
-            if line.startswith("acked "):
-                result.acked.append(int(line.split()[1]))
+            kind, _, value = line.strip().partition(" ")
+            if kind not in ("acked", "remote"):
+                continue
+            if not value.isdigit():  # the harness's own fault, never taken for the product's
+                result.error = result.error or f"harness: the job's line {line.strip()!r} does not parse"
+                continue
+            if kind == "acked":
+                result.acked.append(int(value))
                 first.set()
-            elif line.startswith("remote ") and result.remote is not None:
-                result.remote.append(int(line.split()[1]))
+            elif result.remote is not None:
+                result.remote.append(int(value))
 
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
@@ -118,8 +124,8 @@ def checkpoint_cut(root: Path, seed: int, *, max_after_s: float = 2.5, remote: b
         line = next((ln for ln in out.stdout.splitlines() if ln.startswith("restored ")), None)
         result.restore_log = "\n".join(ln for ln in out.stderr.splitlines() if "UserWarning" not in ln)[-2000:]
         if out.returncode != 0 or line is None:
-            result.error = (out.stderr or out.stdout).strip().splitlines()[-1:] or [f"exit {out.returncode}"]
-            result.error = result.error[0]
+            last = (out.stderr or out.stdout).strip().splitlines()[-1:] or [f"exit {out.returncode}"]
+            result.error = f"restore failed: {last[0]}"
         else:
             _, step, verdict = line.split()
             result.restored, result.bit_exact = int(step), verdict == "ok"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import threading
 
 import torch
 from torch import nn
@@ -27,6 +28,16 @@ def expected(step: int) -> dict[str, torch.Tensor]:
             for p in model.parameters():
                 p.add_(1.0)
     return {k: v.clone() for k, v in model.state_dict().items()}
+
+
+_OUT = threading.Lock()
+
+
+def say(line: str) -> None:
+    """One whole line: the remote copier's thread reports too (print writes the newline apart)."""
+    with _OUT:
+        sys.stdout.write(line + "\n")
+        sys.stdout.flush()
 
 
 def main(argv: list[str]) -> int:
@@ -55,7 +66,7 @@ def main(argv: list[str]) -> int:
         acked_remote = copier.on_copied
 
         def copied(step: int, url: str) -> None:
-            print(f"remote {step}", flush=True)
+            say(f"remote {step}")
             if acked_remote is not None:
                 acked_remote(step, url)
 
@@ -76,7 +87,7 @@ def main(argv: list[str]) -> int:
                     p_.add_(1.0)
             if step % args.every == 0:
                 agent.save(step)
-                print(f"acked {step}", flush=True)
+                say(f"acked {step}")
             agent.step(step)  # the step boundary: where the remote copier is handed committed steps
     finally:
         agent.close()
