@@ -66,6 +66,12 @@ def apply(d: Drive, step) -> list[saga.Command]:
 
 
 def check_commands(d: Drive, cmds: list[saga.Command]) -> None:
+    if d.rec is not None and d.state == "cancelled" and not getattr(d, "cancel_checked", False):
+        d.cancel_checked = True  # the input that ended it: the registry as the saga saw it
+        live = d.reg.jobs()
+        since = d.rec.back_before_shutdown_at
+        unheard = [j for j in d.rec.jobs if j in live and live[j].heard_at < since]
+        assert not unheard, f"cancelled with {unheard} not heard from since power returned (dead with the power?)"
     for c in cmds:
         if c.kind == "shutdown":
             feeds = TOPO.feeds[c.target]
@@ -127,10 +133,6 @@ def test_saga_invariants(steps_, hold_policy):
     restarted_jobs = {c.target for c in d.commands if c.kind == "job_restart"}
     if d.state == "cancelled":
         assert not shut and not restarted_jobs
-        live = d.reg.jobs()
-        since = d.rec.back_before_shutdown_at
-        unheard = [j for j in d.rec.jobs if j in live and live[j].heard_at < since]
-        assert not unheard, f"cancelled with {unheard} not heard from since power returned (dead with the power?)"
         released = {c.target for c in d.commands if c.kind == "release"}
         assert released == {j for j, p in d.rec.jobs.items() if p.paused}, "a paused job was never released"
     stopped = [p for p in d.rec.jobs.values() if p.stopped_at is not None]
