@@ -309,3 +309,33 @@ async def test_subscription_rebinds_a_consumer_that_holds_messages_back(make_bus
     got += [(await asyncio.wait_for(sub.__anext__(), 30)).id for _ in range(2)]
     await sub.aclose()
     assert got == [e.id for e in events]
+
+
+async def test_the_agent_watch_never_takes_a_record_stored_before_it_started_for_news(bus):
+    """A coordinator that starts after a blackout reads the dead ranks' last records: each key's
+    first record is ``stored`` (maybe a dead rank's last word), only a later one is a rank heard
+    as it happened. (The saga restarts a job not heard after power returned: a stored record
+    taken for news would leave the job dead.)"""
+    from powerguard.bus.agents import AgentWatch, announce
+    from powerguard.schemas import AgentData, AgentHeartbeat, AgentRegistered
+
+    def data(rank: int, step: int) -> AgentData:
+        return AgentData(job="j", rank=rank, world_size=2, node="n1", step=step)
+
+    for rank in range(2):
+        await announce(bus, AgentRegistered(source="/t", data=data(rank, 1)))
+        await announce(bus, AgentHeartbeat(source="/t", data=data(rank, 2)))
+    seen: list[tuple[str, int | None, bool]] = []
+    watch = AgentWatch(bus, lambda agent, key, at, stored: seen.append((key, agent and agent.step, stored)))
+    await watch.start()
+    try:
+        await asyncio.wait_for(watch.ready.wait(), 10)
+        await announce(bus, AgentHeartbeat(source="/t", data=data(0, 3)))
+        for _ in range(200):
+            if len(seen) >= 3:
+                break
+            await asyncio.sleep(0.02)
+        assert sorted(seen[:2]) == [("j.n1.0", 2, True), ("j.n1.1", 2, True)], seen
+        assert seen[2:] == [("j.n1.0", 3, False)], seen
+    finally:
+        await watch.stop()

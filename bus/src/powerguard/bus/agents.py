@@ -59,10 +59,13 @@ class AgentWatch:
     put and ``on_change(None, key, seen_at, stored)`` for a delete. ``ready`` is set once the
     initial values are in.
 
-    ``stored``: the record was in the bucket before the watch started (the last word of a rank
-    that may have died since, with the power), not written while watching (a rank heard as it
-    happened); told by the bucket's sequence, not by clocks, and not by ``ready`` (nats-py may
-    signal the end of the initial values before it has handed them all over)."""
+    ``stored``: this is the first record the watch hands over for its key, which may have been
+    in the bucket before the watch started (the last word of a rank that may have died since,
+    with the power); a later one for the same key was written while watching (a rank heard as it
+    happened). Told by the order of the key's records, not by clocks, not by ``ready`` (nats-py
+    may signal the end of the initial values before it has handed them all over) and not by the
+    stream's last sequence read at start (one fault-campaign run after a power cut saw stored
+    records counted as news that way)."""
 
     def __init__(self, bus: Bus, on_change: Callable[[AgentData | None, str, float, bool], None]) -> None:
         self.bus = bus
@@ -71,12 +74,10 @@ class AgentWatch:
         self._task: asyncio.Task | None = None
         self._watcher = None
         self._current: dict[tuple[str, int], tuple[str, int]] = {}  # (job, rank) -> (key, revision)
-        self._stored_to = 0  # the bucket's last sequence when the watch started
+        self._seen_keys: set[str] = set()  # keys the watch has handed over a record of
 
     async def start(self) -> None:
         kv = await self.bus.agents()
-        info = await self.bus.js.stream_info(f"KV_{self.bus.names.agents}")
-        self._stored_to = info.state.last_seq
         self._watcher = await kv.raw.watchall()
         self._task = asyncio.create_task(self._run(), name="agent-watch")
 
@@ -91,7 +92,7 @@ class AgentWatch:
             if entry.operation in ("DEL", "PURGE") or not entry.value:
                 if parsed is not None and self._current.get((parsed[0], parsed[2]), (entry.key,))[0] == entry.key:
                     self._current.pop((parsed[0], parsed[2]), None)
-                    self.on_change(None, entry.key, seen, (entry.revision or 0) <= self._stored_to)
+                    self.on_change(None, entry.key, seen, self._first(entry.key))
                 continue
             subject = f"$KV.{self.bus.names.agents}.{entry.key}"
             try:
@@ -112,7 +113,12 @@ class AgentWatch:
             if key != entry.key and revision < newest:
                 continue  # an older key of a rank that moved (a watch replays keys in key order)
             self._current[(agent.job, agent.rank)] = (entry.key, revision)
-            self.on_change(agent, entry.key, seen, revision <= self._stored_to)
+            self.on_change(agent, entry.key, seen, self._first(entry.key))
+
+    def _first(self, key: str) -> bool:
+        first = key not in self._seen_keys
+        self._seen_keys.add(key)
+        return first
 
     async def stop(self) -> None:
         if self._watcher is not None:
