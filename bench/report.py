@@ -416,8 +416,7 @@ def main() -> None:
                 f"{pcut['violations']} in {pcut['checkpoint_cuts']} checkpoint cuts "
                 f"({pcut.get('remote_cuts', 0)} more restored from the remote tier), "
                 f"{pcut['broker_cuts']} broker cuts, {pcut.get('service_cuts', 0)} cuts of the broker and the "
-                f"services mid-outage and {pcut.get('cluster_cuts', 0)} of a 3-node cluster and the services "
-                f"({sum(k.get('seconds', 0) for k in pcut.get('kinds', {}).values()) or pcut.get('seconds', 0):.0f} s)",
+                f"services mid-outage and {pcut.get('cluster_cuts', 0)} of a 3-node cluster and the services",
                 "`bench/powercut.py`",
             )
         )
