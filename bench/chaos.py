@@ -137,9 +137,16 @@ class Run:
 
 
 async def one(
-    seed: int, work: Path, *, steps: int = 250, kinds: tuple[str, ...] = KINDS, fault: Fault | None = None
+    seed: int,
+    work: Path,
+    *,
+    steps: int = 250,
+    kinds: tuple[str, ...] = KINDS,
+    fault: Fault | None = None,
+    policy: str | None = None,
 ) -> Run:
-    """One drill with one fault, drawn from ``seed`` (or this ``fault``); returns what happened and what broke."""
+    """One drill with one fault and hold policy, drawn from ``seed`` (or this ``fault`` and
+    ``policy``); returns what happened and what broke."""
     from powerguard.bus import Bus, BusNames
     from powerguard.schemas import CheckpointDurable, SagaStateChanged, ShutdownRequested
     from powerguard.sim.drill import _progress
@@ -149,6 +156,8 @@ async def one(
     run = Run(seed=seed, policy=rng.choice(POLICIES), fault=Fault.draw(rng, kinds))
     if fault is not None:
         run.fault = fault
+    if policy is not None:
+        run.policy = policy
     t0 = time.monotonic()
     f = run.fault
     site = SimSite(

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import time
 
 import aiohttp
 import pytest
@@ -15,6 +14,7 @@ from powerguard.bus import Bus, BusNames, EmbeddedNats
 from powerguard.cli.console import start_console
 from powerguard.coordinator.service import Coordinator
 from powerguard.schemas import OnBattery, OnLine, PowerData
+from tests.waiting import eventually
 
 from .coordinator.helpers import SagaWatch, policy, site
 
@@ -32,13 +32,11 @@ async def state(session: aiohttp.ClientSession, url: str) -> dict:
 
 
 async def until(session, url, cond, what: str, timeout: float = 30.0) -> dict:
-    deadline = time.monotonic() + timeout
-    while True:
+    async def seen() -> dict | None:
         s = await state(session, url)
-        if cond(s):
-            return s
-        assert time.monotonic() < deadline, f"timed out waiting for {what}: {s}"
-        await asyncio.sleep(0.2)
+        return s if cond(s) else None
+
+    return await eventually(seen, timeout, what, every=0.2)
 
 
 async def test_console_follows_the_site_across_a_nats_restart_and_a_coordinator_restart(tmp_path):

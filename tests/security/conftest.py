@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import shutil
 import subprocess
-import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,6 +17,7 @@ import pytest
 from powerguard.bus import Bus, BusNames, EmbeddedNats, PublishError
 from powerguard.bus import creds as creds_mod
 from tests.integration.ups.nut_peer import free_port
+from tests.waiting import eventually  # noqa: F401  (the suite's one wait helper, re-exported)
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "compose"
@@ -107,11 +107,3 @@ async def refused(coro, timeout: float = 3.0) -> str:
     except (PublishError, TimeoutError, Exception) as exc:
         return f"{type(exc).__name__}: {exc}"
     raise AssertionError("the server allowed it")
-
-
-async def eventually(cond, timeout: float = 15.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        await asyncio.sleep(0.05)

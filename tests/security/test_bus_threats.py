@@ -25,6 +25,7 @@ from powerguard.schemas import (
     encode,
     utcnow,
 )
+from tests.waiting import processed
 
 from .conftest import SITE, eventually, refused
 from .services import Watch, coordinator, drain, outage, power_control, reading
@@ -83,7 +84,7 @@ async def test_1_a_job_command_with_an_invented_saga_is_refused_by_the_server_an
         # even on the command subject (a coordinator credential), a saga that does not exist is refused
         await coord.publish(stop_b)
         failed = await asyncio.wait_for(results.__anext__(), 15)
-        assert "refused: saga 'invented' does not exist" in failed.data.error
+        assert "refused: saga 'invented' was never announced by the coordinator" in failed.data.error
         assert pc.executed == []
 
 
@@ -171,8 +172,8 @@ async def test_3_a_days_old_outage_in_the_stream_never_starts_a_saga(deployment)
     async with coordinator(dep):
         # and an old outage that reaches the coordinator anyway (a delayed or replayed history) is ignored
         for cls in (OnBattery, LowBattery):
-            await ups.publish(cls(time=old, data=reading(True, 20)))
-        await asyncio.sleep(2.0)
+            sent = await ups.publish(cls(time=old, data=reading(True, 20)))
+        await processed(admin, f"coordinator-{SITE}", sent.seq)  # the coordinator handled both
         assert watch.states == [] and await sagas(dep) == []
         await outage(ups)  # a current outage still starts one
         await eventually(lambda: "checkpointing" in watch.states, 15, "a saga")

@@ -22,12 +22,13 @@ from powerguard.schemas import (
     PowerActionDone,
     PowerActionFailed,
     PowerEvent,
+    SagaState,
     SagaStateChanged,
 )
 
 TIMELINE_MAX = 400  # events kept for the live timeline
-TERMINAL = ("done", "cancelled", "failed")
-DEADLINE_STATES = ("checkpointing", "final_checkpoint")
+TERMINAL = tuple(s.value for s in SagaState if s.terminal)
+DEADLINE_STATES = tuple(s.value for s in SagaState if s.checkpoint_deadline)
 
 
 def _describe(e: Envelope) -> str:
@@ -203,7 +204,7 @@ class ConsoleState:
     def _nodes(self) -> list[dict[str, Any]]:
         names = set(self.nodes) | {a.node for a in self.agents.values()}
         for r in self.sagas[:1]:
-            if r.get("state") not in ("done", "cancelled", "failed"):
+            if r.get("state") not in TERMINAL:
                 names |= set(r.get("nodes_at_risk") or [])
         out = []
         for n in sorted(names):

@@ -26,6 +26,7 @@ from powerguard.schemas import (
     CheckpointDurable,
     NodeState,
     OnBattery,
+    SagaState,
     SagaStateChanged,
     UpsOutputOffRequested,
     UpsOutputResult,
@@ -101,7 +102,7 @@ async def blackout_outage(
     site.start_services()
     stages["PowerGuard's services started"] = time.time()
     say("setup", "PowerGuard's services start, as their supervisor does at boot (systemd, compose)")
-    saga_end = lambda: obs.first(SagaStateChanged, lambda e: e.data.state.value in ("done", "failed"))  # noqa: E731
+    saga_end = lambda: obs.first(SagaStateChanged, lambda e: e.data.state in (SagaState.DONE, SagaState.FAILED))  # noqa: E731
     stages["the saga finished"] = await until(obs, saga_end, 180, "the saga to finish after the blackout", site)
     return {
         "t_fail": t_fail,

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import Callable
 
 import yaml
 
@@ -20,6 +18,7 @@ from powerguard.schemas import (
     SiteConfig,
     UpsConfig,
 )
+from tests.waiting import eventually
 
 JOBS = {"j1": ["n1", "n1", "n2", "n2"], "j2": ["n3", "n3", "n4", "n4"]}
 NODES = ["n1", "n2", "n3", "n4"]
@@ -80,15 +79,6 @@ async def drain_battery(bus: Bus, runtime_s: float = 40.0, *, timeout: float = 1
 
 async def power_back(bus: Bus, *, timeout: float = 10.0) -> None:
     await bus.publish(OnLine(source="/powerguard/ups-monitor", data=power(False, 600, 90)), timeout=timeout)
-
-
-async def eventually(cond: Callable[[], bool], timeout: float = 15.0, what: str = "condition") -> None:
-    """Poll a condition that has no event to await (bounded)."""
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        await asyncio.sleep(0.02)
 
 
 class SagaWatch:

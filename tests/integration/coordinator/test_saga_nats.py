@@ -12,7 +12,7 @@ from powerguard.coordinator.store import SagaStore
 from powerguard.sim.agents import SimulatedRanks
 from powerguard.sim.executor import SimulatedPowerControl
 
-from .helpers import JOBS, NODES, SagaWatch, drain_battery, outage, policy, power_back, site
+from .helpers import JOBS, NODES, SagaWatch, drain_battery, eventually, outage, policy, power_back, site
 
 pytestmark = pytest.mark.integration
 
@@ -37,7 +37,7 @@ async def test_full_saga_with_two_jobs_of_four_ranks(make_bus, spans):
     watch = await SagaWatch(bus).start()
     coordinator = Coordinator(bus, site(), policy=policy(), instance="c1")
     async with running(coordinator):
-        await asyncio.wait_for(_until(lambda: coordinator.leader), 10)
+        await eventually(lambda: coordinator.leader, 10, "the coordinator to lead")
         first = await outage(sim_bus)
         await watch.reach("holding")
         assert {(j, r) for j, r in ranks.requests_seen} == {(j, r) for j in JOBS for r in range(4)}
@@ -98,7 +98,7 @@ async def test_flap_cancels_and_nothing_goes_down(make_bus):
     watch = await SagaWatch(bus).start()
     coordinator = Coordinator(bus, site(), policy=policy(), instance="c1")
     async with running(coordinator):
-        await asyncio.wait_for(_until(lambda: coordinator.leader), 10)
+        await eventually(lambda: coordinator.leader, 10, "the coordinator to lead")
         await outage(sim_bus)
         await watch.reach("holding")
         await power_back(sim_bus)
@@ -117,7 +117,7 @@ async def test_silent_rank_makes_the_saga_partial_and_bad_input_changes_nothing(
     pol = policy().model_copy(update={"ckpt_timeout_s": 1.0})
     coordinator = Coordinator(bus, site(), policy=pol, instance="c1")
     async with running(coordinator):
-        await asyncio.wait_for(_until(lambda: coordinator.leader), 10)
+        await eventually(lambda: coordinator.leader, 10, "the coordinator to lead")
         # bad input first: unknown UPS, malformed payload, ack for an unknown saga
         await sim_bus.publish(OnBattery(data=PowerData(site="dc1", ups="ups-zz", on_battery=True)))
         await sim_bus.nc.publish(sim_bus.subjects.power("dc1", "ups-a"), b"{garbage")
@@ -134,8 +134,3 @@ async def test_silent_rank_makes_the_saga_partial_and_bad_input_changes_nothing(
     assert rec.jobs["j1"].missing == [3] and rec.jobs["j2"].missing == []
     assert "ups-zz" not in rec.ups
     await watch.stop()
-
-
-async def _until(cond) -> None:
-    while not cond():
-        await asyncio.sleep(0.02)

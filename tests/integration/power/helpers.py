@@ -127,16 +127,22 @@ def power_on(node: str, saga: str = "saga-1", **kw: Any) -> PowerOnRequested:
     )
 
 
-async def open_saga(bus: Bus, saga_id: str = "saga-1") -> None:
-    """power-control executes commands only of sagas whose record exists: the coordinator's part."""
-    kv = await bus.sagas()
-    if await kv.get(bus.names.saga_key(saga_id)) is None:
-        await kv.create(bus.names.saga_key(saga_id), {"saga_id": saga_id, "state": "shutting_down"})
+async def announce_saga(bus: Bus, saga_id: str = "saga-1", state: str = "shutting_down") -> None:
+    """The coordinator's part: power-control executes commands only of sagas it announced
+    (their newest ``saga.state_changed``), in a state that allows them."""
+    from powerguard.schemas import SagaData, SagaStateChanged
+
+    await bus.publish(SagaStateChanged(data=SagaData(saga_id=saga_id, site="dc1", state=state)))
+
+
+async def announced(bus: Bus, saga_id: str) -> bool:
+    return await bus.last(bus.subjects.saga(saga_id)) is not None
 
 
 async def service(bus: Bus, site_cfg: SiteConfig, sagas: tuple[str, ...] = ("saga-1",)) -> PowerControl:
     for saga_id in sagas:
-        await open_saga(bus, saga_id)
+        if not await announced(bus, saga_id):
+            await announce_saga(bus, saga_id)
     pc = PowerControl(bus, site_cfg, PowerControlSettings.model_validate(site_cfg.section("power_control")))
     await pc.start()
     return pc

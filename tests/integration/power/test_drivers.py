@@ -19,6 +19,7 @@ from powerguard.power_control.errors import (
     PowerControlError,
     TlsUntrusted,
 )
+from tests.waiting import eventually
 
 from .peers import PASSWORD, USER, free_udp_port, ipmitool
 
@@ -38,10 +39,8 @@ def ipmi(request):
 
 
 async def until(fn, want, timeout: float = 5.0):
-    deadline = time.monotonic() + timeout
-    while (value := fn()) != want and time.monotonic() < deadline:
-        await asyncio.sleep(0.05)
-    return value
+    await eventually(lambda: fn() == want, timeout, f"the power state {want!r}", every=0.05)
+    return want
 
 
 async def test_ipmi_against_openipmi_ipmi_sim(ipmi_sim, ipmi):

@@ -3,7 +3,6 @@ each through a full shutdown and restore sequence of power-control on a real nat
 
 from __future__ import annotations
 
-import asyncio
 import os
 import subprocess
 import sys
@@ -21,6 +20,7 @@ from powerguard.schemas import (
     PowerActionDone,
     PowerActionFailed,
 )
+from tests.waiting import eventually
 
 from .helpers import Recorder, creds, job_cmd, power_on, service, shutdown, site
 
@@ -48,10 +48,7 @@ async def restore(bus, rec, node: str, job: str) -> None:
 
 
 async def until(fn, timeout: float = 30.0):
-    deadline = time.monotonic() + timeout
-    while not (value := fn()) and time.monotonic() < deadline:
-        await asyncio.sleep(0.2)
-    return value
+    return await eventually(fn, timeout, "the scheduler's state", every=0.2)
 
 
 async def test_slurm_drains_requeues_resumes_and_releases(make_bus, make_bmc, slurm, tmp_path, monkeypatch):

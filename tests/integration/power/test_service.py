@@ -8,7 +8,9 @@ import itertools
 
 import pytest
 
+from powerguard.bus.roles import durable_names
 from powerguard.schemas import NodeState, PowerActionDone, PowerActionFailed
+from tests.waiting import processed
 
 from .helpers import Recorder, creds, power_on, service, shutdown, site
 
@@ -79,8 +81,8 @@ async def test_redelivered_command_does_nothing_new_on_the_device(make_bus, make
         await bus.publish(shutdown("n1"))
         await rec.wait(lambda: "off" in rec.states("n1"), what="n1 off")
         bmc.state.write_text('{"power": "on", "policy": 0, "changes": 0}')  # someone switched it back on
-        await bus.publish(shutdown("n1"))  # same idempotency key, new event id: a redelivery
-        await asyncio.sleep(1.5)
+        again = await bus.publish(shutdown("n1"))  # same idempotency key, new event id: a redelivery
+        await processed(bus, durable_names("dc1")["power-control"], again.seq)  # handled: its ack
         await pc.idle()
         assert bmc.power == "on" and len(bmc.events("command soft-off")) == 1
         assert rec.states("n1").count("off") == 1
@@ -97,10 +99,10 @@ async def test_wrong_bmc_password_gives_one_failure_and_no_retry_storm(make_bus,
     rec = await Recorder().start(bus)
     pc = await service(bus, site([bmc_node("n1", bmc, bad)], retries=3))
     try:
-        await bus.publish(shutdown("n1"))
+        sent = await bus.publish(shutdown("n1"))
         await rec.wait(lambda: rec.of(PowerActionFailed), what="a failure")
-        await asyncio.sleep(1.0)
-        await pc.idle()
+        await processed(bus, durable_names("dc1")["power-control"], sent.seq)
+        await pc.idle()  # the sequence is over: every retry it would make was made
         failed = rec.of(PowerActionFailed)
         assert len(failed) == 1
         assert failed[0].data.node == "n1" and "credentials" in failed[0].data.error

@@ -14,6 +14,7 @@ from powerguard.power_control.drivers.base import Guarded
 from powerguard.power_control.drivers.ups_nut import NutUpsOutput
 from powerguard.power_control.errors import CommandRejected
 from tests.integration.ups.nut_peer import require_nut
+from tests.waiting import eventually_sync
 
 pytestmark = pytest.mark.integration
 
@@ -46,10 +47,7 @@ def output(ups, user: str = "pg", password: str = "pgsecret") -> NutUpsOutput:
 
 
 def wait(pred, what: str, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not pred():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)
+    eventually_sync(pred, timeout, what)
 
 
 async def test_shutdown_return_cuts_the_output_after_the_delay_and_mains_brings_it_back(ups):
@@ -109,8 +107,9 @@ def ups_off(saga: str = "saga-1", **kw):
 
 
 async def down_saga(bus, saga: str = "saga-1", state: str = "down") -> None:
-    kv = await bus.sagas()
-    await kv.put(bus.names.saga_key(saga), {"saga_id": saga, "state": state})
+    from .helpers import announce_saga
+
+    await announce_saga(bus, saga, state)
 
 
 async def test_power_control_tells_the_ups_through_upsd_and_reports_what_it_said(ups, make_bus, monkeypatch):

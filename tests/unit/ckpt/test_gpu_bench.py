@@ -17,8 +17,12 @@ _spec.loader.exec_module(bench)
 
 def test_gpu_checkpoint_bench_runs_small_on_cpu(tmp_path):
     r = bench.run(0.02, 2, tmp_path)
-    assert r["device"] in ("cpu",) or r["pinned"]
-    assert r["state_gb"] > 0.01 and r["staging_reused_buffers_gb_s"] > 0 and r["staging_fresh_copy_gb_s"] > 0
+    assert r["pinned"] == (r["device"] != "cpu")  # host buffers pinned exactly when a GPU copies into them
+    assert 0.015 <= r["state_gb"] <= 0.04  # the size asked for (model + AdamW state), not a token amount
+    assert r["staging_reused_buffers_gb_s"] > 0 and r["staging_fresh_copy_gb_s"] > 0
     assert r["power_checkpoint_stall_s"] > 0 and r["power_checkpoint_write_s"] > 0
     assert r["power_checkpoint_commit_s"] >= 0
-    assert (tmp_path / "gpu-bench" / "step-1" / "COMMIT").exists()  # keep=1: the last save, committed
+    step = tmp_path / "gpu-bench" / "step-1"
+    assert (step / "COMMIT").exists()  # keep=1: the last save, committed
+    written = sum(f.stat().st_size for f in step.glob("*.distcp"))
+    assert written >= 0.9 * r["state_gb"] * 1e9  # the state it timed is the state on disk

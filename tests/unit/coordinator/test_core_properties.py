@@ -63,7 +63,7 @@ def check(s: Site, step, held_before: dict[str, set[str]]) -> None:
     """After every input: every node at risk is held by exactly one open saga, at most one saga
     protects (is before its shutdown), a protected node's jobs were all asked to checkpoint, and
     no node is shut down twice for one reading nor by a saga while another holds it."""
-    protecting = [r for r in s.core.open.values() if r.state in saga.BEFORE_SHUTDOWN]
+    protecting = [r for r in s.core.open.values() if r.state.before_shutdown]
     assert len(protecting) <= 1, "two sagas protecting one site"
     held = {sid: saga.held_by(r) for sid, r in s.core.open.items()}
     owners: dict[str, list[str]] = {}
@@ -76,7 +76,7 @@ def check(s: Site, step, held_before: dict[str, set[str]]) -> None:
     for node in TOPO.nodes_at_risk(on_battery):
         assert node in owners, f"{node} at risk and no saga holds it: unprotected"
         rec = s.core.open[owners[node][0]]
-        if rec.state in saga.BEFORE_SHUTDOWN:
+        if rec.state.before_shutdown:
             for name, info in jobs.items():
                 if node in info.nodes:
                     assert name in rec.jobs and rec.jobs[name].requested_at is not None, f"{name} on {node} not asked"

@@ -24,8 +24,16 @@ def test_auth_data_reads_secrets_at_use(monkeypatch):
     monkeypatch.setenv("PG_T_A", "authkey-123")
     monkeypatch.setenv("PG_T_P", "privkey-123")
     creds = SnmpCredentials(version="3", user="u", auth_key={"env": "PG_T_A"}, priv_key={"env": "PG_T_P"})
-    assert isinstance(auth_data(creds), UsmUserData)
-    assert isinstance(auth_data(SnmpCredentials(), default_community="public"), CommunityData)
+    usm = auth_data(creds)
+    assert isinstance(usm, UsmUserData) and usm.userName == "u"
+    assert (usm.authentication_key, usm.privacy_key) == ("authkey-123", "privkey-123")  # read now, from the env
+    assert usm.security_level == "authPriv"
+    monkeypatch.setenv("PG_T_A", "rotated-456")  # rotated: the next use reads the new one
+    assert auth_data(creds).authentication_key == "rotated-456"
+    community = auth_data(SnmpCredentials(), default_community="public")
+    assert isinstance(community, CommunityData) and community.communityName == "public"
+    mine = auth_data(SnmpCredentials(community={"env": "PG_T_P"}), default_community="public")
+    assert mine.communityName == "privkey-123"  # a configured community wins over the default
     with pytest.raises(ValueError, match=r"needs options\.community"):
         auth_data(SnmpCredentials())  # a PDU: no default write community
 

@@ -7,8 +7,8 @@ setup, OTel propagation, an embedded broker and the service runner.
         print(event.data.runtime_s)
 """
 
-from .client import BatchHandler, Bus, Handler
-from .consumer import BatchConsumer, Consumer, Received, Subscription
+from .client import Bus
+from .consumer import BatchConsumer, BatchHandler, Consumer, Handler, Received, Subscription
 from .embedded import EmbeddedNats, embedded_cluster, find_nats_server, free_ports
 from .errors import BusError, CasConflict, ConnectError, EmbeddedServerError, PublishError, SetupError
 from .kv import Kv, KvEntry

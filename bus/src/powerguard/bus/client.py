@@ -7,9 +7,9 @@ import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import nats
 from nats.aio.client import Client as NatsClient
@@ -20,18 +20,24 @@ from opentelemetry.trace import SpanKind, Status, StatusCode, TracerProvider
 from powerguard.schemas import DEFAULT_MAX_PAYLOAD, DeadLetter, DeadLetterData, Envelope, EventError, encode
 
 from . import metrics
+from .consumer import (
+    BatchConsumer,
+    BatchHandler,
+    Consumer,
+    Handler,
+    Listener,
+    Received,
+    Subscription,
+    decode_on,
+    durable_config,
+)
 from .errors import ConnectError, PublishError, SetupError
 from .kv import Kv
 from .names import BusNames, StreamLimits
 from .tracing import inject_headers, messaging_attributes, tracer
 
-if TYPE_CHECKING:
-    from .consumer import Received
-
 log = logging.getLogger(__name__)
 
-Handler = Callable[[Envelope], Awaitable[None]]
-BatchHandler = Callable[[list["Received"]], Awaitable[None]]
 
 
 def redact(url: str) -> str:
@@ -263,7 +269,6 @@ class Bus:
     async def bootstrap(self, sites: list[str], *, update: bool = False) -> list[str]:
         """The admin's one-time setup: stream, KV buckets and every site's durable consumers
         with their final configuration (services only bind to them). Returns what exists."""
-        from .consumer import durable_config
         from .roles import durable_filters
 
         await self.setup(update=update)
@@ -436,7 +441,6 @@ class Bus:
         Uses an ephemeral, unacknowledged consumer. ``deliver`` is ``new``, ``all`` or
         ``last``. Undecodable messages are logged (or passed to ``on_error``) and skipped.
         """
-        from .consumer import Subscription
 
         return Subscription(self, types, subject=subject, deliver=deliver, on_error=on_error)
 
@@ -444,14 +448,12 @@ class Bus:
         """Live events on ``subject`` through a plain (core NATS) subscription: no JetStream
         consumer, so a least-privileged party needs only the subscribe permission on
         ``subject``. Events published while disconnected are missed (see :meth:`last`)."""
-        from .consumer import Listener
 
         return Listener(self, types, subject=subject)
 
     async def last(self, subject: str) -> Received | None:
         """The newest stored event on ``subject`` (a direct get: a read permission on that
         subject only), or None. Undecodable or misplaced messages count as none."""
-        from .consumer import Received, decode_on
 
         try:
             msg = await self.js.get_last_msg(self.names.stream, subject, direct=True)
@@ -488,7 +490,6 @@ class Bus:
         that has to be created starts that many seconds back, not at the stream's start.
         Returns the running :class:`~powerguard.bus.consumer.Consumer`.
         """
-        from .consumer import Consumer
 
         return await self._started(
             Consumer(
@@ -520,7 +521,6 @@ class Bus:
     ):
         """Like :meth:`consume`, but ``batch_handler`` gets up to ``batch`` events at once
         as :class:`~powerguard.bus.consumer.Received` (event, subject, headers, sequence)."""
-        from .consumer import BatchConsumer
 
         return await self._started(
             BatchConsumer(

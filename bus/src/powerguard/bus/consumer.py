@@ -7,10 +7,10 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import nats
 from nats.aio.msg import Msg
@@ -22,12 +22,38 @@ from powerguard.schemas import Envelope, EventError, check_subject, decode
 
 from . import metrics
 from .errors import SetupError
+from .names import BusNames
 from .tracing import extract_context, messaging_attributes
 
 if TYPE_CHECKING:
-    from .client import BatchHandler, Bus, Handler
+    from nats.aio.client import Client
+    from nats.js import JetStreamContext
+    from opentelemetry.trace import Tracer
+
+    from powerguard.schemas import Subjects
 
 log = logging.getLogger(__name__)
+
+Handler = Callable[[Envelope], Awaitable[None]]
+BatchHandler = Callable[[list["Received"]], Awaitable[None]]
+
+
+class Bus(Protocol):
+    """What a consumer needs of its bus: :class:`~powerguard.bus.client.Bus` is one. The
+    consumers never import the client (the client builds them: calls run one way)."""
+
+    nc: Client
+    js: JetStreamContext
+    names: BusNames
+    subjects: Subjects
+    tracer: Tracer
+    max_payload: int
+
+    async def dead_letter(
+        self, *, subject: str, payload: bytes, error: BaseException | str, deliveries: int | None = None
+    ) -> None: ...
+
+    def _forget(self, consumer: object) -> None: ...
 
 _DELIVER = {
     "new": api.DeliverPolicy.NEW,

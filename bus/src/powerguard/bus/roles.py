@@ -149,7 +149,10 @@ def permissions(
             pub += _durable(stream, durable_names(site)["coordinator"])
         return Permissions(pub_allow=tuple(pub), sub_allow=common_sub, inbox=inbox(role))
     if role == "power-control":
-        pub = [s.results, s.dlq(role), _api("STREAM.INFO", stream), *_kv_write(n.power), *_kv_read(n.sagas)]
+        # a saga's state only as the coordinator announced it (its newest pg.saga.<id> event),
+        # never the coordinator's records
+        pub = [s.results, s.dlq(role), _api("STREAM.INFO", stream), *_kv_write(n.power)]
+        pub += [_api("DIRECT.GET", stream, s.saga("*"))]
         for site in sites:
             pub += _durable(stream, durable_names(site)["power-control"])
         return Permissions(pub_allow=tuple(pub), sub_allow=common_sub, inbox=inbox(role))

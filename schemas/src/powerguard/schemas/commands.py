@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import AwareDatetime, Field
+from pydantic import Field
 
 from .envelope import Data, Envelope
 from .subjects import Subjects
@@ -28,7 +28,6 @@ class PowerCommandData(Data):
     idempotency_key: str = Field(description="<saga>/<node>/<action>; a repeat does nothing new")
     reason: str | None = None
     jobs: list[str] = Field(default_factory=list, max_length=10_000, description="Jobs on the node to stop first")
-    deadline: AwareDatetime | None = None
     dry_run: bool = False
     retry: int = Field(
         default=0,

@@ -27,9 +27,48 @@ class SagaState(StrEnum):
     CANCELLED = "cancelled"
     FAILED = "failed"
 
+    # The state classes, one definition for every service, the console and the drills.
     @property
     def terminal(self) -> bool:
+        """The saga is over (done, cancelled or failed)."""
         return self in (SagaState.DONE, SagaState.CANCELLED, SagaState.FAILED)
+
+    @property
+    def before_shutdown(self) -> bool:
+        """No node of the saga has been told to power off yet."""
+        return self in _BEFORE_SHUTDOWN
+
+    @property
+    def after_shutdown(self) -> bool:
+        """Its shutdown is over: restoring, resumed, or ended (a shutdown command is stale)."""
+        return self in (SagaState.RESTORING, SagaState.RESUMED) or self.terminal
+
+    @property
+    def down(self) -> bool:
+        """The shutdown ended (every off done, or some failed): the one time a UPS's output is cut."""
+        return self in (SagaState.DOWN, SagaState.PARTLY_DOWN)
+
+    @property
+    def powered_down(self) -> bool:
+        """Nodes are going off, off, or coming back (the site runs short of nodes)."""
+        return self in (SagaState.SHUTTING_DOWN, SagaState.RESTORING) or self.down
+
+    @property
+    def checkpoint_deadline(self) -> bool:
+        """The saga waits for ranks' acks before a deadline (its ``deadline`` is theirs)."""
+        return self in (SagaState.CHECKPOINTING, SagaState.FINAL_CHECKPOINT)
+
+
+_BEFORE_SHUTDOWN = frozenset(
+    {
+        SagaState.DETECTED,
+        SagaState.CHECKPOINTING,
+        SagaState.CHECKPOINTED,
+        SagaState.PARTIAL,
+        SagaState.HOLDING,
+        SagaState.FINAL_CHECKPOINT,
+    }
+)
 
 
 class SagaData(Data):

@@ -94,10 +94,6 @@ class Subjects:
     def job_resumed(self, job: str) -> str:
         return f"{self.prefix}.ckpt.{_job_or_star(job)}.resumed"
 
-    def job_tree(self, job: str) -> str:
-        """Every subject of one job's agents (registrations, requests, acks, releases)."""
-        return f"{self.prefix}.ckpt.{token(job, what='job')}.>"
-
     # saga, commands, results ----------------------------------------------
     def saga(self, saga_id: str) -> str:
         return f"{self.prefix}.saga.{_star_or(saga_id, 'saga id')}"

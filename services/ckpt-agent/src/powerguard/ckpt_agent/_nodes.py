@@ -58,12 +58,6 @@ class Topology:
     def ranks(self, node: str) -> list[int]:
         return [r for r, n in enumerate(self.nodes) if n == node]
 
-    def replica_targets(self, node: str, k: int) -> list[str]:
-        """The ``k`` nodes after ``node`` in the ring (fewer when the job has fewer nodes)."""
-        ring = self.order
-        i = ring.index(node)
-        return [ring[(i + j) % len(ring)] for j in range(1, min(k, len(ring) - 1) + 1)]
-
 
 def node_files(topo: Topology, node: str, manifests: dict[int, dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """The data files the ranks of ``node`` wrote (from their manifests), by name."""

@@ -62,11 +62,6 @@ class RemoteCopier:
         self.last_copy = time.monotonic()
         self._queue.put(step)
 
-    def wait_idle(self, timeout: float = 60.0) -> None:
-        deadline = time.monotonic() + timeout
-        while self._queued and time.monotonic() < deadline:
-            time.sleep(0.01)
-
     def close(self) -> None:
         self._queue.put(None)
         self._thread.join(30)

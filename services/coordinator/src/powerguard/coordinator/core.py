@@ -155,7 +155,7 @@ class SiteCore:
     # ------------------------------------------------------------------ inputs
     def learn(self, rec: SagaRecord) -> None:
         """Keep a real saga's measured shutdown per node group, once its shutdown has ended."""
-        if rec.drill or rec.saga_id in self._learned or rec.state in saga.BEFORE_SHUTDOWN:
+        if rec.drill or rec.saga_id in self._learned or rec.state.before_shutdown:
             return
         if rec.state == saga.S.SHUTTING_DOWN or (rec.state == saga.S.FAILED and rec.shutdown_started_at is None):
             return
@@ -306,7 +306,7 @@ class SiteCore:
         if not risk:
             return
         held = frozenset().union(*(saga.held_by(r) for r in self.open.values()))
-        protector = next((r for r in self.open.values() if r.state in saga.BEFORE_SHUTDOWN), None)
+        protector = next((r for r in self.open.values() if r.state.before_shutdown), None)
         if risk - held:
             if protector is not None:
                 self._handle(protector, Tick(), now, step)  # joins them (what others hold excluded)

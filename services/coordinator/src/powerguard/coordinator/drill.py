@@ -37,6 +37,7 @@ from powerguard.schemas import (
     PowerEvent,
     PowerOnRequested,
     PowerStatus,
+    SagaState,
     SagaStateChanged,
     ShutdownRequested,
     SiteConfig,
@@ -217,7 +218,7 @@ async def run_site_drill(
         async for ev in bus.subscribe(subject=subjects.all, deliver="new"):
             _observe(ev, result, t0, notify)
             if isinstance(ev, SagaStateChanged) and ev.data.saga_id == result.saga_id:
-                if ev.data.state.value in ("down", "partly_down", "cancelled"):
+                if ev.data.state.down or ev.data.state == SagaState.CANCELLED:
                     restored.set()
                 if ev.data.state.terminal:
                     done.set()

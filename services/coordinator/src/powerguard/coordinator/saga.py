@@ -57,7 +57,6 @@ from .policy import Policy
 from .topology import JobInfo, Topology
 
 S = SagaState
-BEFORE_SHUTDOWN = (S.DETECTED, S.CHECKPOINTING, S.CHECKPOINTED, S.PARTIAL, S.HOLDING, S.FINAL_CHECKPOINT)
 
 
 # --------------------------------------------------------------------------- inputs
@@ -469,7 +468,7 @@ def _jobs_now(jobs: JobsArg) -> dict[str, JobInfo]:
 def _settle(
     rec: SagaRecord, now: float, topo: Topology, policy: Policy, jobs, out: list[Command], held: frozenset[str]
 ) -> None:
-    if rec.state in BEFORE_SHUTDOWN:
+    if rec.state.before_shutdown:
         risk = [n for n in topo.nodes_at_risk(rec.on_battery) if n not in held]
         new_nodes = [n for n in risk if n not in rec.nodes]
         rec.at_risk = risk
@@ -745,14 +744,14 @@ def _advance(rec: SagaRecord, now: float, topo: Topology, policy: Policy, out: l
 
 def _step(rec: SagaRecord, now: float, topo: Topology, policy: Policy, out: list[Command], jobs: JobsArg) -> None:
     state = rec.state
-    if state in BEFORE_SHUTDOWN and not rec.at_risk:
+    if state.before_shutdown and not rec.at_risk:
         _back_before_shutdown(rec, now, policy, out, jobs)
         return
-    if state in BEFORE_SHUTDOWN and rec.back_before_shutdown_at is not None:
+    if state.before_shutdown and rec.back_before_shutdown_at is not None:
         rec.back_before_shutdown_at = None  # power failed again while the saga waited to hear its jobs
     if state == S.DETECTED or any(j.requested_at is None for j in rec.jobs.values()):
         _request_checkpoints(rec, now, topo, policy, out)
-        if state not in (S.CHECKPOINTING, S.FINAL_CHECKPOINT):
+        if not state.checkpoint_deadline:
             _set(rec, S.CHECKPOINTING, now, f"{len(rec.jobs)} job(s) on {len(rec.at_risk)} node(s) at risk")
             return
     if state == S.CHECKPOINTING:
@@ -807,7 +806,7 @@ def _step(rec: SagaRecord, now: float, topo: Topology, policy: Policy, out: list
     ):
         _set(rec, S.DOWN, now, "every node at risk is off (after a failed off)")
         return
-    if state in (S.DOWN, S.PARTLY_DOWN):
+    if state.down:
         _ups_off(rec, now, topo, policy, out)
         feeds = {u for n, p in rec.nodes.items() if p.shutdown_at is not None for u in topo.feeds.get(n, ())}
         views = [rec.ups.get(u, UpsView()) for u in feeds]
@@ -987,7 +986,7 @@ def held_by(rec: SagaRecord) -> set[str]:
     """The nodes a saga holds: at risk before its shutdown; shut down and not yet powered on after."""
     if rec.terminal:
         return set()
-    if rec.state in BEFORE_SHUTDOWN:
+    if rec.state.before_shutdown:
         return set(rec.at_risk)
     return {n for n, p in rec.nodes.items() if p.shutdown_at is not None and p.power_on_at is None}
 
@@ -1189,7 +1188,7 @@ def pending(rec: SagaRecord, policy: Policy) -> list[Command]:
     coordinator sends again (receivers deduplicate by idempotency key). Built by the same
     functions as the first send."""
     out: list[Command] = []
-    if rec.state in (S.CHECKPOINTING, S.FINAL_CHECKPOINT):
+    if rec.state.checkpoint_deadline:
         for _, p in sorted(rec.jobs.items()):
             if p.requested_at is not None and p.settled_at is None:
                 out.append(ckpt_command(rec, p, final=False, policy=policy))
@@ -1203,7 +1202,7 @@ def pending(rec: SagaRecord, policy: Policy) -> list[Command]:
         for node, p in sorted(rec.nodes.items()):
             if p.shutdown_at is not None and p.off_at is None:
                 out.append(_node_command(rec, "shutdown", node, by_node))
-    if rec.state in (S.DOWN, S.PARTLY_DOWN):
+    if rec.state.down:
         out += [_ups_command(rec, u) for u, t in sorted(rec.ups_off.items()) if t.done_at is None and t.error is None]
         by_node = rec.jobs_by_node()
         for node, p in sorted(rec.nodes.items()):  # the last stage's loads (and any off not reported)

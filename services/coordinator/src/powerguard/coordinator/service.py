@@ -290,7 +290,7 @@ class Coordinator:
 
     def _gauges(self) -> None:
         metrics.OPEN_SAGAS.set(len(self.open))
-        down = sum(r.state.value in ("shutting_down", "down", "partly_down", "restoring") for r in self.open.values())
+        down = sum(r.state.powered_down for r in self.open.values())
         metrics.SHUTTING_DOWN.labels(self.site.site).set(down)
 
     async def _publish(

@@ -46,7 +46,7 @@ def summarize(rec: SagaRecord, now: float | None = None) -> dict:
     now = time.time() if now is None else now
     acked, expected = rec.acks()
     budget = None
-    if rec.state.value in ("checkpointing", "final_checkpoint") and rec.deadline is not None:
+    if rec.state.checkpoint_deadline and rec.deadline is not None:
         budget = max(0.0, rec.deadline - now)
     return {
         "saga": rec.saga_id,

@@ -71,7 +71,10 @@ class PowerControlSettings(_Model):
         default=300.0, gt=0, description="Refuse a command older than this (a replay, or one stuck in a backlog)"
     )
     require_saga: bool = Field(
-        default=True, description="Execute a command only when its saga's record exists in the sagas bucket"
+        default=True,
+        description="Execute a command only of a saga the coordinator announced (its newest saga.state_changed "
+        "event), in a state that allows it (no shutdown after the saga's shutdown ended; a UPS's output cut "
+        "only while down)",
     )
     scheduler: SchedulerSettings = Field(default_factory=SchedulerSettings)
     probes: dict[str, ProbeSettings] = Field(default_factory=dict, description="Readiness probe per node")

@@ -34,6 +34,7 @@ from powerguard.schemas import (
     PowerActionFailed,
     PowerOnRequested,
     PowerResultData,
+    SagaStateChanged,
     ShutdownRequested,
     SiteConfig,
     UpsOutputOffRequested,
@@ -44,6 +45,7 @@ from powerguard.schemas import (
 )
 
 from . import metrics
+from .admission import NO_SAGA, refusal
 from .config import PowerControlSettings
 from .drivers import Devices
 from .errors import PowerControlError
@@ -57,7 +59,6 @@ from .sequences import Order, Sequencer
 from .ups_output import UpsOutputs
 
 log = logging.getLogger(__name__)
-_AFTER_SHUTDOWN = ("restoring", "resumed", "done", "cancelled", "failed")  # saga states after any shutdown
 COMMANDS = (ShutdownRequested, PowerOnRequested, JobStopRequested, JobRestartRequested, UpsOutputOffRequested)
 
 
@@ -173,29 +174,22 @@ class PowerControl:
         self._run(event, key)
 
     async def _refusal(self, event: Envelope) -> str | None:
-        """Why this command must not run (None: run it). Only the coordinator may publish on
-        the command subjects (server permissions) and the consumer checked the subject; this
-        also refuses replays and commands of sagas that do not exist."""
-        age = time.time() - event.time.timestamp()
-        if age > self.settings.max_command_age_s:
-            return f"command is {age:.0f}s old (max_command_age_s {self.settings.max_command_age_s:.0f})"
-        if isinstance(event, ShutdownRequested | PowerOnRequested) and event.data.node not in self._nodes:
-            return f"node {event.data.node!r} is not in the site file"
-        if isinstance(event, UpsOutputOffRequested) and event.data.ups not in self.ups_outputs:
-            return f"UPS {event.data.ups!r} is not in the site file"
+        """Why this command must not run (None: run it): admission.py's rule over the state
+        its saga was last announced in (a direct get of the newest ``pg.saga.<id>`` event)."""
+        saga = None
         if self.settings.require_saga:
             saga_id = event.data.saga_id
-            kv = await self.bus.sagas()
-            entry = await kv.get(self.bus.names.saga_key(saga_id)) if saga_id else None
-            if entry is None:
-                return f"saga {saga_id!r} does not exist in {kv.bucket}"
-            data = entry.json()
-            state = data.get("state") if isinstance(data, dict) else None
-            if isinstance(event, ShutdownRequested) and state in _AFTER_SHUTDOWN:
-                return f"saga {saga_id} is {state}: a shutdown of {event.data.node} is over"
-            if isinstance(event, UpsOutputOffRequested) and state not in ("down", "partly_down"):
-                return f"saga {saga_id} is {state}: a UPS's output is cut only while its saga is down"
-        return None
+            got = await self.bus.last(self.bus.subjects.saga(saga_id)) if saga_id else None
+            ok = got is not None and isinstance(got.event, SagaStateChanged) and got.event.data.saga_id == saga_id
+            saga = got.event.data.state if ok else NO_SAGA
+        return refusal(
+            event,
+            now=time.time(),
+            max_age_s=self.settings.max_command_age_s,
+            nodes=self._nodes,
+            ups=self.ups_outputs,
+            saga=saga,
+        )
 
     async def _refuse(self, event: Envelope, why: str) -> None:
         d = event.data

@@ -1,0 +1,59 @@
+"""Whether power-control runs a command: a pure rule over the command, what the coordinator
+last said of its saga, and the clock.
+
+Only the coordinator may publish on the command subjects (server permissions) and the
+consumer checked each command's subject; this refuses what a valid command can still be
+wrong about: a replay or a backlog (too old), a node or UPS not in the site file, a saga the
+coordinator never announced, a shutdown whose saga has moved on (a command left running by
+a previous power-control, resumed at start), a UPS's output cut outside the saga's "down".
+
+The saga's state is the one on its newest ``saga.state_changed`` event (``pg.saga.<id>``,
+which only the coordinator may publish): the services meet on the bus, never in each
+other's KV records.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Container
+
+from powerguard.schemas import (
+    Envelope,
+    PowerOnRequested,
+    SagaState,
+    ShutdownRequested,
+    UpsOutputOffRequested,
+)
+
+NO_SAGA = "no-saga"  # ``saga`` when the coordinator never announced the command's saga
+
+
+def refusal(
+    event: Envelope,
+    *,
+    now: float,
+    max_age_s: float,
+    nodes: Container[str],
+    ups: Container[str],
+    saga: SagaState | str | None = None,
+) -> str | None:
+    """Why ``event`` must not run (None: run it). ``saga``: the state its saga was last
+    announced in, :data:`NO_SAGA` when never, None when the site does not ask for one
+    (``require_saga: false``)."""
+    d = event.data
+    age = now - event.time.timestamp()
+    if age > max_age_s:
+        return f"command is {age:.0f}s old (max_command_age_s {max_age_s:.0f})"
+    if isinstance(event, ShutdownRequested | PowerOnRequested) and d.node not in nodes:
+        return f"node {d.node!r} is not in the site file"
+    if isinstance(event, UpsOutputOffRequested) and d.ups not in ups:
+        return f"UPS {d.ups!r} is not in the site file"
+    if saga is None:
+        return None
+    if saga == NO_SAGA:
+        return f"saga {d.saga_id!r} was never announced by the coordinator"
+    state = SagaState(saga)
+    if isinstance(event, ShutdownRequested) and state.after_shutdown:
+        return f"saga {d.saga_id} is {state}: a shutdown of {d.node} is over"
+    if isinstance(event, UpsOutputOffRequested) and not state.down:
+        return f"saga {d.saga_id} is {state}: a UPS's output is cut only while its saga is down"
+    return None

@@ -1,0 +1,66 @@
+"""power-control's admission rule: a pure function of the command, the saga's announced state
+and the clock."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+
+from powerguard.power_control.admission import NO_SAGA, refusal
+from powerguard.schemas import (
+    PowerCommandData,
+    PowerOnRequested,
+    SagaState,
+    ShutdownRequested,
+    UpsOutputCommandData,
+    UpsOutputOffRequested,
+    utcnow,
+)
+
+NOW = utcnow()
+
+
+def shutdown(node: str = "n1", age_s: float = 0.0) -> ShutdownRequested:
+    data = PowerCommandData(saga_id="s1", node=node, idempotency_key=f"s1/{node}/shutdown")
+    return ShutdownRequested(time=NOW - timedelta(seconds=age_s), data=data)
+
+
+def ups_off(ups: str = "ups-a") -> UpsOutputOffRequested:
+    data = UpsOutputCommandData(saga_id="s1", ups=ups, idempotency_key=f"s1/ups:{ups}/output_off", delay_s=30)
+    return UpsOutputOffRequested(time=NOW, data=data)
+
+
+def why(event, saga=SagaState.SHUTTING_DOWN) -> str | None:
+    return refusal(event, now=NOW.timestamp(), max_age_s=300, nodes={"n1"}, ups={"ups-a"}, saga=saga)
+
+
+def test_a_current_command_of_an_announced_saga_runs():
+    assert why(shutdown()) is None
+    assert why(ups_off(), SagaState.PARTLY_DOWN) is None
+    on = PowerOnRequested(time=NOW, data=PowerCommandData(saga_id="s1", node="n1", idempotency_key="s1/n1/on"))
+    assert why(on, SagaState.RESTORING) is None
+
+
+def test_an_old_command_is_refused_with_its_age():
+    assert why(shutdown(age_s=301)) == "command is 301s old (max_command_age_s 300)"
+
+
+def test_a_node_or_ups_outside_the_site_file_is_refused():
+    assert "node 'n9' is not in the site file" in why(shutdown("n9"))
+    assert "UPS 'ups-z' is not in the site file" in why(ups_off("ups-z"), SagaState.DOWN)
+
+
+def test_a_saga_never_announced_is_refused_and_no_saga_needed_when_the_site_says_so():
+    assert why(shutdown(), NO_SAGA) == "saga 's1' was never announced by the coordinator"
+    assert why(shutdown(), None) is None
+
+
+@pytest.mark.parametrize("state", [s for s in SagaState if s.after_shutdown])
+def test_a_shutdown_after_its_sagas_shutdown_is_refused(state):
+    assert why(shutdown(), state) == f"saga s1 is {state}: a shutdown of n1 is over"
+
+
+@pytest.mark.parametrize("state", list(SagaState))
+def test_a_ups_output_is_cut_only_while_its_saga_is_down(state):
+    assert (why(ups_off(), state) is None) == (state in (SagaState.DOWN, SagaState.PARTLY_DOWN))
