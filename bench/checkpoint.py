@@ -101,10 +101,8 @@ def worker(args: argparse.Namespace) -> None:
     base = statistics.median(boundary_and_step(150 + i) for i in range(4))
     slowdowns, blocked = [], []
     for s in (200, 202):
-        guard.local_every_s = 1e-9
-        guard._last_local = 0.0
+        guard.saver.due_now()
         boundary_and_step(s)  # rank 0 says a periodic save is due; the agreement runs during this step
-        guard.local_every_s = 0
         slowdowns.append(max(0.0, boundary_and_step(s + 1) - base))  # the boundary where the save starts
         # what blocked the training thread: starting the save + the optimizer step's wait for the copy
         blocked.append(guard.stats["async_stall_s"] + guard.stats.get("async_wait_s", 0.0))

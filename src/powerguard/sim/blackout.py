@@ -32,7 +32,7 @@ from powerguard.schemas import (
     UpsOutputResult,
 )
 
-from .drill import DrillError
+from .errors import DrillError
 
 DARK_S = 3.0  # how long the site stays without power once the UPS's output is off (mains still out)
 

@@ -38,18 +38,14 @@ from powerguard.schemas import (
     OnLine,
     PowerActionDone,
     PowerActionFailed,
-    PowerGuardError,
     SagaStateChanged,
 )
 
+from .errors import DrillError
 from .site import SimSite
 
 SCENARIOS = ("outage", "flap", "race", "real-ups", "blackout")
 Notify = Callable[[float, str, str], None]  # (seconds since start, phase, text)
-
-
-class DrillError(PowerGuardError):
-    """The drill could not finish: names the step that did not happen in time."""
 
 
 @dataclass

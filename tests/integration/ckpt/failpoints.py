@@ -13,7 +13,7 @@ import logging
 import os
 import signal
 
-from powerguard.ckpt_agent import _layout, agent
+from powerguard.ckpt_agent import _layout, _ranks
 
 log = logging.getLogger("powerguard.ckpt_agent.failpoints")
 
@@ -31,7 +31,7 @@ def install(point: str | None, rank: str | None) -> None:
 
         _layout.write_commit = write_commit
     elif point == "final_checkpoint":
-        real = agent.CheckpointAgent._gather
+        real = _ranks.Ranks.gather  # every gather of the agent's own group
 
         def gather(self, obj):
             out = real(self, obj)
@@ -40,7 +40,7 @@ def install(point: str | None, rank: str | None) -> None:
                 _die(f"final_checkpoint (rank {self.rank})")
             return out
 
-        agent.CheckpointAgent._gather = gather
+        _ranks.Ranks.gather = gather
     elif point:
         raise SystemExit(f"unknown POWERGUARD_TEST_FAILPOINT {point!r}")
 

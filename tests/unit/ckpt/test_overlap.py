@@ -34,7 +34,7 @@ def test_periodic_save_snapshot_is_the_state_at_its_step(tmp_path):
         expected = copy.deepcopy(model.state_dict())
         expected_opt = copy.deepcopy(opt.state_dict())
         guard.step(1)  # starts the periodic save: parameters are copied in the background
-        assert guard._async is not None and guard._stager.staging is not None  # the background copy
+        assert guard.saver.unfinished and guard.saver.stager.staging is not None  # the background copy
         _train(model, opt, x * 3)  # forward changes BN stats at once; the step waits for the copy
         guard.wait()
         assert not all(torch.equal(model.state_dict()[k], expected[k]) for k in expected)  # training moved on
@@ -61,7 +61,7 @@ def test_overlap_can_be_turned_off(tmp_path):
     )
     try:
         guard.step(1)
-        assert guard._stager.staging is None  # staged synchronously inside step()
+        assert guard.saver.stager.staging is None  # staged synchronously inside step()
         guard.wait()
         assert guard.last_committed_step == 1
     finally:

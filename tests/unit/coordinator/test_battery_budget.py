@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from powerguard.coordinator import battery, saga
+from powerguard.coordinator import battery, budget, saga
 from powerguard.coordinator.saga import Power, UpsView
 
 from .harness import POLICY, TOPO, Drive
@@ -53,9 +53,9 @@ def test_an_optimistic_ups_estimate_shortens_the_budget_in_the_saga():
     d.now += 60
     d._feed(Power(ups="A", on_battery=True, runtime_s=1000, charge_pct=80, load_pct=50))
     # the UPS still says 1000 s; 20 % a minute says 80 % lasts 240 s
-    est = saga.ups_estimate(d.rec.ups["A"])
+    est = budget.ups_estimate(d.rec.ups["A"])
     assert est.source == "discharge" and round(est.runtime_s) == 240
-    assert saga._budget_s(d.rec, TOPO, AT_STOP) == 240 - 120 - 10
+    assert budget.budget_s(d.rec.supply, TOPO, AT_STOP) == 240 - 120 - 10
 
 
 def test_the_ups_view_keeps_its_first_estimate_of_the_outage():
@@ -142,7 +142,7 @@ def test_the_final_checkpoint_is_taken_whenever_it_fits(runtimes, took_s, measur
         if before != "holding" or d.rec.stop_decided_at is None:
             continue
         plan = d.rec.jobs["j1"]
-        rec_budget = saga._budget_s(d.rec, TOPO, AT_STOP)
+        rec_budget = budget.budget_s(d.rec.supply, TOPO, AT_STOP)
         if rec_budget > 0 and took_s <= rec_budget:
             assert plan.final is not None, f"skipped a final that fitted: {plan.final_note}"
             assert plan.final.deadline <= d.now + rec_budget + 1e-9

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from powerguard.coordinator import figures, saga
+from powerguard.coordinator import budget, figures, saga
 from powerguard.coordinator.topology import Topology
 
 from .harness import POLICY, TOPO, Drive
@@ -396,12 +396,12 @@ def test_a_batch_of_acks_settles_like_one_by_one():
 def test_outlook_uses_the_sagas_own_budget_rules():
     """`powerguard drill` and status ask the saga's rules, not a copy of the formula."""
     views = {"A": saga.UpsView(on_battery=True, runtime_s=100.0), "B": saga.UpsView()}
-    o = saga.outlook(views, TOPO, POLICY)
+    o = budget.outlook(views, TOPO, POLICY)
     assert (o.budget_s, o.runtime_s, o.stop_at_runtime_s) == (30.0, 100.0, 60.0)  # 100 - reserve 60 - margin 10
     views["A"].fsd = True
-    assert saga.outlook(views, TOPO, POLICY).budget_s == 0.0
+    assert budget.outlook(views, TOPO, POLICY).budget_s == 0.0
     at_stop = POLICY.model_copy(update={"hold_policy": "checkpoint-at-stop"})
-    o = saga.outlook({"A": saga.UpsView(on_battery=True, runtime_s=500.0)}, TOPO, at_stop, checkpoint_s=20.0)
+    o = budget.outlook({"A": saga.UpsView(on_battery=True, runtime_s=500.0)}, TOPO, at_stop, checkpoint_s=20.0)
     assert o.stop_at_runtime_s == 60 + 10 + at_stop.final_ckpt_factor * 20.0  # room for the final checkpoint
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,10 +42,18 @@ class Saved:
         return Durations(agree_s=self.agree_s, write_s=self.write_s, commit_s=self.commit_s, total_s=self.total_s)
 
 
-class _AckMixin:
-    """Acks of :class:`CheckpointAgent` (mixed in; uses its bus thread, job and rank)."""
+class Acks:
+    """This rank's answers on the bus (none without a bus): ``durable`` and ``failed`` for the
+    requests a checkpoint served, and, rank 0, the second ack of each once the remote copier
+    put the checkpoint on the remote tier (it calls :meth:`remote_copied` on its thread)."""
 
-    def _ack_fields(self, r: CheckpointRequestData) -> dict[str, Any]:
+    def __init__(self, bus: Any, *, job: str, rank: int, world_size: int, local_root: str, fs: Any) -> None:
+        self.bus, self.job, self.rank, self.world_size = bus, job, rank, world_size
+        self.local_root, self.fs = local_root, fs
+        self._remote_waiting: dict[int, list[CheckpointRequestData]] = {}  # step -> requests to ack "remote"
+        self._lock = threading.Lock()  # the copier's thread pops what the training thread put
+
+    def _fields(self, r: CheckpointRequestData) -> dict[str, Any]:
         """What every ack of this rank to request ``r`` carries."""
         return {
             "request_id": r.request_id,
@@ -54,15 +63,15 @@ class _AckMixin:
             "world_size": self.world_size,
         }
 
-    def _answer_durable(self, requests: list[CheckpointRequestData], step: int, info: Saved, ctx: Any = None) -> None:
-        if self._bus is None or not requests:
+    def durable(self, requests: list[CheckpointRequestData], step: int, info: Saved, ctx: Any = None) -> None:
+        if self.bus is None or not requests:
             return
-        self._bus.answer(
+        self.bus.answer(
             requests,
             lambda r: CheckpointDurable(
-                source=self._bus.source,
+                source=self.bus.source,
                 data=CheckpointDurableData(
-                    **self._ack_fields(r),
+                    **self._fields(r),
                     step=step,
                     tier="local",
                     path=info.path,
@@ -75,31 +84,40 @@ class _AckMixin:
             ctx,
         )
 
-    def _answer_failed(self, requests: list[CheckpointRequestData], exc: BaseException, ctx: Any = None) -> None:
+    def failed(self, requests: list[CheckpointRequestData], exc: BaseException, *, step: int, ctx: Any = None) -> None:
         log.error("rank %d: checkpoint failed: %s", self.rank, exc)
-        if self._bus is None or not requests:
+        if self.bus is None or not requests:
             return
-        self._bus.answer(
+        self.bus.answer(
             requests,
             lambda r: CheckpointFailed(
-                source=self._bus.source,
-                data=CheckpointFailedData(
-                    **self._ack_fields(r), step=self._step, error=str(exc), error_type=type(exc).__name__
-                ),
+                source=self.bus.source,
+                data=CheckpointFailedData(**self._fields(r), step=step, error=str(exc), error_type=type(exc).__name__),
             ),
             ctx,
         )
 
-    def _answer_remote(self, step: int, url: str) -> None:
+    def expect_remote(self, step: int, requests: list[CheckpointRequestData]) -> None:
+        """``requests`` were answered with ``step``: raise them to ``remote`` once it is copied."""
+        if self.bus is not None:
+            with self._lock:
+                self._remote_waiting[step] = list(requests)
+
+    def forget_remote(self, step: int) -> None:
+        with self._lock:
+            self._remote_waiting.pop(step, None)
+
+    def remote_copied(self, step: int, url: str) -> None:
         """The requests answered with ``step`` are now on the remote tier too: a second ack per
         rank (rank 0 speaks for all: the copy holds every rank's files) raises their durability
         to ``remote``. Runs on the remote copier's thread."""
-        requests = self._remote_waiting.pop(step, [])
-        if self._bus is None or not requests:
+        with self._lock:
+            requests = self._remote_waiting.pop(step, [])
+        if self.bus is None or not requests:
             return
         directory = L.step_dir(self.local_root, self.job, step)
         try:
-            commit = L.read_commit(self._local_fs, directory)
+            commit = L.read_commit(self.fs, directory)
             sizes = {}
             for rank in commit["manifests"]:
                 with open(os.path.join(directory, L.manifest_name(int(rank))), "rb") as f:
@@ -109,11 +127,11 @@ class _AckMixin:
             return
         for r in requests:
             for rank, digest in sorted(commit["manifests"].items()):
-                self._bus.publish_nowait(
+                self.bus.publish_nowait(
                     CheckpointDurable(
-                        source=self._bus.source,
+                        source=self.bus.source,
                         data=CheckpointDurableData(
-                            **{**self._ack_fields(r), "rank": int(rank)},
+                            **{**self._fields(r), "rank": int(rank)},
                             step=step,
                             tier="remote",
                             path=url,

@@ -21,13 +21,13 @@ from powerguard.schemas import CheckpointRequestData
 
 from . import _layout as L
 from . import _spans
-from ._acks import Saved
+from ._acks import Acks, Saved
+from ._agreement import Agreed
 from ._framework_files import check_framework_files
+from ._ranks import Ranks
 from .errors import CheckpointError, CommitError, CorruptCheckpoint
 
 log = logging.getLogger("powerguard.ckpt_agent")
-
-FRAMEWORKS = ("lightning", "hf")
 
 
 @dataclass
@@ -149,31 +149,24 @@ def env_world_size() -> int:
     return 1
 
 
-class _FrameworkMixin:
-    """Framework-written checkpoints of :class:`CheckpointAgent` (mixed in)."""
+class FrameworkSaves:
+    """The checkpoint a framework must write (:attr:`due`), its deadline's watchdog, and the
+    commit of what the framework wrote (rank 0 commits, every rank gets the result)."""
 
-    framework: str | None
-    _due: Due | None
+    def __init__(self, ranks: Ranks, acks: Acks, *, framework: str, key: bytes | None) -> None:
+        self.ranks, self.acks, self.framework, self.key = ranks, acks, framework, key
+        self.due: Due | None = None
 
-    @property
-    def due(self) -> Due | None:
-        """A checkpoint the ranks agreed on and the framework must now write (framework mode),
-        the same on every rank after the same :meth:`step`; None when nothing is due."""
-        return self._due
-
-    def _defer(self, step: int, pending: Any) -> None:
-        """Framework mode: the agreed request becomes due instead of the agent saving."""
-        agreed = self._agreed_requests(step, pending)
-        if agreed is None:
-            return
-        requests, span, first_seen, t_agree = agreed
-        due = Due(step, list(requests.values()), max(0.0, t_agree - first_seen), span)
+    def defer(self, step: int, agreed: Agreed) -> Due:
+        """The agreed request becomes due instead of the agent saving."""
+        due = Due(step, agreed.requests, agreed.agree_s, agreed.span)
         left = due.deadline_ts - time.time() if due.deadline_ts is not None else None
         if left is not None and left > 0:  # (a deadline already past means "now": no watchdog)
             due.watchdog = threading.Timer(left, self._overdue, args=(due,))
             due.watchdog.daemon = True
             due.watchdog.start()
-        self._due = due
+        self.due = due
+        return due
 
     def _overdue(self, due: Due) -> None:
         """The deadline passed while the framework still writes: answer ``ckpt.failed`` now (the
@@ -181,115 +174,67 @@ class _FrameworkMixin:
         this one, even if the checkpoint commits later (a resume may still use it)."""
         if due.finished:
             return
-        self._answer_failed(
+        self.acks.failed(
             due.requests,
             CheckpointError(
-                f"rank {self.rank}: the {self.framework} checkpoint of step {due.step} was not durable by the "
-                "request's deadline (the framework is still writing it)"
+                f"rank {self.ranks.rank}: the {self.framework} checkpoint of step {due.step} was not durable by "
+                "the request's deadline (the framework is still writing it)"
             ),
+            step=due.step,
         )
 
-    def restored_from(self, directory: str | os.PathLike | None, step: int) -> None:
-        """The framework resumed from ``directory`` at ``step`` (None: it started afresh): the
-        ``job.resumed`` announcement after the first step names the step and the saga whose
-        checkpoint it was."""
-        if directory is None:
-            return
-        self._restored = (step, "local")
-        self.last_committed_step = step
-        if self.rank == 0:
-            fs, _ = L.fs_for(os.fspath(directory))
-            try:
-                self._restored_saga = L.read_commit(fs, os.fspath(directory)).get("saga_id")
-            except CheckpointError:
-                self._restored_saga = None
+    def take(self) -> Due | None:
+        """The due checkpoint, now being finished (its watchdog stopped); None when none is due."""
+        due, self.due = self.due, None
+        if due is not None:
+            due.finished = True
+            if due.watchdog is not None:
+                due.watchdog.cancel()
+        return due
 
-    def commit_saved(self, directory: str | os.PathLike, step: int) -> bool:
-        """Every rank, after the framework wrote a checkpoint of its own schedule (no request):
-        commit it the same way, so a resume may pick it. Returns whether it is committed; a
-        failure is logged (there is no request to answer), never raised."""
-        try:
-            self._commit_collective(os.path.abspath(os.fspath(directory)), step, None, None)
-        except CheckpointError as exc:
-            log.error(
-                "rank %d: the %s checkpoint of step %d is not committed: %s", self.rank, self.framework, step, exc
-            )
-            return False
-        self.last_committed_step = step
-        if self._bus is not None:
-            self._bus.last_committed_step = step
-        return True
-
-    def _commit_collective(
-        self, directory: str, step: int, saga_id: str | None, error: BaseException | None
-    ) -> tuple[str, int]:
+    def commit(self, directory: str, step: int, saga_id: str | None, error: BaseException | None) -> tuple[str, int]:
         """Every rank: all ranks' errors gathered (the barrier after the framework's write), then
-        rank 0 commits the directory; every rank gets the result. Raises :class:`CheckpointError`."""
-        problems = [p for p in self._gather(f"rank {self.rank}: {error!r}" if error else None) if p]
+        rank 0 commits the directory; every rank gets (manifest digest, bytes). Raises
+        :class:`CheckpointError`."""
+        rank = self.ranks.rank
+        problems = [p for p in self.ranks.gather(f"rank {rank}: {error!r}" if error else None) if p]
         if problems:
             raise CheckpointError(f"the {self.framework} checkpoint of step {step} failed: {'; '.join(problems)}")
         result: tuple[str, int] | str = ("", 0)
-        if self.rank == 0:
+        if rank == 0:
             try:
                 result = commit_directory(
                     directory,
                     step=step,
-                    world_size=self.world_size,
+                    world_size=self.ranks.world_size,
                     framework=self.framework,
-                    key=self._key,
+                    key=self.key,
                     saga_id=saga_id,
                 )
             except CheckpointError as exc:
                 result = str(exc)
-        result = self._gather(result)[0]
+        result = self.ranks.gather(result)[0]
         if isinstance(result, str):
             raise CommitError(result)
         return result
 
-    def gather(self, obj: Any) -> list[Any]:
-        """Every rank's ``obj``, in rank order (an all-gather over the agent's own process group;
-        every rank must call it). For a framework hook that needs what each rank holds (the
-        Lightning callback gathers each rank's RNG state and whether it could prepare the save)."""
-        return self._gather(obj)
-
-    def finish_due(
-        self, directory: str | os.PathLike, error: BaseException | None = None, *, retain: bool = False
-    ) -> Saved | None:
-        """Every rank, after the framework wrote the due checkpoint into ``directory`` (or failed
-        to: ``error``): commit it, ack every request it serves (``ckpt.failed`` with the reason on
-        any rank's failure), then pause if a request says so. ``retain``: the checkpoints live in
-        the agent's own layout (``<local_root>/<job>/step-N``), so rank 0 prunes them to ``keep``
-        in the background once this one is committed. Never raises a checkpoint failure into the
-        framework's loop; returns what was saved, or None."""
-        due, self._due = self._due, None
-        if due is None:
-            return None
-        due.finished = True
-        if due.watchdog is not None:
-            due.watchdog.cancel()
-        directory = os.path.abspath(os.fspath(directory))
+    def finish(self, due: Due, directory: str, error: BaseException | None) -> Saved | None:
+        """Every rank: commit the due checkpoint the framework wrote into ``directory`` (or failed
+        to: ``error``) and answer its requests; what was saved, or None (answered ``failed``)."""
         t0 = time.perf_counter()
         saved = None
         try:
             saga = next((r.saga_id for r in due.requests if r.saga_id), None)
-            digest, nbytes = self._commit_collective(directory, due.step, saga, error)
+            digest, nbytes = self.commit(directory, due.step, saga, error)
             t_end = time.perf_counter()
-            self.last_committed_step = due.step
-            if self._bus is not None:
-                self._bus.last_committed_step = due.step
-            saved = Saved(directory, nbytes if self.rank == 0 else 0, digest, 0.0, t_end - t0, t_end - t0, due.agree_s)
-            log.info(
-                "rank %d: %s checkpoint of step %d committed in %s", self.rank, self.framework, due.step, directory
-            )
+            rank = self.ranks.rank
+            saved = Saved(directory, nbytes if rank == 0 else 0, digest, 0.0, t_end - t0, t_end - t0, due.agree_s)
+            log.info("rank %d: %s checkpoint of step %d committed in %s", rank, self.framework, due.step, directory)
             due.span.set_attribute("powerguard.bytes", nbytes)
-            self._answer_durable(due.requests, due.step, saved, ctx=_spans.inside(due.span))
+            self.acks.durable(due.requests, due.step, saved, ctx=_spans.inside(due.span))
         except CheckpointError as exc:
             _spans.failed(due.span, exc)
-            self._answer_failed(due.requests, exc, ctx=_spans.inside(due.span))
+            self.acks.failed(due.requests, exc, step=due.step, ctx=_spans.inside(due.span))
         finally:
             due.span.end()
-        if saved is not None and retain and self.rank == 0:
-            self._retain_in_background()
-        if saved is not None and due.pause:
-            self._pause(due.step, due.requests)
         return saved

@@ -1,6 +1,6 @@
-"""The node-local tier of :class:`CheckpointAgent` (``local_scope="node"``; see ``_nodes``):
-the commit on every node, replication to peers in the background, restore from wherever a
-verified copy is."""
+"""The node-local tier (``local_scope="node"``; see ``_nodes``): the commit on every node,
+replication to peers in the background, restore from wherever a verified copy is. Behind
+the same interface as the shared tier (``_tiers.Tier``), plus :meth:`NodeTier.restore`."""
 
 from __future__ import annotations
 
@@ -11,34 +11,71 @@ import threading
 import time
 from typing import Any
 
-import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 
 from . import _layout as L
 from ._metadata import SafeFileSystemReader
 from ._nodes import Topology, exchange, node_files, verified_here
-from .errors import CheckpointError, CorruptCheckpoint
+from ._ranks import Ranks
+from ._restore import Restored, check_world, commit_saga, load
+from ._retainer import Retainer
+from ._state import TrainingState
+from ._tiers import Written
+from .errors import CheckpointError, CommitError, CorruptCheckpoint
 
 log = logging.getLogger("powerguard.ckpt_agent")
 
 
-class _NodeTierMixin:
-    """Mixed into :class:`CheckpointAgent`; uses its groups, ``_gather`` and ``_barrier_ok``."""
+class NodeTier:
+    """Each node's own disk; ``topo`` says which node every rank is on (gathered at start)."""
 
-    _topo: Topology
-    _needed: dict[str, set[str]] = {}
-    _durability: str = "local"  # of the last node-local commit
+    bodies = True
+
+    def __init__(
+        self,
+        ranks: Ranks,
+        fs: Any,
+        state: TrainingState,
+        *,
+        topo: Topology,
+        node: str,
+        job: str,
+        root: str,
+        key: bytes | None,
+        replicas: int,
+        reshard: bool,
+        retainer: Retainer,
+    ) -> None:
+        self.ranks, self.fs, self.state, self._topo, self.node = ranks, fs, state, topo, node
+        self.job, self.root, self.key, self.replicas, self.reshard = job, root, key, replicas, reshard
+        self.retainer = retainer
+        self.rank = ranks.rank
+        self._needed: dict[str, set[str]] = {}  # what each node keeps for itself (last commit)
+        self._replicator: threading.Thread | None = None
+        self.replicated: tuple[str, bool, list[str]] | None = None  # (directory, complete, problems), last one
 
     @property
-    def _node_leader(self) -> bool:
-        """This rank prepares, commits and replicates its node's directory (rank 0 on a shared tier)."""
-        return self._topo.leader(self.node) == self.rank if self.local_scope == "node" else self.rank == 0
+    def leader(self) -> bool:
+        """This rank prepares, commits and replicates its node's directory."""
+        return self._topo.leader(self.node) == self.rank
+
+    @property
+    def replicating(self) -> bool:
+        return self._replicator is not None and self._replicator.is_alive()
+
+    def wait_replicated(self, timeout_s: float | None = None) -> bool:
+        """Wait until the last checkpoint's replication to the peers ended; True when it ended
+        (``replicated`` then says whether it was complete)."""
+        if self._replicator is None:
+            return True
+        self._replicator.join(timeout_s)
+        return not self._replicator.is_alive()
 
     def _needed_files(self, directory: str) -> set[str]:
         """The data files this rank's restore reads (DCP's own load plan over ``.metadata``)."""
         metadata = SafeFileSystemReader(directory).read_metadata()
         planner = DefaultLoadPlanner()
-        planner.set_up_planner(self._state_dict(), metadata, is_coordinator=False)
+        planner.set_up_planner(self.state.state_dict(0), metadata, is_coordinator=False)
         return {metadata.storage_data[i.storage_index].relative_path for i in planner.create_local_plan().items}
 
     def _fill_nodes(
@@ -56,7 +93,7 @@ class _NodeTierMixin:
             take = {n: [f for f in missing[n] if f in have[ring[(ring.index(n) - j) % len(ring)]]] for n in ring}
             for n in ring:
                 missing[n] = [f for f in missing[n] if f not in take[n]]
-            if not any(take.values()) or not self._node_leader:
+            if not any(take.values()) or not self.leader:
                 continue
             i = ring.index(self.node)
             dst, src = ring[(i + j) % len(ring)], ring[(i - j) % len(ring)]
@@ -65,8 +102,8 @@ class _NodeTierMixin:
                 self._topo.leader(dst),
                 [(os.path.join(directory, f), files[f]) for f in take[self.node]],
                 self._topo.leader(src),
-                self._save_group,
-                key=self._key,
+                self.ranks.save_group,
+                key=self.key,
             )
             if take[self.node]:
                 fetched[src] = len(take[self.node])
@@ -74,61 +111,72 @@ class _NodeTierMixin:
         return problems, fetched
 
     # ------------------------------------------------------------------ commit
-    def _commit_on_every_node(self, directory: str, step: int, results: list[tuple], extra: dict | None) -> bool:
+    def commit(self, directory: str, step: int, written: list[Written], *, saga_id: str | None) -> str:
+        """Commit on every node, then replicate in the background; the durability."""
+        extra = {"saga_id": saga_id} if saga_id else None
+        durability = self._commit_on_every_node(directory, step, written, extra)
+        if durability is None:
+            raise CommitError(f"not every node could write COMMIT in {directory}")
+        self._replicate_in_background(directory, written)
+        return durability
+
+    def _commit_on_every_node(
+        self, directory: str, step: int, results: list[Written], extra: dict | None
+    ) -> str | None:
         """Phase 2 of a node-local commit (phase 1: every rank's files and manifest durable on its
         own node, gathered in ``results`` with the manifest bodies and rank 0's ``.metadata``).
         Each node leader stores the other nodes' manifests and ``.metadata``; each node receives
         the data files its ranks' restore reads (DCP dedups replicated tensors onto one rank);
         once every node holds all it needs, each writes the same ``COMMIT``."""
-        meta = results[0][6]
+        meta = results[0].meta
         ok = True
-        if self._node_leader:
+        if self.leader:
             try:
-                for r, _, _, _, _, body, _ in results:
-                    if self._topo.nodes[r] != self.node:
-                        L.write_durable(self._local_fs, os.path.join(directory, L.manifest_name(r)), body)
+                for w in results:
+                    if self._topo.nodes[w.rank] != self.node:
+                        L.write_durable(self.fs, os.path.join(directory, L.manifest_name(w.rank)), w.body)
                 if self._topo.nodes[0] != self.node:
-                    L.write_durable(self._local_fs, os.path.join(directory, ".metadata"), meta)
+                    L.write_durable(self.fs, os.path.join(directory, ".metadata"), meta)
             except OSError as exc:
                 log.error("rank %d: storing the other nodes' manifests in %s failed: %s", self.rank, directory, exc)
                 ok = False
-        if not self._barrier_ok(ok):
-            return False
-        manifests = {r: json.loads(body)["files"] for r, _, _, _, _, body, _ in results}
+        if not self.ranks.all_ok(ok):
+            return None
+        manifests = {w.rank: json.loads(w.body)["files"] for w in results}
         files = {f: e for fl in manifests.values() for f, e in fl.items()}
         have = {n: set(node_files(self._topo, n, manifests)) for n in self._topo.order}
         needed = self._needed_by_node(directory)
         problems, _ = self._fill_nodes(directory, have, files, needed)
         if problems:
             log.error("rank %d: %s", self.rank, "; ".join(problems))
-        if not self._barrier_ok(not problems):
-            return False
+        if not self.ranks.all_ok(not problems):
+            return None
         self._needed = needed  # what each node keeps for itself: replication sends the rest
         # every file is now on its own node and on each node that needs it: the fewest copies of any file
         copies = min((sum(f in have[n] or f in needed[n] for n in have) for f in files), default=1)
-        self._durability = f"replicated:{copies - 1}" if copies > 1 else "local"
-        if self._node_leader:
-            log.info("rank %d: %s ready on node %s, durability %s", self.rank, directory, self.node, self._durability)
+        durability = f"replicated:{copies - 1}" if copies > 1 else "local"
+        if self.leader:
+            log.info("rank %d: %s ready on node %s, durability %s", self.rank, directory, self.node, durability)
         committed = True
-        if self._node_leader:
+        if self.leader:
             try:
                 L.write_commit(
-                    self._local_fs,
+                    self.fs,
                     directory,
                     step=step,
-                    world_size=self.world_size,
-                    digests={r: d for r, _, d, _, _, _, _ in results},
+                    world_size=self.ranks.world_size,
+                    digests={w.rank: w.digest for w in results},
                     metadata_digest=L.digest_bytes(meta),
                     extra={**(extra or {}), "nodes": {str(r): n for r, n in enumerate(self._topo.nodes)}},
-                    key=self._key,
-                    keyed_manifests={r: k for r, _, _, _, k, _, _ in results} if self._key is not None else None,
+                    key=self.key,
+                    keyed_manifests={w.rank: w.keyed for w in results} if self.key is not None else None,
                     metadata=meta,
                 )
-                self._retain_in_background()
+                self.retainer.start()
             except OSError as exc:
                 log.error("rank %d: COMMIT of %s on node %s failed: %s", self.rank, directory, self.node, exc)
                 committed = False
-        return self._barrier_ok(committed)
+        return durability if self.ranks.all_ok(committed) else None
 
     def _needed_by_node(self, directory: str) -> dict[str, set[str]]:
         mine: set[str] | str
@@ -136,7 +184,7 @@ class _NodeTierMixin:
             mine = self._needed_files(directory)
         except Exception as exc:
             mine = f"rank {self.rank}: cannot plan the restore from {directory}: {exc}"
-        got = self._gather(mine)
+        got = self.ranks.gather(mine)
         bad = [g for g in got if isinstance(g, str)]
         if bad:
             raise CheckpointError("; ".join(bad))
@@ -146,13 +194,13 @@ class _NodeTierMixin:
         return out
 
     # ------------------------------------------------------------------ replication
-    def _replicate_in_background(self, directory: str, results: list[tuple]) -> None:
+    def _replicate_in_background(self, directory: str, results: list[Written]) -> None:
         """Send this node's own ranks' data files to the ``replicas`` nodes after it (those they
         do not hold already) and take those of the nodes before it; leaders only, on their own
         gloo group, one checkpoint after another. The local commit does not wait for it."""
-        if not self.distributed or self.replicas < 1 or not self._node_leader or len(self._topo.order) < 2:
+        if not self.ranks.distributed or self.replicas < 1 or not self.leader or len(self._topo.order) < 2:
             return
-        manifests = {r: json.loads(body)["files"] for r, _, _, _, _, body, _ in results}
+        manifests = {w.rank: json.loads(w.body)["files"] for w in results}
         needed, previous = self._needed, self._replicator
 
         def run() -> None:
@@ -176,8 +224,8 @@ class _NodeTierMixin:
                         self._topo.leader(dst),
                         [(os.path.join(directory, n), f) for n, f in sorted(inc.items()) if n not in needed[self.node]],
                         self._topo.leader(src),
-                        self._replica_group,
-                        key=self._key,
+                        self.ranks.replica_group,
+                        key=self.key,
                     )
                 except (RuntimeError, OSError) as exc:  # a peer gone: the local commit stands
                     problems.append(f"with nodes {dst}/{src}: {exc}")
@@ -194,14 +242,14 @@ class _NodeTierMixin:
         self._replicator.start()
 
     # ------------------------------------------------------------------ restore
-    def _restore_from_nodes(self) -> int | None:
+    def restore(self) -> Restored | None:
         """The newest step every file of which is verified on some node: each node gets what its
         ranks need and it lacks from a node that has it, then DCP loads from the local directory.
         None: no such step."""
-        mine = [s for s, _ in L.list_steps(self._local_fs, self.local_root, self.job)] if self._node_leader else []
-        steps = sorted({s for got in self._gather(mine) for s in got}, reverse=True)
+        mine = [s for s, _ in L.list_steps(self.fs, self.root, self.job)] if self.leader else []
+        steps = sorted({s for got in self.ranks.gather(mine) for s in got}, reverse=True)
         for step in steps:
-            directory = L.step_dir(self.local_root, self.job, step)
+            directory = L.step_dir(self.root, self.job, step)
             try:
                 reason, fetched = self._gather_checkpoint(directory)
             except CheckpointError as exc:
@@ -209,42 +257,31 @@ class _NodeTierMixin:
             if reason:
                 log.warning("rank %d: skipping node-local checkpoint %s: %s", self.rank, directory, reason)
                 continue
-            sd = self._state_dict()
-            t0 = time.perf_counter()
-            dcp.load(sd, storage_reader=SafeFileSystemReader(directory), process_group=self._save_group)
-            loaded = self._apply_state(sd)
-            self.stats["restore_s"] = time.perf_counter() - t0
-            self.last_committed_step = self._step = loaded
+            loaded, seconds = load(self.state, SafeFileSystemReader(directory), self.ranks)
             source = f"peer ({fetched})" if fetched else "local"
             log.info(
                 "rank %d: restored step %d from the node-local tier, %s (%s)", self.rank, loaded, source, directory
             )
-            self._restored = (loaded, "peer" if fetched else "local")
-            if self.rank == 0:
-                try:
-                    self._restored_saga = L.read_commit(self._local_fs, directory).get("saga_id")
-                except CheckpointError:
-                    self._restored_saga = None
-            return loaded + 1
+            return Restored(loaded, "peer" if fetched else "local", commit_saga(self.fs, directory, self.rank), seconds)
         return None
 
     def _reference_commit(self, directory: str) -> tuple[dict | None, bytes | None, str]:
         """The checkpoint's COMMIT as some node holds it (authenticated with the site key)."""
         raw = None
-        if self._node_leader:
+        if self.leader:
             try:
                 with open(os.path.join(directory, L.COMMIT), "rb") as f:
                     raw = f.read()
             except OSError:
                 raw = None
         why = []
-        for r, body in enumerate(self._gather(raw)):
+        for r, body in enumerate(self.ranks.gather(raw)):
             if body is None:
                 continue
             try:
                 c = json.loads(body)
-                L.authenticate(c, self._key, f"{directory} on node {self._topo.nodes[r]}")
-                self._check_world(c)
+                L.authenticate(c, self.key, f"{directory} on node {self._topo.nodes[r]}")
+                check_world(c, world_size=self.ranks.world_size, reshard=self.reshard, rank=self.rank)
                 return c, body, ""
             except (CorruptCheckpoint, ValueError) as exc:
                 why.append(str(exc))
@@ -256,19 +293,19 @@ class _NodeTierMixin:
         commit, commit_raw, why = self._reference_commit(directory)
         if commit is None:
             return why, ""
-        have, manifests, bad = verified_here(directory, commit, self._key) if self._node_leader else (set(), {}, [])
+        have, manifests, bad = verified_here(directory, commit, self.key) if self.leader else (set(), {}, [])
         for b in bad:  # a copy that does not verify is never a source; another node's copy is used
             log.warning("rank %d: node %s's copy skipped: %s", self.rank, self.node, b)
         # the small files (COMMIT, manifests, .metadata) from the first node that has each
         small = {L.manifest_name(int(r)) for r in commit["manifests"]} | {".metadata"}
         offer = {}
-        if self._node_leader:
+        if self.leader:
             offer = {n: _read_bytes(directory, n) for n in small if n in have}
-        reports = self._gather((have, manifests, offer) if self._node_leader else None)
+        reports = self.ranks.gather((have, manifests, offer) if self.leader else None)
         problems: list[str] = []
-        if self._node_leader:
+        if self.leader:
             problems = self._store_small(directory, commit, commit_raw, small, have, reports)
-        reasons = [p for got in self._gather(problems) for p in got]
+        reasons = [p for got in self.ranks.gather(problems) for p in got]
         if reasons:
             return "; ".join(reasons), ""
         lists: dict[int, dict[str, Any]] = {}
@@ -279,10 +316,10 @@ class _NodeTierMixin:
         holds = {n: set(reports[self._topo.leader(n)][0]) for n in self._topo.order}
         needed = self._needed_by_node(directory)
         problems, fetched = self._fill_nodes(directory, holds, files, needed)
-        reasons = [p for got in self._gather(problems) for p in got]
+        reasons = [p for got in self.ranks.gather(problems) for p in got]
         if reasons:
             return "; ".join(reasons), ""
-        node_fetched = self._gather(fetched if self._node_leader else None)[self._topo.leader(self.node)]
+        node_fetched = self.ranks.gather(fetched if self.leader else None)[self._topo.leader(self.node)]
         return None, ", ".join(f"{k} file(s) from node {s}" for s, k in sorted(node_fetched.items()))
 
     def _store_small(self, directory, commit, commit_raw, small, have, reports) -> list[str]:
@@ -292,14 +329,14 @@ class _NodeTierMixin:
         try:
             L.makedirs_durable(directory)
             if not os.path.exists(os.path.join(directory, L.COMMIT)):
-                L.write_durable(self._local_fs, os.path.join(directory, L.COMMIT), commit_raw)
+                L.write_durable(self.fs, os.path.join(directory, L.COMMIT), commit_raw)
             for name in sorted(small - have):
                 body = next((rep[2][name] for rep in reports if rep is not None and name in rep[2]), None)
-                wrong = "verified on no node" if body is None else _small_mismatch(commit, name, body, self._key)
+                wrong = "verified on no node" if body is None else _small_mismatch(commit, name, body, self.key)
                 if wrong:
                     problems.append(f"{name}: {wrong}")
                     continue
-                L.write_durable(self._local_fs, os.path.join(directory, name), body)
+                L.write_durable(self.fs, os.path.join(directory, name), body)
         except OSError as exc:
             problems.append(f"node {self.node}: {exc}")
         return problems

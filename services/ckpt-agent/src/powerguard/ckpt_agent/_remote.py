@@ -20,7 +20,16 @@ log = logging.getLogger("powerguard.ckpt_agent.remote")
 
 
 class RemoteCopier:
-    def __init__(self, local_root: str, remote_url: str, *, job: str, keep: int, every_s: float) -> None:
+    def __init__(
+        self,
+        local_root: str,
+        remote_url: str,
+        *,
+        job: str,
+        keep: int,
+        every_s: float,
+        on_copied: Callable[[int, str], None] | None = None,
+    ) -> None:
         self.local_root, self.remote_url, self.job = local_root, remote_url, job
         self.keep, self.every_s = keep, every_s
         self.fs, self.root = L.fs_for(remote_url)
@@ -32,7 +41,7 @@ class RemoteCopier:
         self.errors: list[str] = []
         self._queue: queue.Queue[int | None] = queue.Queue()
         self._queued: set[int] = set()
-        self.on_copied: Callable[[int, str], None] | None = None  # after a copy is committed remotely
+        self.on_copied = on_copied  # after a copy is committed remotely (on the copier's thread)
         self._thread = threading.Thread(target=self._run, name="pg-ckpt-remote", daemon=True)
         self._thread.start()
 

@@ -1,11 +1,15 @@
-"""Restore: the newest committed checkpoint that verifies (local tier, then remote), loaded
-bit-exact, and the ``job.resumed`` announcement naming the saga it ends."""
+"""Restore: the newest committed checkpoint that verifies (the node tier's own disks first,
+then the local tier, then remote), loaded bit-exact; and the ``job.resumed`` announcement
+naming the saga it ends. :class:`Restorer` returns what it restored (:class:`Restored`);
+nothing here writes the agent's progress."""
 
 from __future__ import annotations
 
 import logging
 import os
 import time
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 import torch.distributed.checkpoint as dcp
 
@@ -14,35 +18,108 @@ from powerguard.schemas import JobData, JobResumed
 from . import _layout as L
 from . import _spans
 from ._metadata import SafeFileSystemReader, SafeFsspecReader, check_metadata
+from ._ranks import Ranks
+from ._state import TrainingState
 from .errors import CheckpointError, CorruptCheckpoint
 
 log = logging.getLogger("powerguard.ckpt_agent")
 
 
-class _RestoreMixin:
-    """Restore and verify of :class:`CheckpointAgent` (mixed in)."""
+@dataclass(frozen=True)
+class Restored:
+    """A checkpoint loaded into the training's objects."""
 
-    def restore(self) -> int:
-        """Load the newest valid committed checkpoint (local tier, then remote); return the step
-        to run next (0 when there is none). Every skipped checkpoint is logged with its reason."""
+    step: int  # the step it holds (training goes on at step + 1)
+    tier: str  # local | remote | peer (node tier: files fetched from other nodes)
+    saga_id: str | None  # the saga whose request made it (its COMMIT says; rank 0 only)
+    seconds: float  # loading it
+
+
+class NodeRestore(Protocol):
+    def restore(self) -> Restored | None: ...
+
+
+def check_world(commit: dict, *, world_size: int, reshard: bool, rank: int) -> None:
+    """A checkpoint of another world size is refused, unless ``reshard`` and it had more ranks."""
+    written = commit.get("world_size")
+    if written == world_size:
+        return
+    if reshard and isinstance(written, int) and written > world_size:
+        log.warning(
+            "rank %d: checkpoint written by %d ranks, resharded to %d (not a bit-exact resume: %s)",
+            rank,
+            written,
+            world_size,
+            "model and optimizer are resharded by DCP; rank r keeps old rank r's RNG and rank state; "
+            "the data order changes with the world size",
+        )
+        return
+    hint = (
+        "; reshard=True resumes on fewer ranks (not bit-exact)"
+        if isinstance(written, int) and written > world_size
+        else ""
+    )
+    raise CorruptCheckpoint(f"written by {written} ranks, this job has {world_size}{hint}")
+
+
+def load(state: TrainingState, reader: Any, ranks: Ranks) -> tuple[int, float]:
+    """DCP-load a verified checkpoint into the training's objects: (its step, seconds)."""
+    sd = state.state_dict(0)
+    t0 = time.perf_counter()
+    dcp.load(sd, storage_reader=reader, process_group=ranks.save_group)
+    return state.apply(sd), time.perf_counter() - t0
+
+
+def commit_saga(fs: Any, path: str, rank: int) -> str | None:
+    """The saga a committed checkpoint answered (rank 0 reads it; a vanished file loses only that)."""
+    if rank != 0:
+        return None
+    try:
+        return L.read_commit(fs, path).get("saga_id")
+    except CheckpointError:
+        return None
+
+
+class Restorer:
+    def __init__(
+        self,
+        ranks: Ranks,
+        state: TrainingState,
+        *,
+        job: str,
+        root: str,
+        fs: Any,
+        remote_url: str | None,
+        key: bytes | None,
+        reshard: bool,
+        nodes: NodeRestore | None = None,
+    ) -> None:
+        self.ranks, self.state, self.job, self.root, self.fs = ranks, state, job, root, fs
+        self.remote_url, self.key, self.reshard, self.nodes = remote_url, key, reshard, nodes
+
+    def restore(self) -> Restored | None:
+        """Every rank: the newest valid checkpoint, loaded; None when there is none. Every
+        skipped checkpoint is logged with its reason. One span (``restore <job>``)."""
         span = _spans.start(
-            f"restore {self.job}", _spans.job_parent(), **{"powerguard.job": self.job, "powerguard.rank": self.rank}
+            f"restore {self.job}",
+            _spans.job_parent(),
+            **{"powerguard.job": self.job, "powerguard.rank": self.ranks.rank},
         )
         try:
-            step = self._restore()
-            span.set_attribute("powerguard.step", step - 1 if step else -1)
-            return step
+            got = self._restore()
+            span.set_attribute("powerguard.step", got.step if got else -1)
+            return got
         except BaseException as exc:
             _spans.failed(span, exc)
             raise
         finally:
             span.end()
-            self._restore_ended = time.time()
 
-    def _restore(self) -> int:
-        candidates = self._gather(self._candidates() if self.rank == 0 else None)[0]
-        if self.local_scope == "node":  # every node's own disk (and its peers') first, then the remote tier
-            got = self._restore_from_nodes()
+    def _restore(self) -> Restored | None:
+        rank = self.ranks.rank
+        candidates = self.ranks.gather(self._candidates() if rank == 0 else None)[0]
+        if self.nodes is not None:  # every node's own disk (and its peers') first, then the remote tier
+            got = self.nodes.restore()
             if got is not None:
                 return got
             candidates = [c for c in candidates if c[0] == "remote"]
@@ -50,36 +127,23 @@ class _RestoreMixin:
             fs, path = L.fs_for(url)
             reason = self._verify(fs, path)
             if reason:
-                log.warning("rank %d: skipping %s checkpoint %s: %s", self.rank, tier, url, reason)
+                log.warning("rank %d: skipping %s checkpoint %s: %s", rank, tier, url, reason)
                 continue
-            sd = self._state_dict()
             reader = SafeFileSystemReader(path) if L.is_local(fs) else SafeFsspecReader(url)
-            t0 = time.perf_counter()
-            dcp.load(sd, storage_reader=reader, process_group=self._save_group)
-            loaded = self._apply_state(sd)
-            self.stats["restore_s"] = time.perf_counter() - t0
-            self.last_committed_step = loaded
-            self._step = loaded
-            log.info("rank %d: restored step %d from the %s tier (%s)", self.rank, loaded, tier, url)
-            if self._key is None and self.rank == 0:
+            loaded, seconds = load(self.state, reader, self.ranks)
+            log.info("rank %d: restored step %d from the %s tier (%s)", rank, loaded, tier, url)
+            if self.key is None and rank == 0:
                 log.info(
                     "rank 0: no site key (POWERGUARD_CKPT_KEY_FILE): the checksums found no corruption, but "
                     "whoever can write the tier could have rewritten them (forgery is not detected); nothing "
                     "read ran code (.metadata and state read without unpickling arbitrary objects)"
                 )
-            self._restored = (loaded, tier)
-            if self.rank == 0:
-                try:
-                    self._restored_saga = L.read_commit(fs, path).get("saga_id")
-                except CheckpointError:  # verified just above; a vanished file only loses the saga id
-                    self._restored_saga = None
-            return loaded + 1
-        self._restored = None
-        log.info("rank %d: no valid checkpoint for job %s; starting from step 0", self.rank, self.job)
-        return 0
+            return Restored(loaded, tier, commit_saga(fs, path, rank), seconds)
+        log.info("rank %d: no valid checkpoint for job %s; starting from step 0", rank, self.job)
+        return None
 
     def _candidates(self) -> list[tuple[str, str, int]]:
-        out = [("local", d, s) for s, d in L.list_steps(self._local_fs, self.local_root, self.job)]
+        out = [("local", d, s) for s, d in L.list_steps(self.fs, self.root, self.job)]
         if self.remote_url:
             rfs, rpath = L.fs_for(self.remote_url)
             proto = rfs.protocol if isinstance(rfs.protocol, str) else rfs.protocol[0]
@@ -90,75 +154,50 @@ class _RestoreMixin:
     def _verify(self, fs, path: str) -> str | None:
         """Every rank checks a share of the files; all agree. Returns the reason it is bad, or None.
         With a site key, COMMIT's signature is checked first: an unsigned checkpoint is not read."""
+        rank, world = self.ranks.rank, self.ranks.world_size
         reason = None
         try:
             commit = L.read_commit(fs, path)
-            L.authenticate(commit, self._key, path)
-            self._check_world(commit)
-            files = L.manifest_files(fs, path, commit, self._key)
-            names = sorted(files)[self.rank :: self.world_size]
-            L.verify_files(fs, path, files, names, self._key)
-            if self.rank == 0:
-                L.verify_metadata(fs, path, commit, self._key)
+            L.authenticate(commit, self.key, path)
+            check_world(commit, world_size=world, reshard=self.reshard, rank=rank)
+            files = L.manifest_files(fs, path, commit, self.key)
+            names = sorted(files)[rank::world]
+            L.verify_files(fs, path, files, names, self.key)
+            if rank == 0:
+                L.verify_metadata(fs, path, commit, self.key)
                 check_metadata(fs, path)  # without a site key a forger recomputes the checksum
         except (CorruptCheckpoint, OSError, KeyError, ValueError) as exc:
             reason = str(exc)
-        reasons = [r for r in self._gather(reason) if r]
+        reasons = [r for r in self.ranks.gather(reason) if r]
         return "; ".join(reasons) if reasons else None
 
-    def _check_world(self, commit: dict) -> None:
-        """A checkpoint of another world size is refused, unless ``reshard`` and it had more ranks."""
-        written = commit.get("world_size")
-        if written == self.world_size:
-            return
-        if self.reshard and isinstance(written, int) and written > self.world_size:
-            log.warning(
-                "rank %d: checkpoint written by %d ranks, resharded to %d (not a bit-exact resume: %s)",
-                self.rank,
-                written,
-                self.world_size,
-                "model and optimizer are resharded by DCP; rank r keeps old rank r's RNG and rank state; "
-                "the data order changes with the world size",
-            )
-            return
-        hint = (
-            "; reshard=True resumes on fewer ranks (not bit-exact)"
-            if isinstance(written, int) and written > self.world_size
-            else ""
-        )
-        raise CorruptCheckpoint(f"written by {written} ranks, this job has {self.world_size}{hint}")
 
-    def report_resumed(self) -> None:
-        """Announce ``job.resumed`` once (rank 0), after the first step following a restore."""
-        if self._resumed_reported or self._bus is None or self.rank != 0:
-            return
-        self._resumed_reported = True
-        restored = self._restored
-        span = _spans.start(
-            f"resume {self.job}",
-            _spans.job_parent(),
-            getattr(self, "_restore_ended", None),
-            **{
-                "powerguard.job": self.job,
-                "powerguard.step": self._step,
-                "powerguard.restored_step": restored[0] if restored else None,
-            },
-        )
-        span.end()  # restore finished -> first training step done
-        self._bus.publish_nowait(
-            JobResumed(
-                source=self._bus.source,
-                data=JobData(
-                    job=self.job,
-                    # the saga that restarted this process (power-control's environment), else the
-                    # saga whose checkpoint was restored; the coordinator matches the resume to it
-                    saga_id=os.environ.get("POWERGUARD_SAGA") or self._restored_saga,
-                    rank=0,
-                    step=restored[0] if restored else None,
-                    detail=f"restored from the {restored[1]} tier"
-                    if restored
-                    else "no checkpoint: started from step 0",
-                ),
-            ),
-            _spans.inside(span),
-        )
+def resumed(
+    *, job: str, step: int, restored: Restored | None, restore_ended: float | None, source: str
+) -> tuple[JobResumed, Any]:
+    """The ``job.resumed`` announcement (rank 0, after the first step following a restore) and
+    the context of its span (restore finished -> first training step done)."""
+    span = _spans.start(
+        f"resume {job}",
+        _spans.job_parent(),
+        restore_ended,
+        **{
+            "powerguard.job": job,
+            "powerguard.step": step,
+            "powerguard.restored_step": restored.step if restored else None,
+        },
+    )
+    span.end()
+    event = JobResumed(
+        source=source,
+        data=JobData(
+            job=job,
+            # the saga that restarted this process (power-control's environment), else the
+            # saga whose checkpoint was restored; the coordinator matches the resume to it
+            saga_id=os.environ.get("POWERGUARD_SAGA") or (restored.saga_id if restored else None),
+            rank=0,
+            step=restored.step if restored else None,
+            detail=f"restored from the {restored.tier} tier" if restored else "no checkpoint: started from step 0",
+        ),
+    )
+    return event, _spans.inside(span)

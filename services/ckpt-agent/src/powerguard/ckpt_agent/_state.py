@@ -17,12 +17,29 @@ from .errors import CheckpointError, CorruptCheckpoint
 STEP_KEY = "powerguard.step"
 
 
-class _StateMixin:
-    """The state dict of :class:`CheckpointAgent` (mixed in; uses its model, optimizer, ...)."""
+class TrainingState:
+    """What one rank checkpoints and restores: the objects the training passed in, read at
+    save time and written back on restore (extras that are plain values are replaced)."""
 
-    def _state_dict(self) -> dict[str, Any]:
+    def __init__(
+        self,
+        *,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer | None,
+        scheduler: Any | None,
+        extra_state: dict[str, Any] | None,
+        rank_state: dict[str, Any] | None,
+        rank: int,
+    ) -> None:
+        self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
+        self.extra_state = dict(extra_state or {})
+        self.rank_state = dict(rank_state or {})
+        self.rank = rank
+
+    def state_dict(self, step: int) -> dict[str, Any]:
+        """The state dict of ``step`` (a DCP save writes it; a load fills a fresh one in place)."""
         model_sd, optim_sd = get_state_dict(self.model, self.optimizer if self.optimizer is not None else [])
-        sd: dict[str, Any] = {"model": model_sd, STEP_KEY: self._step}
+        sd: dict[str, Any] = {"model": model_sd, STEP_KEY: step}
         if self.optimizer is not None:
             sd["optim"] = optim_sd
         if self.scheduler is not None:
@@ -41,7 +58,8 @@ class _StateMixin:
         sd[f"rank{self.rank}.rng"] = rng  # per-rank key: a shared key would be deduplicated
         return sd
 
-    def _apply_state(self, sd: dict[str, Any]) -> int:
+    def apply(self, sd: dict[str, Any]) -> int:
+        """Write a loaded state dict back into the training's objects; the step it holds."""
         set_state_dict(
             self.model,
             self.optimizer if self.optimizer is not None else [],
@@ -63,6 +81,13 @@ class _StateMixin:
         if "cuda" in rng and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(rng["cuda"])
         return int(sd[STEP_KEY])
+
+    def stable_storages(self) -> set[int]:
+        """Storages that change only in ``optimizer.step()``: parameters and optimizer state."""
+        ptrs = {p.untyped_storage().data_ptr() for p in self.model.parameters()}
+        for state in self.optimizer.state.values() if self.optimizer is not None else ():
+            ptrs.update(t.untyped_storage().data_ptr() for t in state.values() if isinstance(t, torch.Tensor))
+        return ptrs
 
 
 _RNG_BYTES = 16384  # fixed size: the load template must match the saved tensor's shape

@@ -43,9 +43,9 @@ from powerguard.schemas import (
     SiteConfig,
 )
 
-from . import saga
+from . import budget
 from .policy import Policy
-from .saga import UpsView
+from .record import UpsView
 from .topology import Topology
 
 SOURCE = "/powerguard/drill"
@@ -190,7 +190,7 @@ async def run_site_drill(
     result.runtime_s, result.load_pct = runtime_s, load_pct
     views = {u: UpsView() for u in topo.ups}  # the others on line: the drill fails this UPS alone
     views[ups] = UpsView(on_battery=True, runtime_s=runtime_s, drill=True)
-    seen = saga.outlook(views, topo, policy)
+    seen = budget.outlook(views, topo, policy)
     result.budget_s = seen.budget_s
     result.shutdown_after_s = max(0.0, (runtime_s - seen.stop_at_runtime_s) / speed)
     result.hold_policy = policy.hold_policy
@@ -245,7 +245,7 @@ async def run_site_drill(
         notify(time.time() - t0, f"synthetic on-line for {ups}: the saga restores (dry-run)")
         await asyncio.wait_for(done.wait(), max(1.0, deadline - time.monotonic()))
         if result.slowest_s is not None:  # with a measured checkpoint the stop leaves time for the final
-            seen = saga.outlook(views, topo, policy, checkpoint_s=result.slowest_s)
+            seen = budget.outlook(views, topo, policy, checkpoint_s=result.slowest_s)
             result.stop_after_s = max(0.0, (runtime_s - seen.stop_at_runtime_s) / speed)
         return result
     finally:

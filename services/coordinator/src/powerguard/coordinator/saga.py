@@ -38,341 +38,40 @@ honest figures (:mod:`.figures`): the step each job stopped at, what was durable
 stores in KV) and returns the commands it implies. Every command carries an idempotency key
 (``<saga>/<node|job>/<action>``) and is issued at most once per saga; :func:`pending`
 re-derives what a restarted coordinator must send again.
+
+This file holds the transitions only (the vocabulary is in :mod:`.inputs`, the record in
+:mod:`.record`, the battery rules in :mod:`.budget`); it stays one file over 450 lines
+because every transition reads and changes the same record from state to state, and split
+by state the parts would call each other both ways.
 """
 
 from __future__ import annotations
 
-import secrets
-from collections import defaultdict
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any, Literal
-
-from pydantic import BaseModel, Field, field_serializer, field_validator, model_serializer
 
 from powerguard.schemas import HoldPolicy, SagaState, command_key
 
 from . import battery, killpower
+from . import budget as rules
+from .inputs import Ack, Command, CommandKind, Input, NodeReport, Power, Resumed, Tick, UpsReport
 from .policy import Policy
+from .record import (  # noqa: F401  (the record model, re-exported: saga.SagaRecord, ...)
+    BatteryFigures,
+    CkptRound,
+    JobPlan,
+    NodePlan,
+    SagaRecord,
+    Transition,
+    UpsOffPlan,
+    UpsView,
+    _strength,
+    meets,
+)
 from .topology import JobInfo, Topology
 
 S = SagaState
-
-
-# --------------------------------------------------------------------------- inputs
-@dataclass(frozen=True)
-class Power:
-    """A reading of one UPS (any power event or telemetry)."""
-
-    ups: str
-    on_battery: bool
-    runtime_s: float | None = None
-    charge_pct: float | None = None
-    low_battery: bool = False
-    fsd: bool = False
-    drill: bool = False  # a synthetic reading from `powerguard drill`
-    load_pct: float | None = None
-
-
-@dataclass(frozen=True)
-class Ack:
-    job: str
-    rank: int
-    request_id: str | None
-    step: int | None = None
-    ok: bool = True
-    error: str | None = None
-    durability: str = "local"  # local | replicated:k | remote (a later ack of the same rank may raise it)
-
-
-@dataclass(frozen=True)
-class NodeReport:
-    node: str
-    state: Literal["off", "ready", "failed_off", "failed_on"]
-    detail: str | None = None
-
-
-@dataclass(frozen=True)
-class Resumed:
-    job: str
-    step: int | None
-
-
-@dataclass(frozen=True)
-class UpsReport:
-    """What a UPS did with the saga's output command."""
-
-    ups: str
-    ok: bool
-    detail: str | None = None
-
-
-@dataclass(frozen=True)
-class Tick:
-    pass
-
-
-Input = Power | Ack | NodeReport | Resumed | UpsReport | Tick
-
-
-# --------------------------------------------------------------------------- commands
-CommandKind = Literal["ckpt_request", "release", "job_stop", "shutdown", "power_on", "job_restart", "ups_off"]
-
-
-@dataclass(frozen=True)
-class Command:
-    kind: CommandKind
-    key: str  # idempotency key: <saga>/<target>/<action>
-    target: str  # job or node
-    args: dict[str, Any] = field(default_factory=dict, compare=False)
-
-
-# --------------------------------------------------------------------------- record
-class UpsView(BaseModel):
-    on_battery: bool = False
-    runtime_s: float | None = None
-    charge_pct: float | None = None
-    low_battery: bool = False
-    fsd: bool = False
-    since: float = 0.0  # when on_battery last changed
-    drill: bool = False  # on battery only in a drill
-    load_pct: float | None = None
-    samples: list[list[float]] = Field(default_factory=list)  # on battery: [t, charge %, load % or -1]
-    start_charge_pct: float | None = None  # when it went on battery
-    start_runtime_s: float | None = None  # the UPS's own estimate then (judged against what happened)
-
-
-class BatteryFigures(BaseModel):
-    """One UPS in one outage: its own first runtime estimate against the runtime the observed
-    discharge gives (at the load observed), recorded when it went back on line."""
-
-    predicted_s: float | None = None
-    observed_s: float | None = None
-    load_pct: float | None = None
-    on_battery_s: float = 0.0
-
-    @property
-    def ratio(self) -> float | None:
-        """Observed over predicted: below 1 the UPS's estimate was optimistic (an aged battery)."""
-        if not self.predicted_s or self.observed_s is None:
-            return None
-        return self.observed_s / self.predicted_s
-
-
-class CkptRound(BaseModel):
-    """One checkpoint request to every rank of a job and the answers to it."""
-
-    request_id: str
-    world_size: int
-    requested_at: float | None = None
-    deadline: float | None = None
-    told_deadline: float | None = None  # the deadline the ranks were last sent
-    acked: dict[int, int | None] = Field(default_factory=dict)  # rank -> step
-    failed: dict[int, str] = Field(default_factory=dict)
-    settled_at: float | None = None  # every rank answered, or the deadline passed
-    levels: dict[int, str] = Field(default_factory=dict)  # rank -> the best durability it reported
-    require: str = "local"  # the durability every rank must reach before the round counts answered
-
-    @property
-    def missing(self) -> list[int]:
-        return [r for r in range(self.world_size) if r not in self.acked]
-
-    @property
-    def short(self) -> list[int]:
-        """Ranks that acked, below the required durability (still waited for until the deadline)."""
-        return [r for r in self.acked if not meets(self.levels.get(r, "local"), self.require)]
-
-    @property
-    def answered(self) -> bool:
-        if len(self.acked) + len(self.failed) < self.world_size:
-            return False  # some rank has not answered (and no set is built per ack at 100k ranks)
-        short = set(self.short)
-        return all(r in self.failed or (r in self.acked and r not in short) for r in range(self.world_size))
-
-    @property
-    def step(self) -> int | None:
-        steps = {s for s in self.acked.values() if s is not None}
-        return max(steps) if steps else None
-
-    @property
-    def complete(self) -> bool:
-        """Every rank acked durable: the job can restart from this step."""
-        return self.settled_at is not None and not self.missing
-
-    @property
-    def duration_s(self) -> float | None:
-        """How long the whole job took to make it durable (the estimate for the next one)."""
-        if not self.complete or self.requested_at is None:
-            return None
-        return self.settled_at - self.requested_at
-
-
-def meets(level: str, require: str) -> bool:
-    """Whether an ack's durability satisfies a requirement: replicated is met by replicated:k>=1
-    or remote; remote only by remote; local by anything."""
-    if require == "local":
-        return True
-    if require == "remote":
-        return level == "remote"
-    return level == "remote" or (level.startswith("replicated:") and level != "replicated:0")
-
-
-def _strength(level: str) -> int:
-    if level == "remote":
-        return 1 << 30
-    return int(level.split(":", 1)[1]) if level.startswith("replicated:") and level[11:].isdigit() else 0
-
-
-class JobPlan(CkptRound):
-    """A job in the outage: its power checkpoint (the round itself), its final checkpoint at the
-    stop, where it stopped and where it resumed."""
-
-    job: str
-    ranks: dict[int, str]  # rank -> node at detection (stored as runs: see _ranks_as_runs)
-    step_at_detection: int | None = None
-    hold_policy: HoldPolicy = "checkpoint-at-stop"
-    final: CkptRound | None = None  # the checkpoint at the stop (checkpoint-at-stop)
-    final_note: str | None = None  # why there was no final checkpoint, or how it ended
-    stopped_at: float | None = None  # the shutdown was decided (job stop issued)
-    stop_step: int | None = None  # newest step the job had trained when it was stopped
-    stop_step_exact: bool = False  # ranks were waiting at that step (else: the newest step reported)
-    restart_at: float | None = None
-    kept_running: bool = False  # power returned before the shutdown and the job was heard alive: no restart
-    resumed_at: float | None = None
-    resumed_step: int | None = None
-    attempt: int = 1  # the power round's attempt (a failed one is requested again: ckpt.2, ...)
-
-    @field_serializer("ranks")
-    def _ranks_as_runs(self, ranks: dict[int, str]) -> list[list[int | str]]:
-        """``[[first rank, count, node], ...]``: a node's ranks are usually consecutive, so a
-        4,096-rank job is 512 runs instead of 4,096 entries (the largest part of a 100k-rank
-        saga's first write). Any placement works: in the worst case a run per rank."""
-        runs: list[list[int | str]] = []
-        for rank in sorted(ranks):
-            node = ranks[rank]
-            last = runs[-1] if runs else None
-            if last is not None and last[2] == node and last[0] + last[1] == rank:
-                last[1] += 1
-            else:
-                runs.append([rank, 1, node])
-        return runs
-
-    @field_validator("ranks", mode="before")
-    @classmethod
-    def _ranks_from_runs(cls, value: Any) -> Any:
-        """Runs as stored, or the rank -> node map itself (records written before runs)."""
-        if isinstance(value, list):
-            return {first + i: node for first, count, node in value for i in range(count)}
-        return value
-
-    @property
-    def durable_step(self) -> int | None:
-        """Newest step every rank made durable in this outage."""
-        if self.final is not None and self.final.complete:
-            return self.final.step
-        return self.step if self.complete else None
-
-    @property
-    def paused(self) -> bool:
-        """Its ranks were asked to wait at a step boundary (they need a release if power returns)."""
-        return self.hold_policy == "pause" or self.final is not None
-
-
-class NodePlan(BaseModel):
-    node: str
-    shutdown_at: float | None = None
-    off_at: float | None = None
-    power_on_at: float | None = None
-    ready_at: float | None = None
-    error: str | None = None
-    waiting: str | None = None  # why a node to restore is still off (power-control's ramp)
-    off_retry: int | None = None  # the off was commanded again this many times (it failed before)
-    in_doubt: str | None = None  # after its off, before any power-on: reported on (by hand) or a later off failed
-
-    @model_serializer(mode="plain")
-    def _without_unset(self) -> dict[str, Any]:
-        """Only what happened to the node: a 12,500-node saga starts with every node's plan
-        empty, and stored that way it is a quarter of the bytes to write and split (every field
-        but ``node`` defaults to None, so reading it back gives the same plan; all are JSON
-        scalars as they are)."""
-        return {k: v for k, v in self.__dict__.items() if v is not None}
-
-
-class UpsOffPlan(BaseModel):
-    """A UPS told to cut its output and return: when, why, and what it said."""
-
-    told_at: float
-    delay_s: float
-    reason: str
-    nodes: list[str] = Field(default_factory=list)  # what loses power with it
-    done_at: float | None = None
-    error: str | None = None
-
-
-class Transition(BaseModel):
-    state: SagaState
-    at: float
-    reason: str | None = None
-
-
-class SagaRecord(BaseModel):
-    saga_id: str
-    site: str
-    state: SagaState = S.DETECTED
-    reason: str | None = None
-    created_at: float
-    updated_at: float
-    ups: dict[str, UpsView] = Field(default_factory=dict)
-    at_risk: list[str] = Field(default_factory=list)
-    jobs: dict[str, JobPlan] = Field(default_factory=dict)
-    nodes: dict[str, NodePlan] = Field(default_factory=dict)  # nodes ever at risk in this saga
-    deadline: float | None = None
-    stop_reason: str | None = None  # why the saga decided to stop (a final checkpoint may come first)
-    stop_decided_at: float | None = None
-    ups_at_stop: dict[str, UpsView] = Field(default_factory=dict)  # the UPSes when the nodes were told to stop
-    shutdown_reason: str | None = None
-    shutdown_started_at: float | None = None
-    power_back_at: float | None = None
-    back_before_shutdown_at: float | None = None  # power returned before any shutdown: jobs must be heard since
-    restore_started_at: float | None = None
-    issued: set[str] = Field(default_factory=set)
-    history: list[Transition] = Field(default_factory=list)
-    trace_id: str = Field(default_factory=lambda: secrets.token_hex(16))
-    root_span_id: str = Field(default_factory=lambda: secrets.token_hex(8))
-    parent_span_id: str | None = None  # the span that published the first on_battery
-    spans_done: set[str] = Field(default_factory=set)
-    drill: bool = False  # started by `powerguard drill`: every power and job command is dry-run
-    shutdown_need: dict[str, float] = Field(default_factory=dict)  # node group -> measured shutdown, s
-    battery: dict[str, BatteryFigures] = Field(default_factory=dict)  # UPS -> its estimate against what happened
-    carried: dict[str, JobPlan] = Field(default_factory=dict)  # jobs a superseded saga had yet to restart
-    superseded_by: str | None = None
-    ups_off: dict[str, UpsOffPlan] = Field(default_factory=dict)  # UPS -> its output told off and to return
-    id_secret: str = Field(default_factory=lambda: secrets.token_hex(16))  # keys the event ids (outbox)
-
-    @field_serializer("issued", "spans_done")
-    def _sorted(self, value: set[str]) -> list[str]:
-        """Sets as sorted lists: the same record always serializes to the same bytes (the
-        store rewrites only the parts of a large record that changed)."""
-        return sorted(value)
-
-    @property
-    def terminal(self) -> bool:
-        return self.state.terminal
-
-    @property
-    def on_battery(self) -> list[str]:
-        return sorted(u for u, v in self.ups.items() if v.on_battery)
-
-    def jobs_by_node(self) -> dict[str, list[str]]:
-        out: dict[str, list[str]] = defaultdict(list)
-        for name in sorted(self.jobs):
-            for node in sorted(set(self.jobs[name].ranks.values())):
-                out[node].append(name)
-        return out
-
-    def acks(self) -> tuple[int, int]:
-        """(ranks acked, ranks expected) over every job."""
-        return (sum(len(j.acked) for j in self.jobs.values()), sum(j.world_size for j in self.jobs.values()))
 
 
 # --------------------------------------------------------------------------- the machine
@@ -583,104 +282,16 @@ def _node_report(rec: SagaRecord, r: NodeReport, now: float) -> None:
         plan.error = r.detail or "power on failed"
 
 
-def ups_estimate(view: UpsView, capacity: tuple[float, float] | None = None) -> battery.Estimate:
-    """One UPS's runtime: the most conservative of its own estimate, its discharge, its capacity."""
-    return battery.estimate(
-        reported_s=view.runtime_s,
-        samples=view.samples if view.on_battery else (),
-        charge_pct=view.charge_pct,
-        load_pct=view.load_pct,
-        capacity=capacity,
-    )
-
-
-def _feeds_runtime(rec: SagaRecord, feeds: tuple[str, ...], topo: Topology) -> float | None:
-    """Runtime left for nodes on these feeds: their best feed (None when no feed reports one)."""
-    known = [
-        v for u in feeds if u in rec.ups and (v := ups_estimate(rec.ups[u], topo.capacity.get(u)).runtime_s) is not None
-    ]
-    return max(known) if known else None
-
-
-def _runtime(rec: SagaRecord, topo: Topology) -> float | None:
-    """Runtime left for the nodes at risk: the worst node's best feed."""
-    known = [r for fs in topo.feed_sets_at_risk(rec.on_battery) if (r := _feeds_runtime(rec, fs, topo)) is not None]
-    return min(known) if known else None
-
-
-def _groups_need_s(rec: SagaRecord, policy: Policy, groups: Iterable[str]) -> float:
-    """The slowest of these node groups' shutdowns: measured times ``shutdown_factor``, or
-    ``shutdown_reserve_s`` for a group never measured (and when there is no group)."""
-    need = [
-        policy.shutdown_reserve_s if (m := rec.shutdown_need.get(g)) is None else m * policy.shutdown_factor
-        for g in groups
-    ]
-    return max(need) if need else policy.shutdown_reserve_s
-
-
-def shutdown_need_s(rec: SagaRecord, topo: Topology, policy: Policy) -> float:
-    """What the shutdown of the nodes at risk needs of the battery (their groups' slowest)."""
-    return _groups_need_s(rec, policy, {topo.group_key(fs) for fs in topo.feed_sets_at_risk(rec.on_battery)})
-
-
-FSD = "forced shutdown (FSD)"
-
-
-def _low_battery(rec: SagaRecord, topo: Topology) -> str | None:
-    """Nodes at risk whose every feed reports low battery (or FSD)."""
-    for feeds in topo.feed_sets_at_risk(rec.on_battery):
-        views = [rec.ups[u] for u in feeds if u in rec.ups]
-        if views and all(v.fsd for v in views):
-            return FSD
-        if views and all(v.low_battery or v.fsd for v in views):
-            return "low battery"
-    return None
-
-
 def site_need_s(rec: SagaRecord, topo: Topology, policy: Policy) -> float:
     """What one outage needs of a battery: the slowest measured power checkpoint, what the
     shutdown of the saga's nodes needs (measured, or the reserve) and the margin."""
     took = [d for p in rec.jobs.values() if (d := p.duration_s) is not None]
     groups = {topo.group_key(topo.feeds[n]) for n in rec.nodes if n in topo.feeds}
-    return (max(took) if took else 0.0) + _groups_need_s(rec, policy, groups) + policy.margin_s
-
-
-def _budget_s(rec: SagaRecord, topo: Topology, policy: Policy) -> float:
-    """Seconds a checkpoint may take now: min(ckpt_timeout_s, runtime - what the shutdown needs -
-    margin_s); with low battery and no runtime reading, or FSD, there is no budget left."""
-    runtime = _runtime(rec, topo)
-    budget = policy.ckpt_timeout_s
-    if runtime is not None:
-        budget = min(budget, runtime - shutdown_need_s(rec, topo, policy) - policy.margin_s)
-    elif _low_battery(rec, topo):
-        budget = 0.0
-    if _low_battery(rec, topo) == FSD:
-        budget = 0.0
-    return max(0.0, budget)
-
-
-@dataclass(frozen=True)
-class Outlook:
-    """What a saga would decide with some UPS readings, before any outage (drills, status)."""
-
-    budget_s: float  # seconds a checkpoint requested now may take
-    runtime_s: float | None  # runtime left for the nodes at risk (worst node's best feed)
-    stop_at_runtime_s: float  # the saga stops the jobs when the runtime falls to this
-
-
-def outlook(ups: dict[str, UpsView], topo: Topology, policy: Policy, *, checkpoint_s: float | None = None) -> Outlook:
-    """The budget and stop point the saga's own rules give for these readings (feed sets,
-    reserve, margin, low battery, FSD). ``checkpoint_s``: a measured checkpoint; with the
-    ``checkpoint-at-stop`` policy the stop comes early enough for the final one."""
-    rec = SagaRecord(saga_id="outlook", site=topo.site, created_at=0.0, updated_at=0.0, ups=dict(ups))
-    stop_at = policy.shutdown_reserve_s
-    if policy.hold_policy == "checkpoint-at-stop" and checkpoint_s is not None:
-        stop_at = max(stop_at, policy.shutdown_reserve_s + policy.margin_s + policy.final_ckpt_factor * checkpoint_s)
-    return Outlook(budget_s=_budget_s(rec, topo, policy), runtime_s=_runtime(rec, topo), stop_at_runtime_s=stop_at)
+    return (max(took) if took else 0.0) + rules.groups_need_s(rec.supply, policy, groups) + policy.margin_s
 
 
 def _budget_deadline(rec: SagaRecord, now: float, topo: Topology, policy: Policy) -> float:
-    return now + _budget_s(rec, topo, policy)
+    return now + rules.budget_s(rec.supply, topo, policy)
 
 
 def _final_estimate_s(rec: SagaRecord) -> float | None:
@@ -701,7 +312,7 @@ def _final_candidates(rec: SagaRecord) -> list[JobPlan]:
 def _final_trigger(rec: SagaRecord, topo: Topology, policy: Policy) -> str | None:
     """Stop early enough that a final checkpoint fits before the shutdown reserve: when the
     budget left falls to ``final_ckpt_factor`` times the measured checkpoint duration."""
-    runtime, estimate = _runtime(rec, topo), _final_estimate_s(rec)
+    runtime, estimate = rules.runtime(rec.supply, topo), _final_estimate_s(rec)
     if runtime is None or estimate is None:
         return None
     left = runtime - policy.shutdown_reserve_s - policy.margin_s
@@ -714,9 +325,9 @@ def _final_trigger(rec: SagaRecord, topo: Topology, policy: Policy) -> str | Non
 
 
 def _shutdown_trigger(rec: SagaRecord, now: float, topo: Topology, policy: Policy) -> str | None:
-    if reason := _low_battery(rec, topo):
+    if reason := rules.low_battery(rec.supply, topo):
         return reason
-    runtime = _runtime(rec, topo)
+    runtime = rules.runtime(rec.supply, topo)
     if runtime is not None and runtime < policy.shutdown_reserve_s:
         return f"runtime {runtime:.0f}s below the {policy.shutdown_reserve_s:.0f}s shutdown reserve"
     if now - rec.created_at >= policy.max_on_battery_s:
@@ -914,7 +525,7 @@ def _retry_rounds(rec: SagaRecord, now: float, topo: Topology, policy: Policy, o
     """A new round for each job whose power checkpoint failed (a rank reported an error, or
     some rank did not answer in time) while retries and the battery budget are left; returns
     the reason to record, or None when nothing is retried."""
-    budget = _budget_s(rec, topo, policy)
+    budget = rules.budget_s(rec.supply, topo, policy)
     retried = []
     for name, plan in sorted(rec.jobs.items()):
         if plan.settled_at is None or not plan.missing or plan.attempt > policy.ckpt_retries:
@@ -943,7 +554,7 @@ def _retry_offs(
 ) -> None:
     """Command a node whose off failed off again (power-control falls back to the outlets on a
     retry) while retries are left and the battery has not run out."""
-    runtime = _runtime(rec, topo)
+    runtime = rules.runtime(rec.supply, topo)
     if runtime is not None and runtime <= policy.margin_s:
         return
     by_node = None
@@ -1067,7 +678,7 @@ def _stop(
     """The saga decided to shut down: a final checkpoint first where the policy asks for one and
     the battery allows it, else the shutdown at once."""
     rec.stop_reason, rec.stop_decided_at = reason, now
-    budget = _budget_s(rec, topo, policy)
+    budget = rules.budget_s(rec.supply, topo, policy)
     asked, skipped = 0, []
     for plan in _final_candidates(rec):
         took = plan.duration_s
@@ -1076,7 +687,7 @@ def _stop(
         elif took is not None and took > budget:
             plan.final_note = (
                 f"skipped: the power checkpoint took {took:.1f}s, {budget:.1f}s left before what the shutdown "
-                f"needs ({shutdown_need_s(rec, topo, policy):.0f}s); stopped on the power checkpoint"
+                f"needs ({rules.shutdown_need_s(rec.supply, topo, policy):.0f}s); stopped on the power checkpoint"
             )
         if plan.final_note is not None:
             skipped.append(plan.job)

@@ -249,7 +249,7 @@ class Coordinator:
             else:
                 todo[sid] = (rec, step.history_from.get(sid, 0), step.commands.get(sid, []))
         for sid, (rec, n_hist, cmds) in list(todo.items()):
-            emit_finished(self.bus.tracer, rec, now)  # marks spans as done in the record
+            rec.spans_done |= emit_finished(self.bus.tracer, rec, now)  # stored: never exported twice
             try:
                 rev = self.revisions.get(sid, 0)
                 if rev == 0:

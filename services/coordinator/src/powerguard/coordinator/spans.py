@@ -7,6 +7,8 @@ coordinator restarted mid-saga continues the same trace."""
 
 from __future__ import annotations
 
+import functools
+
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer
 
 from powerguard.bus.tracing import preset_ids, remote_context
@@ -35,8 +37,10 @@ def _emit(
     end: float,
     attrs: dict,
     error: str | None = None,
+    *,
+    done: set[str],
 ) -> None:
-    if key in rec.spans_done:
+    if key in rec.spans_done or key in done:
         return
     span: Span = tracer.start_span(
         name, context=root_context(rec), start_time=_ns(start), attributes={"powerguard.saga_id": rec.saga_id, **attrs}
@@ -44,16 +48,20 @@ def _emit(
     if error:
         span.set_status(Status(StatusCode.ERROR, error))
     span.end(end_time=_ns(max(start, end)))
-    rec.spans_done.add(key)
+    done.add(key)
 
 
-def emit_finished(tracer: Tracer, rec: SagaRecord, now: float) -> None:
-    """Export every phase span that has ended and was not exported yet."""
+def emit_finished(tracer: Tracer, rec: SagaRecord, now: float) -> set[str]:
+    """Export every phase span that has ended and was not exported yet (``rec.spans_done``);
+    the keys of those exported now. The record is not changed: the caller stores the keys
+    with it, so a restarted coordinator does not export them again."""
+    done: set[str] = set()
+    emit = functools.partial(_emit, done=done)
     for name, p in sorted(rec.jobs.items()):
         for key, label, rnd in ((f"ckpt/{name}", "checkpoint", p), (f"final/{name}", "final checkpoint", p.final)):
             if rnd is None or rnd.requested_at is None or rnd.settled_at is None:
                 continue
-            _emit(
+            emit(
                 tracer,
                 rec,
                 key,
@@ -71,7 +79,7 @@ def emit_finished(tracer: Tracer, rec: SagaRecord, now: float) -> None:
                 error=f"ranks {rnd.missing} did not ack" if rnd.missing else None,
             )
         if p.restart_at is not None and p.resumed_at is not None:
-            _emit(
+            emit(
                 tracer,
                 rec,
                 f"restart/{name}",
@@ -85,7 +93,7 @@ def emit_finished(tracer: Tracer, rec: SagaRecord, now: float) -> None:
             )
     for node, n in sorted(rec.nodes.items()):
         if n.shutdown_at is not None and n.off_at is not None:
-            _emit(
+            emit(
                 tracer,
                 rec,
                 f"off/{node}",
@@ -96,10 +104,10 @@ def emit_finished(tracer: Tracer, rec: SagaRecord, now: float) -> None:
                 error=n.error,
             )
         if n.power_on_at is not None and n.ready_at is not None:
-            _emit(tracer, rec, f"on/{node}", f"power_on {node}", n.power_on_at, n.ready_at, {"powerguard.node": node})
+            emit(tracer, rec, f"on/{node}", f"power_on {node}", n.power_on_at, n.ready_at, {"powerguard.node": node})
     for i, t in enumerate(rec.history[:-1]):
         if t.state == S.HOLDING:
-            _emit(
+            emit(
                 tracer,
                 rec,
                 f"hold/{i}",
@@ -108,13 +116,13 @@ def emit_finished(tracer: Tracer, rec: SagaRecord, now: float) -> None:
                 rec.history[i + 1].at,
                 {"powerguard.next_state": rec.history[i + 1].state.value},
             )
-    if rec.terminal:
+    if rec.terminal and "root" not in rec.spans_done:
         _emit_root(tracer, rec, now)
+        done.add("root")
+    return done
 
 
 def _emit_root(tracer: Tracer, rec: SagaRecord, now: float) -> None:
-    if "root" in rec.spans_done:
-        return
     parent = remote_context(rec.trace_id, rec.parent_span_id) if rec.parent_span_id else None
     attrs = {
         "powerguard.saga_id": rec.saga_id,
@@ -152,4 +160,3 @@ def _emit_root(tracer: Tracer, rec: SagaRecord, now: float) -> None:
     if rec.state == S.FAILED:
         span.set_status(Status(StatusCode.ERROR, rec.reason or "failed"))
     span.end(end_time=_ns(now))
-    rec.spans_done.add("root")

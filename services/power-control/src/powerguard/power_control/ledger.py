@@ -5,7 +5,9 @@ command still ``running`` when power-control died is resumed at start."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
+import logging
 import re
 import time
 from dataclasses import dataclass
@@ -14,6 +16,7 @@ from typing import Any, Literal
 from powerguard.bus import CasConflict, Kv
 
 Status = Literal["running", "done", "failed"]
+log = logging.getLogger(__name__)
 _BAD = re.compile(r"[^-_=.a-zA-Z0-9/]")
 
 
@@ -62,3 +65,22 @@ class Ledger:
             if isinstance(value, dict) and value.get("status") == "running":
                 out.append(Entry(value["key"], "running", value.get("event", {}), item.revision))
         return out
+
+    async def ran(self, key: str, *, grace_s: float, wait_s: float, poll_s: float = 0.1) -> bool:
+        """Whether the command ``key`` ran, waiting for it: up to ``grace_s`` for it to be taken
+        on, ``wait_s`` for it to end. False when it never came, failed, did not end in time, or
+        the bucket cannot be read (the caller does the work itself rather than wait blind).
+        A node's shutdown asks this of its jobs' own stop (one command for all their nodes)."""
+        start = time.monotonic()
+        while True:
+            try:
+                entry = await self.get(key)
+            except Exception as exc:
+                log.warning("%s not readable (%s): taken as not run", key, exc)
+                return False
+            status = entry.get("status") if entry else None
+            if status in ("done", "failed"):
+                return status == "done"
+            if time.monotonic() - start >= (wait_s if entry else grace_s):
+                return False
+            await asyncio.sleep(poll_s)

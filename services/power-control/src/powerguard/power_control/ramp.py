@@ -70,6 +70,10 @@ class Ramp:
             scopes += [(f"pdu:{p}", 60.0 / s.pdu_nodes_per_min) for p in sorted(set(pdus))]
         return scopes
 
+    def costs(self, node: str, pdus: Sequence[str]) -> dict[str, float]:
+        """Scope -> the seconds ``node`` (fed by ``pdus``) occupies it: two starts in a scope are this far apart."""
+        return dict(self._scopes(node, pdus))
+
     def scopes(self, node: str, pdus: Sequence[str]) -> tuple[str, ...]:
         """The scopes ``node`` (fed by ``pdus``) counts against."""
         return tuple(scope for scope, _ in self._scopes(node, pdus))

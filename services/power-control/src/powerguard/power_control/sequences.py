@@ -1,20 +1,13 @@
-"""The shutdown and restore sequences, independent of the bus: every step is reported
-through ``emit`` as ``power.action_done`` / ``power.action_failed`` / ``node.state``.
-
-Shutdown: stop the node's jobs through the scheduler, ACPI soft-off, wait up to
-``soft_off_timeout_s``, hard off if still on, optionally outlets off. Restore: in power-on
-group order, outlets on one at a time with ``outlet_stagger_s`` between them (inrush), BMC
-power-on in batches of ``max_parallel_power_on``, then wait until each node is ready
-(BMC on, and its readiness probe if one is configured) within ``boot_timeout_s``.
-Every wait has a deadline; every device call has a timeout (drivers/base.py).
-"""
+"""The runner of the shutdown and restore plans (plans.py), independent of the bus: every step
+is reported through ``emit`` as ``power.action_done`` / ``power.action_failed`` /
+``node.state``. Every wait has the plan's bound; every device call a timeout (drivers/base.py).
+Restore: outlets on one at a time ``outlet_stagger_s`` apart (inrush), power-ons in the ramp's
+slots and a window of ``max_parallel_power_on``, then readiness (BMC on, and the probe)."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import math
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -34,10 +27,11 @@ from powerguard.schemas import (
 from . import metrics
 from .config import PowerControlSettings
 from .drivers import Devices, PowerDriver, PowerState
-from .drivers.base import sleep_until
 from .errors import AuthenticationFailed, PowerControlError, PowerStateTimeout, SchedulerError
+from .plans import Step, restore_plan, shutdown_plan
 from .probes import probe_once
 from .ramp import Ramp
+from .ramp_wait import RampSignal, RampSlot
 from .schedulers import Scheduler
 
 log = logging.getLogger(__name__)
@@ -60,61 +54,23 @@ class Order:
 SETUP_CONCURRENCY = 64
 
 
-class RampSignal:
-    """Wakes the node waiting in the ramp when a command lands (the pure ramp has no event), and
-    queues the nodes whose planned start has passed: per set of ramp scopes, one node at a time
-    waits for room (first come, first served), so a landing wakes one waiter, not every node
-    behind the plan (with thousands behind it, waking them all at every landing cost more CPU
-    than the ramp's slots have time)."""
-
-    def __init__(self) -> None:
-        self._event = asyncio.Event()
-        self._turns: dict[tuple[str, ...], asyncio.Lock] = {}
-
-    def turn(self, scopes: tuple[str, ...]) -> asyncio.Lock:
-        return self._turns.setdefault(scopes, asyncio.Lock())
-
-    def pulse(self) -> None:
-        self._event.set()
-        self._event = asyncio.Event()
-
-    async def wait(self, timeout_s: float) -> None:
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._event.wait(), timeout_s)
-
-
 @dataclass
-class RampSlot:
-    """A node's slot in the power-on ramp: the planned ``start``; ``wait()`` returns at the plan
-    or later, once the nodes that actually started leave room, and counts the command as sent;
-    ``done()`` when it was answered (see ramp.py: actual power-ons never closer than the rates)."""
+class _OffRun:
+    """What a shutdown's steps found so far: which of the plan's steps still apply."""
 
-    ramp: Ramp | None
-    node: str
-    pdus: tuple[str, ...]
-    start: float
-    signal: RampSignal
-    _flying: bool = False
+    power: str | None = None  # what the BMC last read
+    bmc_failed: bool = False
+    soft_error: str | None = None
+    outlets_off: bool = False
 
-    async def wait(self) -> None:
-        await sleep_until(self.start)
-        if self.ramp is None:
-            return
-        self.done()  # a retry: the attempt before it is over
-        async with self.signal.turn(self.ramp.scopes(self.node, self.pdus)):
-            while (ready := self.ramp.ready_at(self.node, self.pdus)) > time.monotonic():
-                if ready == math.inf:  # a command in flight: until it lands
-                    await self.signal.wait(60.0)
-                else:
-                    await sleep_until(ready)
-            self.ramp.started(self.node, self.pdus, time.monotonic())  # no await since the check
-            self._flying = True
-
-    def done(self) -> None:
-        if self._flying and self.ramp is not None:
-            self.ramp.landed(self.node, self.pdus, time.monotonic())
-            self._flying = False
-            self.signal.pulse()
+    def applies(self, step: Step) -> bool:
+        if step.when in ("on", "still_on"):  # the BMC read it on (or anything but off), and it still is
+            return self.power != "off" and not self.bmc_failed
+        if step.when == "bmc_failed":
+            return self.bmc_failed
+        if step.action == "outlet_off":  # after the BMC: not again when they were its fallback
+            return not self.bmc_failed
+        return not (self.bmc_failed and step.action in ("status", "soft_off", "off"))
 
 
 class Sequencer:
@@ -199,9 +155,40 @@ class Sequencer:
 
     # -------------------------------------------------------------- shutdown
     async def shutdown(self, o: Order) -> bool:
-        """True when the node ended off (or has no BMC and its jobs were stopped)."""
+        """Run the node's shutdown plan (plans.shutdown_plan); True when the node ended off (or
+        has no BMC and its jobs were stopped)."""
         started = time.monotonic()
+        bmc = self.devices.bmc(o.node)
+        plan = shutdown_plan(
+            self.devices.node(o.node),
+            self.s,
+            now=started,
+            jobs=o.jobs,
+            retry=o.retry,
+            bmc=bmc.device if bmc is not None else None,
+            scheduler=self.scheduler.kind,
+        )
         await self._node_state(o, "shutting_down")
+        run = _OffRun()
+        for step in plan.steps:
+            if not run.applies(step):
+                continue
+            if step.action == "job_stop":
+                await self._stop_jobs(o)
+            elif step.action == "outlet_off":
+                if not await self._outlet(o, self._ref(o.node, step.device), on=False):
+                    return False
+                run.outlets_off = True
+            else:
+                await self._bmc_step(o, bmc, step, run)
+                if run.bmc_failed and not (o.retry and self.devices.node(o.node).outlets):
+                    return False
+        took = time.monotonic() - started
+        detail = f"outlets off after the BMC failed ({took:.1f}s)" if run.bmc_failed else f"off after {took:.1f}s"
+        await self._node_state(o, "off", detail)
+        return True
+
+    async def _stop_jobs(self, o: Order) -> None:
         t = time.monotonic()
         try:
             jobs = list(o.jobs)
@@ -212,78 +199,78 @@ class Sequencer:
             await self._done(o, "job_stop", f"scheduler:{self.scheduler.kind}", t, detail=detail)
         except SchedulerError as exc:  # power still has to go down: the checkpoint is already durable
             await self._failed(o, "job_stop", f"scheduler:{self.scheduler.kind}", t, str(exc))
-        bmc = self.devices.bmc(o.node)
-        outlets = bool(self.devices.node(o.node).outlets)
-        if bmc is not None and not await self._bmc_off(o, bmc):
-            if not (o.retry and outlets):
-                return False
-            log.warning("%s: the BMC failed again on a retry of its off: switching its outlets off", o.node)
-            if not await self._outlets(o, on=False):
-                return False
-            await self._node_state(o, "off", f"outlets off after the BMC failed ({time.monotonic() - started:.1f}s)")
-            return True
-        if self.s.outlets_off_on_shutdown and not await self._outlets(o, on=False):
-            return False
-        await self._node_state(o, "off", f"off after {time.monotonic() - started:.1f}s")
-        return True
 
-    async def _bmc_off(self, o: Order, bmc: PowerDriver) -> bool:
+    async def _bmc_step(self, o: Order, bmc: PowerDriver, step: Step, run: _OffRun) -> None:
+        """One BMC step of the plan (read, soft-off and wait, hard off and wait); what it found
+        goes into ``run``. A device error ends the BMC's part reported (``action_failed``)."""
         t = time.monotonic()
         try:
-            if await self._retrying(f"{bmc.device} status", bmc.status) == "off":
-                await self._done(o, "off", bmc.device, t, power_state="off", detail="already off")
-                return True
-            soft_error = None
-            try:
-                await self._retrying(f"{bmc.device} soft-off", bmc.soft_off)
-                await self._done(o, "soft_off", bmc.device, t, detail="ACPI shutdown requested")
-                if await self._wait_state(bmc, "off", self.s.soft_off_timeout_s):
-                    await self._done(o, "off", bmc.device, t, power_state="off", detail="soft-off completed")
-                    return True
-            except PowerControlError as exc:
-                if not exc.retryable:
-                    raise
-                soft_error = str(exc)
-            t_hard = time.monotonic()
-            await self._retrying(f"{bmc.device} power off", bmc.off)
-            if not await self._wait_state(bmc, "off", self.s.device_timeout_s):
-                raise PowerStateTimeout(f"{bmc.device}: still on {self.s.device_timeout_s:.0f}s after a hard power off")
-            why = (
-                f"soft-off failed ({soft_error})" if soft_error else f"still on after {self.s.soft_off_timeout_s:.0f}s"
-            )
-            await self._done(o, "off", bmc.device, t_hard, power_state="off", detail=f"hard off: {why}")
-            return True
+            if step.action == "status":
+                run.power = await self._retrying(f"{bmc.device} status", bmc.status)
+                if run.power == "off":
+                    await self._done(o, "off", bmc.device, t, power_state="off", detail="already off")
+            elif step.action == "soft_off":
+                try:
+                    await self._retrying(f"{bmc.device} soft-off", bmc.soft_off)
+                    await self._done(o, "soft_off", bmc.device, t, detail="ACPI shutdown requested")
+                    if await self._wait_state(bmc, "off", step.wait_s):
+                        run.power = "off"
+                        await self._done(o, "off", bmc.device, t, power_state="off", detail="soft-off completed")
+                except PowerControlError as exc:
+                    if not exc.retryable:
+                        raise
+                    run.soft_error = str(exc)
+            else:  # "off": the hard off of a node still on
+                await self._retrying(f"{bmc.device} power off", bmc.off)
+                if not await self._wait_state(bmc, "off", step.wait_s):
+                    raise PowerStateTimeout(f"{bmc.device}: still on {step.wait_s:.0f}s after a hard power off")
+                run.power = "off"
+                why = (
+                    f"soft-off failed ({run.soft_error})"
+                    if run.soft_error
+                    else f"still on after {self.s.soft_off_timeout_s:.0f}s"
+                )
+                await self._done(o, "off", bmc.device, t, power_state="off", detail=f"hard off: {why}")
         except PowerControlError as exc:
             await self._failed(o, "off", bmc.device, t, str(exc), power_state="unknown")
-            return False
+            run.bmc_failed = True
+            if o.retry and self.devices.node(o.node).outlets:
+                log.warning("%s: the BMC failed again on a retry of its off: switching its outlets off", o.node)
+
+    def _ref(self, node: str, device: str):
+        return next(r for r in self.devices.node(node).outlets if f"pdu:{r.pdu}:{r.outlet}" == device)
 
     async def _outlets(self, o: Order, *, on: bool, slot: RampSlot | None = None) -> bool:
-        """Switch the node's outlets; with a ramp ``slot``, the first switch waits for it."""
-        action = "outlet_on" if on else "outlet_off"
+        """Switch the node's outlets in order; with a ramp ``slot``, the first switch waits for it."""
         for ref in self.devices.node(o.node).outlets:
-            t = time.monotonic()
-            device = f"pdu:{ref.pdu}:{ref.outlet}"
-            try:
-                pdu = self.devices.pdu(ref.pdu)
-                if await self._retrying(f"{device} state", lambda pdu=pdu, ref=ref: pdu.outlet_state(ref.outlet)) == (
-                    "on" if on else "off"
-                ):
-                    await self._done(o, action, device, t, detail="already " + ("on" if on else "off"))
-                    continue
-                if on:
-                    if slot is not None:
-                        await slot.wait()
-                        slot = None
-                    await self._stagger()
-                    t = time.monotonic()
-                await self._retrying(f"{device} switch", lambda pdu=pdu, ref=ref: pdu.set_outlet(ref.outlet, on))
-                state = await pdu.outlet_state(ref.outlet)
-                if state != ("on" if on else "off"):
-                    raise PowerStateTimeout(f"{device}: reads {state} after switching it {'on' if on else 'off'}")
-                await self._done(o, action, device, t, detail=f"outlet {state}")
-            except PowerControlError as exc:
-                await self._failed(o, action, device, t, str(exc))
+            if not await self._outlet(o, ref, on=on, slot=slot):
                 return False
+            slot = None
+        return True
+
+    async def _outlet(self, o: Order, ref, *, on: bool, slot: RampSlot | None = None) -> bool:
+        """Switch one outlet (the ramp ``slot`` first, when given) and read it back."""
+        action = "outlet_on" if on else "outlet_off"
+        t = time.monotonic()
+        device = f"pdu:{ref.pdu}:{ref.outlet}"
+        try:
+            pdu = self.devices.pdu(ref.pdu)
+            if await self._retrying(f"{device} state", lambda: pdu.outlet_state(ref.outlet)) == ("on" if on else "off"):
+                await self._done(o, action, device, t, detail="already " + ("on" if on else "off"))
+                return True
+            if on:
+                if slot is not None:
+                    await slot.wait()
+                await self._stagger()
+                t = time.monotonic()
+            await self._retrying(f"{device} switch", lambda: pdu.set_outlet(ref.outlet, on))
+            state = await pdu.outlet_state(ref.outlet)
+            if state != ("on" if on else "off"):
+                raise PowerStateTimeout(f"{device}: reads {state} after switching it {'on' if on else 'off'}")
+            await self._done(o, action, device, t, detail=f"outlet {state}")
+        except PowerControlError as exc:
+            await self._failed(o, action, device, t, str(exc))
+            return False
         return True
 
     async def _stagger(self) -> None:
@@ -300,18 +287,26 @@ class Sequencer:
         the last group's power-ons have been sent (its nodes' readiness still to come), or with a
         ramp once they are queued in it (the ramp spaces them and the next restore's nodes)."""
         result: dict[str, bool] = {}
-        groups: dict[int, list[Order]] = {}
+        by_node: dict[str, list[Order]] = {}
         for o in orders:
-            groups.setdefault(self.devices.node(o.node).power_on_group, []).append(o)
-        last = max(groups, default=None)
-        for group in sorted(groups):
-            members = sorted(groups[group], key=lambda o: o.node)
+            by_node.setdefault(o.node, []).append(o)
+        plan = restore_plan(
+            list(by_node),
+            {n: self.devices.node(n) for n in by_node},
+            self.s,
+            now=time.monotonic(),
+            bmcs={n for n in by_node if self.devices.bmc(n) is not None},
+        )
+        last = plan.groups[-1].group if plan.groups else None
+        for step in plan.groups:
+            group, members = step.group, [o for n in step.nodes for o in by_node[n.node]]
+            switch = {n.node: n.switch for n in step.nodes}
             log.info("restore: power-on group %d: %s", group, ", ".join(o.node for o in members))
             started = {o.node: time.monotonic() for o in members}
             powered: list[Order] = []
 
-            async def outlets_on(o: Order) -> bool:
-                if self.devices.bmc(o.node) is None:  # its outlet is its power switch: the ramp gates it
+            async def outlets_on(o: Order, switch: dict[str, str] = switch) -> bool:
+                if switch[o.node] == "outlet":  # its outlet is its power switch: the ramp gates it
                     return await self._ramp_wait(o, lambda slot: self._outlets(o, on=True, slot=slot))
                 async with self._setup:  # standby power only: not in the ramp
                     return await self._outlets(o, on=True)

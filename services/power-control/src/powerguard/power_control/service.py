@@ -38,8 +38,6 @@ from powerguard.schemas import (
     ShutdownRequested,
     SiteConfig,
     UpsOutputOffRequested,
-    UpsOutputResult,
-    UpsOutputResultData,
     command_key,
     decode,
 )
@@ -56,7 +54,7 @@ from .readback import meaning as readback_meaning
 from .schedulers import make_scheduler
 from .schedulers.base import DryRunScheduler
 from .sequences import Order, Sequencer
-from .ups_output import UpsOutputs
+from .ups_output import UpsOutputs, tell_ups, ups_result
 
 log = logging.getLogger(__name__)
 COMMANDS = (ShutdownRequested, PowerOnRequested, JobStopRequested, JobRestartRequested, UpsOutputOffRequested)
@@ -196,7 +194,11 @@ class PowerControl:
         metrics.REFUSED.labels(event.short_type).inc()
         log.error("refused %s %s: %s", event.short_type, event.id, why)
         if isinstance(event, UpsOutputOffRequested):
-            await self._ups_result(d, ok=False, error=f"refused: {why}", started=time.monotonic())
+            await self._emit(
+                ups_result(
+                    d, ok=False, error=f"refused: {why}", started=time.monotonic(), dry_run=self.settings.dry_run
+                )
+            )
             return
         if isinstance(event, ShutdownRequested | PowerOnRequested):
             node, action = d.node, "off" if isinstance(event, ShutdownRequested) else "on"
@@ -276,81 +278,23 @@ class PowerControl:
         with self._tracer.start_as_current_span(
             f"ups_off {d.ups}", attributes={"powerguard.saga_id": d.saga_id, "powerguard.ups": d.ups}
         ) as span:
-            ok, text = await self._tell_ups(d)
+            ok, text = await tell_ups(
+                d, self.ups_outputs, self.devices, nodes=self._nodes, dry_run=self.settings.dry_run
+            )
             span.set_attribute("powerguard.ok", ok)
-            await self._ups_result(d, ok=ok, started=started, **({"detail": text} if ok else {"error": text}))
+            kw = {"detail": text} if ok else {"error": text}
+            await self._emit(ups_result(d, ok=ok, started=started, dry_run=self.settings.dry_run, **kw))
             await self._finish(key, ok, text)
 
-    async def _tell_ups(self, d) -> tuple[bool, str]:
-        """(told, what the UPS said or why not)."""
-        if d.dry_run or self.settings.dry_run:
-            detail = f"dry-run: would tell {d.ups} to cut its output in {d.delay_s:.0f}s and return with mains"
-            log.info("%s", detail)
-            return True, detail
-        on = await self._nodes_on(d.nodes)
-        if on:
-            why = f"not told: {', '.join(on)} on (read now; powered on by hand since its off?)"
-            log.error("%s: %s", d.ups, why)
-            return False, why
-        try:
-            detail = await self.ups_outputs.driver(d.ups).shutdown_return(d.delay_s)
-        except Exception as exc:  # a refused credential, upsd down, a bug: reported, never silent
-            log.error("telling %s to cut its output failed: %s", d.ups, exc)
-            return False, str(exc)
-        log.warning("%s: %s (output off in %.0fs, on again when mains returns)", d.ups, detail, d.delay_s)
-        return True, detail
-
-    async def _nodes_on(self, nodes: Sequence[str]) -> list[str]:
-        """The nodes of ``nodes`` whose BMC says they are on now (each read on its own; a node
-        whose BMC does not answer was reported off by its saga and counts as off)."""
-
-        async def read(node: str) -> str | None:
-            try:
-                bmc = self.devices.bmc(node) if node in self._nodes else None
-                return node if bmc is not None and await bmc.status() == "on" else None
-            except Exception as exc:
-                log.warning("%s: power not readable before its UPS is told (%s): taken as reported off", node, exc)
-                return None
-
-        return sorted(n for n in await asyncio.gather(*map(read, nodes)) if n is not None)
-
-    async def _ups_result(self, d, *, ok: bool, started: float, detail: str | None = None, error: str | None = None):
-        await self._emit(
-            UpsOutputResult(
-                data=UpsOutputResultData(
-                    saga_id=d.saga_id,
-                    ups=d.ups,
-                    idempotency_key=d.idempotency_key,
-                    ok=ok,
-                    detail=detail,
-                    error=error,
-                    device=f"ups:{d.ups}",
-                    duration_s=round(time.monotonic() - started, 3),
-                    dry_run=d.dry_run or self.settings.dry_run,
-                )
-            )
-        )
-
     async def _job_stopped(self, saga_id: str, job: str) -> bool:
-        """Whether the saga's own stop of ``job`` ran, waiting for it: the saga stops a job with
-        one command for all its nodes, and each node's shutdown waits for that stop (up to
-        ``job_stop_grace_s`` for it to arrive, ``job_stop_wait_s`` to finish) instead of
-        stopping the job again. False (the node stops the job itself) when it never came or failed."""
-        key = command_key(saga_id, job, "stop")
-        start = time.monotonic()
-        while True:
-            try:
-                entry = await self._ledger.get(key) if self._ledger is not None else None
-            except Exception as exc:  # the bucket is unreachable: stop it here rather than wait blind
-                log.warning("job stop %s not readable (%s): the node stops the job itself", key, exc)
-                return False
-            status = entry.get("status") if entry else None
-            if status in ("done", "failed"):
-                return status == "done"
-            waited = time.monotonic() - start
-            if waited >= (self.settings.job_stop_wait_s if entry else self.settings.job_stop_grace_s):
-                return False
-            await asyncio.sleep(0.1)
+        """Whether the saga's own stop of ``job`` ran (the ledger's answer, waited for)."""
+        if self._ledger is None:
+            return False
+        return await self._ledger.ran(
+            command_key(saga_id, job, "stop"),
+            grace_s=self.settings.job_stop_grace_s,
+            wait_s=self.settings.job_stop_wait_s,
+        )
 
     def _spawn(self, coro) -> asyncio.Task:
         task = asyncio.create_task(coro)  # copies the context: spans and events stay in the outage trace

@@ -1,0 +1,153 @@
+"""The agent's settings, checked once: a wrong value is a ValueError naming the argument,
+raised before any process group or thread exists."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import ClassVar
+
+from powerguard.schemas import HOLD_POLICIES, HoldPolicy
+
+from . import _layout as L
+
+FRAMEWORKS = ("lightning", "hf")
+
+ARGUMENTS_DOC = """Keyword-only arguments:
+  job, model, optimizer, scheduler: what to checkpoint (DDP and FSDP2 models work).
+  extra_state: job-wide extras (``Stateful`` objects or plain values), saved once.
+  rank_state: per-rank extras (e.g. a data loader position), saved under a per-rank key.
+  local_dir: local tier root. ``local_scope="shared"`` (default): one directory every rank of
+    the job sees. ``"node"``: each node's own disk (NVMe); every node keeps a checkpoint it
+    can restore from by itself, plus replicas of ``replicas`` other nodes' files.
+  local_scope: ``"shared"`` or ``"node"`` (see local_dir).
+  replicas: node scope: how many other nodes keep a copy of each node's files (default 1).
+  pipelined_agreement: start the step agreement at one agreement boundary and read it at the
+    next (default): the all-reduce runs while the ranks train, so ``step()`` only reads a
+    finished result; a request is acted on one agreement later, by every rank at the same
+    step. False: agree and act at the same boundary (the training thread waits for it).
+  reshard: restore a checkpoint written by more ranks than this job has (a node that stayed
+    dead): DCP reshards model and optimizer; rank r keeps old rank r's RNG and rank state;
+    not a bit-exact resume (the data order changes with the world size). Default: refused.
+  remote_url: optional fsspec URL of the remote tier (``file:///nas/ckpt``, ``s3://...``).
+  nats_url / names: the bus (None: no bus; checkpoints are periodic or explicit only).
+  nats_creds: this job's NATS credential (``powerguard creds issue --job JOB``; default: env
+    ``NATS_CREDS``). It lets the ranks talk about their own job only; TLS from ``NATS_CA``,
+    ``NATS_CERT``, ``NATS_KEY``.
+  node: this rank's node name as in the site YAML (default: the host name).
+  local_every_s / remote_every_s: periodic checkpoints (async) and remote copies; 0 disables.
+  keep / keep_remote: committed checkpoints kept per tier.
+  sync_every_n_steps: agree on checkpoints at least N steps apart (the fewest steps between two).
+  agree_every_s: with steps shorter than this, let several steps pass between two agreements,
+    about this much training time (the ranks agree on how many: the shortest any proposes), so
+    ``step()`` costs a counter increment in between; a request waits at most about this long
+    more (twice with the pipelined agreement). 0: agree every ``sync_every_n_steps``.
+    Default 0.5 s: a power request waits at most about 1 s more, against a budget of tens of
+    seconds; a job with millisecond steps spends almost nothing on the agreement.
+  http_port: on rank 0, serve ``POST /api/v1/trigger_checkpoint`` (the apcupsd-script interface).
+  agree_timeout_s: how long a rank waits for the others at a step boundary with no request pending.
+  overlap_staging: periodic saves copy parameters and optimizer state in the background while
+    the next forward/backward runs; the next ``optimizer.step()`` waits for the copy. Needs
+    parameters and optimizer state to change only in ``optimizer.step()`` (turn it off if
+    your loop writes to them elsewhere).
+  hold_policy: this job's hold policy, overriding the site's (``checkpoint-at-stop``, ``pause``,
+    ``continue``; None: the site's). When a request says so (``then="pause"``), every rank
+    waits inside ``step()`` after the checkpoint until a release (power back) or until the
+    job is stopped; see :meth:`CheckpointAgent.step`.
+  pause_poll_s: how often paused ranks check, together, whether they may train on.
+  checksum_key_file: the site's checkpoint key (default: env ``POWERGUARD_CKPT_KEY_FILE``):
+    keyed digests on save; a restore trusts only what it signed.
+  framework: ``"lightning"`` or ``"hf"``: the framework writes the checkpoints (its callback in
+    :mod:`powerguard.ckpt_agent.lightning` / :mod:`powerguard.ckpt_agent.hf` sets this); a
+    request agreed at a step becomes :attr:`CheckpointAgent.due`, the framework saves,
+    :meth:`CheckpointAgent.finish_due` commits and acks. No periodic saves (the framework keeps
+    its own schedule), no remote tier.
+"""
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    """The settings of one :class:`CheckpointAgent` (see :data:`ARGUMENTS_DOC`), checked by :meth:`checked`."""
+
+    # the agent's arguments that are settings (the rest are the training's objects and the bus)
+    ARGUMENTS: ClassVar[frozenset[str]] = frozenset(
+        {
+            "job",
+            "local_dir",
+            "checksum_key_file",
+            "pipelined_agreement",
+            "remote_url",
+            "local_every_s",
+            "remote_every_s",
+            "keep",
+            "keep_remote",
+            "sync_every_n_steps",
+            "agree_every_s",
+            "agree_timeout_s",
+            "overlap_staging",
+            "hold_policy",
+            "pause_poll_s",
+            "local_scope",
+            "replicas",
+            "reshard",
+            "framework",
+        }
+    )
+
+    job: str
+    local_root: str
+    remote_url: str | None
+    local_every_s: float
+    remote_every_s: float
+    keep: int
+    keep_remote: int
+    sync_every_n_steps: int
+    agree_every_s: float
+    agree_timeout_s: float
+    overlap_staging: bool
+    hold_policy: HoldPolicy | None
+    pause_poll_s: float
+    local_scope: str
+    replicas: int
+    reshard: bool
+    pipelined: bool
+    framework: str | None
+    key: bytes | None
+
+    @classmethod
+    def checked(
+        cls,
+        *,
+        local_dir: str | os.PathLike,
+        checksum_key_file: str | os.PathLike | None,
+        pipelined_agreement: bool,
+        **kw,
+    ) -> AgentConfig:
+        framework = kw["framework"]
+        if framework is not None:
+            if framework not in FRAMEWORKS:
+                raise ValueError(f"framework must be one of {', '.join(FRAMEWORKS)}, not {framework!r}")
+            if kw["remote_url"] or kw["local_scope"] != "shared":
+                raise ValueError(
+                    "a framework's checkpoints have the shared local tier only (no remote_url, no node scope)"
+                )
+            kw["local_every_s"], kw["overlap_staging"] = 0.0, False
+        if kw["local_scope"] not in ("shared", "node"):
+            raise ValueError(f"local_scope must be 'shared' or 'node', not {kw['local_scope']!r}")
+        if kw["replicas"] < 0:
+            raise ValueError("replicas must be at least 0")
+        if kw["keep"] < 1 or kw["keep_remote"] < 1:
+            raise ValueError("keep and keep_remote must be at least 1")
+        if kw["sync_every_n_steps"] < 1:
+            raise ValueError("sync_every_n_steps must be at least 1")
+        if kw["agree_every_s"] < 0:
+            raise ValueError("agree_every_s must be at least 0")
+        if kw["hold_policy"] is not None and kw["hold_policy"] not in HOLD_POLICIES:
+            raise ValueError(f"hold_policy must be one of {', '.join(HOLD_POLICIES)}, not {kw['hold_policy']!r}")
+        key_file = checksum_key_file or os.environ.get("POWERGUARD_CKPT_KEY_FILE")
+        return cls(
+            local_root=os.path.abspath(os.fspath(local_dir)),
+            key=L.load_key(key_file) if key_file else None,
+            pipelined=pipelined_agreement,
+            **kw,
+        )

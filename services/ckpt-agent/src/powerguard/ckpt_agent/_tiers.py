@@ -1,0 +1,83 @@
+"""The local tier's interface, and the shared tier behind it (the node-local one is in
+``_node_tier``). A save writes every rank's files and manifest into the step directory and
+gathers what each rank wrote (:class:`Written`); the tier commits it: writes ``COMMIT``
+where it belongs and says how durable the checkpoint is, or raises :class:`CommitError`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any, NamedTuple, Protocol
+
+from . import _layout as L
+from ._ranks import Ranks
+from ._retainer import Retainer
+from .errors import CommitError
+
+log = logging.getLogger("powerguard.ckpt_agent")
+
+
+class Written(NamedTuple):
+    """What one rank wrote into a step directory (gathered on every rank)."""
+
+    rank: int
+    ok: bool
+    digest: str  # of its manifest
+    error: str | None
+    keyed: str | None  # the manifest's keyed digest (with a site key)
+    body: bytes | None = None  # the manifest itself (node tier: every node stores every manifest)
+    meta: bytes | None = None  # rank 0's ``.metadata`` (node tier)
+
+
+class Tier(Protocol):
+    bodies: bool  # the tier needs every manifest and the metadata gathered
+
+    @property
+    def leader(self) -> bool:
+        """This rank prepares the step directory (and commits it)."""
+        ...
+
+    def commit(self, directory: str, step: int, written: list[Written], *, saga_id: str | None) -> str:
+        """Write ``COMMIT``; the checkpoint's durability (``local``, ``replicated:k``)."""
+        ...
+
+
+class SharedTier:
+    """One directory every rank of the job sees: rank 0 prepares it, writes ``COMMIT`` over
+    every rank's manifest, and prunes old checkpoints in the background."""
+
+    bodies = False
+
+    def __init__(self, ranks: Ranks, fs: Any, *, key: bytes | None, retainer: Retainer) -> None:
+        self.ranks, self.fs, self.key, self.retainer = ranks, fs, key, retainer
+
+    @property
+    def leader(self) -> bool:
+        return self.ranks.rank == 0
+
+    def commit(self, directory: str, step: int, written: list[Written], *, saga_id: str | None) -> str:
+        committed = True
+        if self.ranks.rank == 0:
+            try:
+                with open(os.path.join(directory, ".metadata"), "rb") as f:
+                    meta = f.read()
+                L.write_commit(
+                    self.fs,
+                    directory,
+                    step=step,
+                    world_size=self.ranks.world_size,
+                    digests={w.rank: w.digest for w in written},
+                    metadata_digest=L.digest_bytes(meta),
+                    extra={"saga_id": saga_id} if saga_id else None,
+                    key=self.key,
+                    keyed_manifests={w.rank: w.keyed for w in written} if self.key is not None else None,
+                    metadata=meta,
+                )
+                self.retainer.start()
+            except OSError as exc:
+                log.error("rank 0: COMMIT of %s failed: %s", directory, exc)
+                committed = False
+        if not self.ranks.all_ok(committed):
+            raise CommitError(f"rank 0 could not write COMMIT in {directory}")
+        return "local"

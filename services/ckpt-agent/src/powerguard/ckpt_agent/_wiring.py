@@ -1,0 +1,176 @@
+"""The agent's collaborators, built from its checked settings in the one order every rank
+follows (process groups are collective: each rank makes them in the same order). Returns
+them (:class:`Parts`); the agent keeps them and calls them, never the other way round."""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+from typing import Any
+
+from powerguard.bus import BusNames
+from powerguard.schemas import AgentData
+
+from . import _layout as L
+from ._acks import Acks
+from ._agreement import StepAgreement
+from ._bus import BusThread
+from ._config import AgentConfig
+from ._framework import FrameworkSaves
+from ._hold import Hold
+from ._node_tier import NodeTier
+from ._nodes import Topology
+from ._ranks import Ranks
+from ._remote import RemoteCopier
+from ._restore import Restorer
+from ._retainer import Retainer
+from ._saver import Saver
+from ._state import TrainingState
+from ._tiers import SharedTier
+
+
+@dataclass(frozen=True)
+class TrainingParts:
+    """What the training passed in to be checkpointed."""
+
+    model: Any
+    optimizer: Any
+    scheduler: Any
+    extra_state: dict[str, Any] | None
+    rank_state: dict[str, Any] | None
+
+
+@dataclass(frozen=True)
+class BusOptions:
+    url: str | None
+    creds: str | os.PathLike | None
+    names: BusNames | None
+    heartbeat_s: float
+    http_port: int | None
+
+
+@dataclass(frozen=True)
+class Parts:
+    node: str
+    ranks: Ranks
+    state: TrainingState
+    retainer: Retainer
+    nodes: NodeTier | None
+    saver: Saver
+    agreement: StepAgreement
+    restorer: Restorer
+    bus: BusThread | None
+    http: Any
+    acks: Acks
+    hold: Hold
+    frameworks: FrameworkSaves | None
+    remote: RemoteCopier | None
+
+
+def wire(cfg: AgentConfig, training: TrainingParts, *, node: str | None, bus: BusOptions) -> Parts:
+    node = node or socket.gethostname().split(".")[0]
+    ranks = Ranks(replication=cfg.local_scope == "node")
+    t = training
+    state = TrainingState(
+        model=t.model,
+        optimizer=t.optimizer,
+        scheduler=t.scheduler,
+        extra_state=t.extra_state,
+        rank_state=t.rank_state,
+        rank=ranks.rank,
+    )
+    fs, _ = L.fs_for(cfg.local_root)
+    retainer = Retainer(fs, cfg.local_root, cfg.job, cfg.keep)
+    topo = Topology(tuple(ranks.gather(node)))  # which node each rank is on
+    nodes = None
+    if cfg.local_scope == "node":
+        nodes = NodeTier(
+            ranks,
+            fs,
+            state,
+            topo=topo,
+            node=node,
+            job=cfg.job,
+            root=cfg.local_root,
+            key=cfg.key,
+            replicas=cfg.replicas,
+            reshard=cfg.reshard,
+            retainer=retainer,
+        )
+    saver = Saver(
+        ranks,
+        state,
+        nodes or SharedTier(ranks, fs, key=cfg.key, retainer=retainer),
+        job=cfg.job,
+        root=cfg.local_root,
+        fs=fs,
+        key=cfg.key,
+        every_s=cfg.local_every_s,
+        overlap=cfg.overlap_staging and t.optimizer is not None,
+        node=node,
+    )
+    agreement = StepAgreement(
+        ranks,
+        pipelined=cfg.pipelined,
+        sync_every_n_steps=cfg.sync_every_n_steps,
+        agree_every_s=cfg.agree_every_s,
+        agree_timeout_s=cfg.agree_timeout_s,
+    )
+    restorer = Restorer(
+        ranks,
+        state,
+        job=cfg.job,
+        root=cfg.local_root,
+        fs=fs,
+        remote_url=cfg.remote_url,
+        key=cfg.key,
+        reshard=cfg.reshard,
+        nodes=nodes,
+    )
+    thread, http = (
+        connect(cfg, bus, node=node, rank=ranks.rank, world_size=ranks.world_size) if bus.url else (None, None)
+    )
+    acks = Acks(thread, job=cfg.job, rank=ranks.rank, world_size=ranks.world_size, local_root=cfg.local_root, fs=fs)
+    frameworks = FrameworkSaves(ranks, acks, framework=cfg.framework, key=cfg.key) if cfg.framework else None
+    remote = None
+    if cfg.remote_url and ranks.rank == 0:
+        remote = RemoteCopier(
+            cfg.local_root,
+            cfg.remote_url,
+            job=cfg.job,
+            keep=cfg.keep_remote,
+            every_s=cfg.remote_every_s,
+            on_copied=acks.remote_copied,
+        )
+    hold = Hold(thread, ranks, poll_s=cfg.pause_poll_s)
+    return Parts(
+        node, ranks, state, retainer, nodes, saver, agreement, restorer, thread, http, acks, hold, frameworks, remote
+    )
+
+
+def connect(cfg: AgentConfig, opts: BusOptions, *, node: str, rank: int, world_size: int) -> tuple[BusThread, Any]:
+    """The rank's bus thread, started (and rank 0's HTTP trigger, kept alive by the caller)."""
+    from powerguard.bus.env import auth_options
+    from powerguard.bus.tracing import configure_tracing
+
+    configure_tracing("powerguard-ckpt-agent")  # exports only when OTEL_* env asks for it
+    agent = AgentData(
+        job=cfg.job,
+        rank=rank,
+        world_size=world_size,
+        node=node,
+        tiers=["local", "remote"] if cfg.remote_url else ["local"],
+        hold_policy=cfg.hold_policy,
+    )
+    auth = auth_options()
+    if opts.creds is not None:
+        auth["creds_file"] = os.fspath(opts.creds)
+    bus = BusThread(url=opts.url, names=opts.names or BusNames(), agent=agent, heartbeat_s=opts.heartbeat_s, auth=auth)
+    bus.start()
+    http = None
+    if opts.http_port is not None and rank == 0:
+        from ._http import serve_trigger
+
+        http = bus.run(serve_trigger(bus, port=opts.http_port))
+    return bus, http

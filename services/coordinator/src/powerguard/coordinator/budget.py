@@ -1,0 +1,118 @@
+"""The battery-budget rules: how long the nodes at risk have on their feeds, what the shutdown
+needs of the battery, low battery and FSD, the time a checkpoint may take now. Pure functions
+of a :class:`Supply` (the UPS readings and the measured shutdowns), the topology and the
+policy: a saga passes its own (``SagaRecord.supply``), a drill or ``status`` one made of
+readings alone (:func:`outlook`)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from . import battery
+from .policy import Policy
+from .topology import Topology
+
+if TYPE_CHECKING:  # the record holds a Supply; the rules only read its views
+    from .record import UpsView
+
+
+@dataclass(frozen=True)
+class Supply:
+    """What the budget rules read."""
+
+    ups: Mapping[str, UpsView]
+    shutdown_need: Mapping[str, float] = field(default_factory=dict)  # node group -> measured shutdown, s
+
+    @property
+    def on_battery(self) -> list[str]:
+        return sorted(u for u, v in self.ups.items() if v.on_battery)
+
+
+def ups_estimate(view: UpsView, capacity: tuple[float, float] | None = None) -> battery.Estimate:
+    """One UPS's runtime: the most conservative of its own estimate, its discharge, its capacity."""
+    return battery.estimate(
+        reported_s=view.runtime_s,
+        samples=view.samples if view.on_battery else (),
+        charge_pct=view.charge_pct,
+        load_pct=view.load_pct,
+        capacity=capacity,
+    )
+
+
+def feeds_runtime(supply: Supply, feeds: tuple[str, ...], topo: Topology) -> float | None:
+    """Runtime left for nodes on these feeds: their best feed (None when no feed reports one)."""
+    ups = supply.ups
+    known = [v for u in feeds if u in ups and (v := ups_estimate(ups[u], topo.capacity.get(u)).runtime_s) is not None]
+    return max(known) if known else None
+
+
+def runtime(supply: Supply, topo: Topology) -> float | None:
+    """Runtime left for the nodes at risk: the worst node's best feed."""
+    at_risk = topo.feed_sets_at_risk(supply.on_battery)
+    known = [r for fs in at_risk if (r := feeds_runtime(supply, fs, topo)) is not None]
+    return min(known) if known else None
+
+
+def groups_need_s(supply: Supply, policy: Policy, groups: Iterable[str]) -> float:
+    """The slowest of these node groups' shutdowns: measured times ``shutdown_factor``, or
+    ``shutdown_reserve_s`` for a group never measured (and when there is no group)."""
+    need = [
+        policy.shutdown_reserve_s if (m := supply.shutdown_need.get(g)) is None else m * policy.shutdown_factor
+        for g in groups
+    ]
+    return max(need) if need else policy.shutdown_reserve_s
+
+
+def shutdown_need_s(supply: Supply, topo: Topology, policy: Policy) -> float:
+    """What the shutdown of the nodes at risk needs of the battery (their groups' slowest)."""
+    return groups_need_s(supply, policy, {topo.group_key(fs) for fs in topo.feed_sets_at_risk(supply.on_battery)})
+
+
+FSD = "forced shutdown (FSD)"
+
+
+def low_battery(supply: Supply, topo: Topology) -> str | None:
+    """Nodes at risk whose every feed reports low battery (or FSD)."""
+    for feeds in topo.feed_sets_at_risk(supply.on_battery):
+        views = [supply.ups[u] for u in feeds if u in supply.ups]
+        if views and all(v.fsd for v in views):
+            return FSD
+        if views and all(v.low_battery or v.fsd for v in views):
+            return "low battery"
+    return None
+
+
+def budget_s(supply: Supply, topo: Topology, policy: Policy) -> float:
+    """Seconds a checkpoint may take now: min(ckpt_timeout_s, runtime - what the shutdown needs -
+    margin_s); with low battery and no runtime reading, or FSD, there is no budget left."""
+    left = runtime(supply, topo)
+    budget = policy.ckpt_timeout_s
+    if left is not None:
+        budget = min(budget, left - shutdown_need_s(supply, topo, policy) - policy.margin_s)
+    elif low_battery(supply, topo):
+        budget = 0.0
+    if low_battery(supply, topo) == FSD:
+        budget = 0.0
+    return max(0.0, budget)
+
+
+@dataclass(frozen=True)
+class Outlook:
+    """What a saga would decide with some UPS readings, before any outage (drills, status)."""
+
+    budget_s: float  # seconds a checkpoint requested now may take
+    runtime_s: float | None  # runtime left for the nodes at risk (worst node's best feed)
+    stop_at_runtime_s: float  # the saga stops the jobs when the runtime falls to this
+
+
+def outlook(ups: dict[str, UpsView], topo: Topology, policy: Policy, *, checkpoint_s: float | None = None) -> Outlook:
+    """The budget and stop point the saga's own rules give for these readings (feed sets,
+    reserve, margin, low battery, FSD). ``checkpoint_s``: a measured checkpoint; with the
+    ``checkpoint-at-stop`` policy the stop comes early enough for the final one."""
+    supply = Supply(ups=dict(ups))
+    stop_at = policy.shutdown_reserve_s
+    if policy.hold_policy == "checkpoint-at-stop" and checkpoint_s is not None:
+        stop_at = max(stop_at, policy.shutdown_reserve_s + policy.margin_s + policy.final_ckpt_factor * checkpoint_s)
+    return Outlook(budget_s=budget_s(supply, topo, policy), runtime_s=runtime(supply, topo), stop_at_runtime_s=stop_at)
