@@ -20,7 +20,7 @@ from ._ranks import Ranks
 from ._restore import Restored, check_world, commit_saga, load
 from ._retainer import Retainer
 from ._state import TrainingState
-from ._tiers import Written
+from ._tiers import Written, commit_written
 from .errors import CheckpointError, CommitError, CorruptCheckpoint
 
 log = logging.getLogger("powerguard.ckpt_agent")
@@ -160,17 +160,15 @@ class NodeTier:
         committed = True
         if self.leader:
             try:
-                L.write_commit(
+                commit_written(
                     self.fs,
                     directory,
                     step=step,
                     world_size=self.ranks.world_size,
-                    digests={w.rank: w.digest for w in results},
-                    metadata_digest=L.digest_bytes(meta),
-                    extra={**(extra or {}), "nodes": {str(r): n for r, n in enumerate(self._topo.nodes)}},
+                    written=results,
+                    meta=meta,
                     key=self.key,
-                    keyed_manifests={w.rank: w.keyed for w in results} if self.key is not None else None,
-                    metadata=meta,
+                    extra={**(extra or {}), "nodes": {str(r): n for r, n in enumerate(self._topo.nodes)}},
                 )
                 self.retainer.start()
             except OSError as exc:

@@ -30,6 +30,32 @@ class Written(NamedTuple):
     meta: bytes | None = None  # rank 0's ``.metadata`` (node tier)
 
 
+def commit_written(
+    fs: Any,
+    directory: str,
+    *,
+    step: int,
+    world_size: int,
+    written: list[Written],
+    meta: bytes,
+    key: bytes | None,
+    extra: dict | None,
+) -> None:
+    """``COMMIT`` over every rank's manifest and the metadata (keyed with a site key)."""
+    L.write_commit(
+        fs,
+        directory,
+        step=step,
+        world_size=world_size,
+        digests={w.rank: w.digest for w in written},
+        metadata_digest=L.digest_bytes(meta),
+        extra=extra,
+        key=key,
+        keyed_manifests={w.rank: w.keyed for w in written} if key is not None else None,
+        metadata=meta,
+    )
+
+
 class Tier(Protocol):
     bodies: bool  # the tier needs every manifest and the metadata gathered
 
@@ -62,17 +88,15 @@ class SharedTier:
             try:
                 with open(os.path.join(directory, ".metadata"), "rb") as f:
                     meta = f.read()
-                L.write_commit(
+                commit_written(
                     self.fs,
                     directory,
                     step=step,
                     world_size=self.ranks.world_size,
-                    digests={w.rank: w.digest for w in written},
-                    metadata_digest=L.digest_bytes(meta),
-                    extra={"saga_id": saga_id} if saga_id else None,
+                    written=written,
+                    meta=meta,
                     key=self.key,
-                    keyed_manifests={w.rank: w.keyed for w in written} if self.key is not None else None,
-                    metadata=meta,
+                    extra={"saga_id": saga_id} if saga_id else None,
                 )
                 self.retainer.start()
             except OSError as exc:

@@ -1,0 +1,114 @@
+"""The agent's collaborators on their own (one process: the collectives are the identity): each
+owns its state and returns values; none needs the agent."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+from powerguard.ckpt_agent import _layout as L
+from powerguard.ckpt_agent._agreement import Decision, StepAgreement, Wants
+from powerguard.ckpt_agent._config import AgentConfig
+from powerguard.ckpt_agent._hold import Hold
+from powerguard.ckpt_agent._ranks import Ranks
+from powerguard.ckpt_agent._restore import Restorer
+from powerguard.ckpt_agent._retainer import Retainer
+from powerguard.ckpt_agent._saver import Saver
+from powerguard.ckpt_agent._state import TrainingState
+from powerguard.ckpt_agent._tiers import SharedTier
+
+NOTHING = Wants(pending=None, periodic=False, busy=False, unfinished=False)
+
+
+def test_the_agreement_paces_itself_on_the_measured_step_time():
+    agreement = StepAgreement(Ranks(), pipelined=True, sync_every_n_steps=1, agree_every_s=0.5, agree_timeout_s=5)
+    agreed_at = []
+    for i in range(40):
+        now = i * 0.125  # 0.125 s steps: an agreement about every 0.5 s, every 4 boundaries
+        if agreement.boundary(now):
+            assert agreement.agree(NOTHING) == Decision(request=False, periodic=False, busy=False, unfinished=False)
+            agreed_at.append(agreement.boundaries)
+            agreement.scheduled()
+    assert agreed_at[:3] == [1, 2, 6]  # at every boundary until a step time is known
+    assert all(b - a == 4 for a, b in itertools.pairwise(agreed_at[1:]))
+    assert agreement.agreements == len(agreed_at)
+
+
+def test_a_decision_is_what_the_rank_wants_when_it_is_alone():
+    agreement = StepAgreement(Ranks(), pipelined=True, sync_every_n_steps=3, agree_every_s=0, agree_timeout_s=5)
+    assert agreement.boundary(0.0)
+    wants = Wants(pending=None, periodic=True, busy=False, unfinished=True)
+    assert agreement.agree(wants) == Decision(request=False, periodic=True, busy=False, unfinished=True)
+    agreement.scheduled()
+    assert [agreement.boundary(float(t)) for t in range(1, 4)] == [False, False, True]  # sync_every_n_steps
+
+
+def test_a_hold_without_a_bus_lets_the_rank_go_at_once():
+    hold = Hold(None, Ranks(), poll_s=0.01)
+    pause = hold.begin(7, [])
+    poll = hold.poll(pause)
+    assert (poll.go, poll.another, poll.pending) == (True, False, None)
+    assert hold.end(pause) >= 0.0
+
+
+def test_the_saver_and_the_restorer_meet_only_on_disk(tmp_path):
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2)
+    ranks = Ranks()
+    fs, _ = L.fs_for(str(tmp_path))
+    state = TrainingState(model=model, optimizer=None, scheduler=None, extra_state=None, rank_state=None, rank=0)
+    retainer = Retainer(fs, str(tmp_path), "j", keep=2)
+    tier = SharedTier(ranks, fs, key=None, retainer=retainer)
+    saver = Saver(ranks, state, tier, job="j", root=str(tmp_path), fs=fs, key=None, every_s=0, overlap=False, node="n1")
+    saved = saver.save(5, saga_id="s1")
+    assert saved.path == L.step_dir(str(tmp_path), "j", 5) and saved.durability == "local"
+    retainer.join(5)
+    want = {k: v.clone() for k, v in model.state_dict().items()}
+    with torch.no_grad():
+        model.weight.zero_()
+    restorer = Restorer(ranks, state, job="j", root=str(tmp_path), fs=fs, remote_url=None, key=None, reshard=False)
+    got = restorer.restore()
+    assert (got.step, got.tier, got.saga_id) == (5, "local", "s1")  # the saga its COMMIT names
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in want.items())  # bit-exact
+    empty = Restorer(ranks, state, job="other", root=str(tmp_path), fs=fs, remote_url=None, key=None, reshard=False)
+    assert empty.restore() is None
+
+
+@pytest.mark.parametrize(
+    ("bad", "names"),
+    [
+        ({"local_scope": "disk"}, "local_scope"),
+        ({"keep": 0}, "keep"),
+        ({"hold_policy": "sleep"}, "hold_policy"),
+        ({"framework": "keras"}, "framework"),
+        ({"framework": "hf", "remote_url": "file:///x"}, "shared local tier only"),
+    ],
+)
+def test_settings_are_checked_once_and_name_what_is_wrong(tmp_path, bad, names):
+    ok = dict(
+        job="j",
+        local_dir=tmp_path,
+        checksum_key_file=None,
+        pipelined_agreement=True,
+        remote_url=None,
+        local_every_s=0,
+        remote_every_s=0,
+        keep=1,
+        keep_remote=1,
+        sync_every_n_steps=1,
+        agree_every_s=0,
+        agree_timeout_s=1,
+        overlap_staging=False,
+        hold_policy=None,
+        pause_poll_s=0.1,
+        local_scope="shared",
+        replicas=1,
+        reshard=False,
+        framework=None,
+    )
+    assert set(ok) == AgentConfig.ARGUMENTS  # every setting the agent takes, and no other
+    assert AgentConfig.checked(**ok).local_root == str(tmp_path)
+    with pytest.raises(ValueError, match=names):
+        AgentConfig.checked(**{**ok, **bad})
