@@ -51,6 +51,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--replicas", type=int, default=1, help="node scope: peer nodes holding a copy of each node's files")
     p.add_argument("--reshard", action="store_true", help="resume a checkpoint of more ranks (not bit-exact)")
+    p.add_argument(
+        "--allow-fresh-start", action="store_true", help="train from step 0 when no checkpoint can be restored"
+    )
     p.add_argument("--width", type=int, default=64)
     p.add_argument("--samples", type=int, default=512)
     p.add_argument("--batch", type=int, default=16)
@@ -114,6 +117,7 @@ def main(argv: list[str] | None = None) -> int:
         local_scope=args.local_scope,
         replicas=args.replicas,
         reshard=args.reshard,
+        allow_fresh_start=args.allow_fresh_start,
         nats_url=args.nats_url,
         names=names,
         node=node,

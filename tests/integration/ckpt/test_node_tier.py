@@ -96,9 +96,10 @@ async def test_a_corrupt_replica_is_skipped_for_the_next_copy_with_the_reason(tm
 async def test_a_node_gone_for_good_resumes_on_fewer_ranks_only_when_asked(tmp_path):
     c = await checkpointed(tmp_path)
     shutil.rmtree(c.disk("n1"))
-    refused = await c.run(steps=41, nodes=["n0", "n2"])  # two nodes now: the 3-rank checkpoint is refused ...
+    refused = await c.run(steps=41, nodes=["n0", "n2"], fails=True)  # two nodes now: the 3-rank checkpoint ...
     assert "written by 3 ranks, this job has 2; reshard=True resumes on fewer ranks" in refused
-    assert "starting from step 0" in refused
+    assert "NoRestorableCheckpoint" in refused and "has 1 committed checkpoint(s) and none can be restored" in refused
+    assert "starting from step 0" not in refused and not c.final().exists()  # ... never a silent fresh start
     out = await c.run(steps=STEPS, nodes=["n0", "n2"], reshard=True)  # ... unless resharding is asked for
     assert "checkpoint written by 3 ranks, resharded to 2 (not a bit-exact resume" in out
     assert "restored step 40 from the node-local tier" in out

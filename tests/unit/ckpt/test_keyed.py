@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import logging
 
+import pytest
 import torch
 from torch import nn
 
-from powerguard.ckpt_agent import CheckpointAgent
+from powerguard.ckpt_agent import CheckpointAgent, NoRestorableCheckpoint
 
 
 def _agent(tmp_path, key_file=None) -> tuple[CheckpointAgent, nn.Module]:
@@ -36,7 +37,8 @@ def test_a_keyed_restore_loads_only_what_the_key_signed(tmp_path, caplog, monkey
     assert reader.restore() == 6
     reader.close()
     stranger, _ = _agent(tmp_path, other)
-    assert stranger.restore() == 0, "a checkpoint signed with another key, or none, must not load"
+    with pytest.raises(NoRestorableCheckpoint, match=r"2 committed checkpoint\(s\) and none can be restored"):
+        stranger.restore()  # a checkpoint signed with another key, or none, must not load: and never a silent step 0
     stranger.close()
     assert "does not match the site key" in caplog.text and "not signed with the site key" in caplog.text
     monkeypatch.setenv("POWERGUARD_CKPT_KEY_FILE", str(key))  # the environment names the key too

@@ -8,7 +8,7 @@ Flat public API::
 
 from ._acks import Saved
 from .agent import CheckpointAgent
-from .errors import CheckpointError, CommitError, CorruptCheckpoint, StepAgreementTimeout
+from .errors import CheckpointError, CommitError, CorruptCheckpoint, NoRestorableCheckpoint, StepAgreementTimeout
 from .verify import verify_checkpoint
 
 __all__ = [
@@ -16,6 +16,7 @@ __all__ = [
     "CheckpointError",
     "CommitError",
     "CorruptCheckpoint",
+    "NoRestorableCheckpoint",
     "Saved",
     "StepAgreementTimeout",
     "verify_checkpoint",

@@ -55,6 +55,10 @@ ARGUMENTS_DOC = """Keyword-only arguments:
     waits inside ``step()`` after the checkpoint until a release (power back) or until the
     job is stopped; see :meth:`CheckpointAgent.step`.
   pause_poll_s: how often paused ranks check, together, whether they may train on.
+  allow_fresh_start: when committed checkpoints of the job exist but none can be restored
+    (written by another world size without ``reshard``, corrupt, signed with another key),
+    ``restore()`` raises :class:`NoRestorableCheckpoint` naming the newest and why (default);
+    True trains from step 0 over them.
   checksum_key_file: the site's checkpoint key (default: env ``POWERGUARD_CKPT_KEY_FILE``):
     keyed digests on save; a restore trusts only what it signed.
   framework: ``"lightning"`` or ``"hf"``: the framework writes the checkpoints (its callback in
@@ -91,6 +95,7 @@ class AgentConfig:
             "replicas",
             "reshard",
             "framework",
+            "allow_fresh_start",
         }
     )
 
@@ -113,6 +118,7 @@ class AgentConfig:
     pipelined: bool
     framework: str | None
     key: bytes | None
+    allow_fresh_start: bool = False
 
     @classmethod
     def checked(

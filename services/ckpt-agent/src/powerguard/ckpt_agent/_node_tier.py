@@ -240,12 +240,13 @@ class NodeTier:
         self._replicator.start()
 
     # ------------------------------------------------------------------ restore
-    def restore(self) -> Restored | None:
+    def restore(self) -> tuple[Restored | None, list[str]]:
         """The newest step every file of which is verified on some node: each node gets what its
         ranks need and it lacks from a node that has it, then DCP loads from the local directory.
-        None: no such step."""
+        (None, the committed steps refused with why) when there is no such step."""
         mine = [s for s, _ in L.list_steps(self.fs, self.root, self.job)] if self.leader else []
         steps = sorted({s for got in self.ranks.gather(mine) for s in got}, reverse=True)
+        refused: list[str] = []
         for step in steps:
             directory = L.step_dir(self.root, self.job, step)
             try:
@@ -254,14 +255,17 @@ class NodeTier:
                 reason, fetched = str(exc), ""
             if reason:
                 log.warning("rank %d: skipping node-local checkpoint %s: %s", self.rank, directory, reason)
+                if "no node has its COMMIT" not in reason:  # some node committed it
+                    refused.append(f"{directory}: {reason}")
                 continue
             loaded, seconds = load(self.state, SafeFileSystemReader(directory), self.ranks)
             source = f"peer ({fetched})" if fetched else "local"
             log.info(
                 "rank %d: restored step %d from the node-local tier, %s (%s)", self.rank, loaded, source, directory
             )
-            return Restored(loaded, "peer" if fetched else "local", commit_saga(self.fs, directory, self.rank), seconds)
-        return None
+            saga = commit_saga(self.fs, directory, self.rank)
+            return Restored(loaded, "peer" if fetched else "local", saga, seconds), refused
+        return None, refused
 
     def _reference_commit(self, directory: str) -> tuple[dict | None, bytes | None, str]:
         """The checkpoint's COMMIT as some node holds it (authenticated with the site key)."""

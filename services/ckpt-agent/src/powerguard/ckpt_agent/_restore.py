@@ -20,7 +20,7 @@ from . import _spans
 from ._metadata import SafeFileSystemReader, SafeFsspecReader, check_metadata
 from ._ranks import Ranks
 from ._state import TrainingState
-from .errors import CheckpointError, CorruptCheckpoint
+from .errors import CheckpointError, CorruptCheckpoint, NoRestorableCheckpoint
 
 log = logging.getLogger("powerguard.ckpt_agent")
 
@@ -36,7 +36,9 @@ class Restored:
 
 
 class NodeRestore(Protocol):
-    def restore(self) -> Restored | None: ...
+    def restore(self) -> tuple[Restored | None, list[str]]:
+        """What it restored, or None and the committed checkpoints it refused ("dir: why")."""
+        ...
 
 
 def check_world(commit: dict, *, world_size: int, reshard: bool, rank: int) -> None:
@@ -70,6 +72,13 @@ def load(state: TrainingState, reader: Any, ranks: Ranks) -> tuple[int, float]:
     return state.apply(sd), time.perf_counter() - t0
 
 
+def _committed(fs: Any, directory: str) -> bool:
+    try:
+        return bool(fs.exists(f"{directory}/{L.COMMIT}"))
+    except OSError:
+        return False
+
+
 def commit_saga(fs: Any, path: str, rank: int) -> str | None:
     """The saga a committed checkpoint answered (rank 0 reads it; a vanished file loses only that)."""
     if rank != 0:
@@ -93,9 +102,12 @@ class Restorer:
         key: bytes | None,
         reshard: bool,
         nodes: NodeRestore | None = None,
+        allow_fresh_start: bool = False,
     ) -> None:
         self.ranks, self.state, self.job, self.root, self.fs = ranks, state, job, root, fs
         self.remote_url, self.key, self.reshard, self.nodes = remote_url, key, reshard, nodes
+        self.allow_fresh_start = allow_fresh_start
+        self.refused: list[str] = []  # the last restore's committed checkpoints it could not restore
 
     def restore(self) -> Restored | None:
         """Every rank: the newest valid checkpoint, loaded; None when there is none. Every
@@ -108,6 +120,8 @@ class Restorer:
         try:
             got = self._restore()
             span.set_attribute("powerguard.step", got.step if got else -1)
+            if self.ranks.rank == 0:  # one line at every start, shown by default (a warning: stderr)
+                log.warning("%s", self.said(got))
             return got
         except BaseException as exc:
             _spans.failed(span, exc)
@@ -115,19 +129,35 @@ class Restorer:
         finally:
             span.end()
 
+    def said(self, got: Restored | None) -> str:
+        """The line every start prints: where the job resumed, or that it starts fresh and why."""
+        if got is not None:
+            saga = f", saga {got.saga_id}" if got.saga_id else ""
+            return f"powerguard: job {self.job} resumed at step {got.step} from the {got.tier} tier{saga}"
+        if self.refused:
+            return (
+                f"powerguard: job {self.job}: fresh start at step 0 (allow_fresh_start) over "
+                f"{len(self.refused)} committed checkpoint(s) that cannot be restored; the newest: {self.refused[0]}"
+            )
+        where = [f"{self.root}/{self.job}", *([f"{self.remote_url}/{self.job}"] if self.remote_url else [])]
+        return f"powerguard: job {self.job}: fresh start at step 0: no checkpoint in {' or '.join(where)}"
+
     def _restore(self) -> Restored | None:
         rank = self.ranks.rank
         candidates = self.ranks.gather(self._candidates() if rank == 0 else None)[0]
+        refused: list[str] = []  # committed checkpoints that could not be restored, newest first
         if self.nodes is not None:  # every node's own disk (and its peers') first, then the remote tier
-            got = self.nodes.restore()
+            got, refused = self.nodes.restore()
             if got is not None:
                 return got
             candidates = [c for c in candidates if c[0] == "remote"]
-        for tier, url, _step in candidates:
+        for tier, url, _step, committed in candidates:
             fs, path = L.fs_for(url)
             reason = self._verify(fs, path)
             if reason:
                 log.warning("rank %d: skipping %s checkpoint %s: %s", rank, tier, url, reason)
+                if committed:
+                    refused.append(f"{url}: {reason}")
                 continue
             reader = SafeFileSystemReader(path) if L.is_local(fs) else SafeFsspecReader(url)
             loaded, seconds = load(self.state, reader, self.ranks)
@@ -139,16 +169,24 @@ class Restorer:
                     "read ran code (.metadata and state read without unpickling arbitrary objects)"
                 )
             return Restored(loaded, tier, commit_saga(fs, path, rank), seconds)
+        self.refused = refused
+        if refused and not self.allow_fresh_start:
+            raise NoRestorableCheckpoint(
+                f"rank {rank}: job {self.job} has {len(refused)} committed checkpoint(s) and none can be "
+                f"restored; the newest: {refused[0]}. Training from step 0 would lose them: fix the cause "
+                "(reshard=True resumes one written by more ranks), or pass allow_fresh_start=True"
+            )
         log.info("rank %d: no valid checkpoint for job %s; starting from step 0", rank, self.job)
         return None
 
-    def _candidates(self) -> list[tuple[str, str, int]]:
-        out = [("local", d, s) for s, d in L.list_steps(self.fs, self.root, self.job)]
+    def _candidates(self) -> list[tuple[str, str, int, bool]]:
+        """(tier, url, step, committed: it has a COMMIT) of every step directory, newest first per tier."""
+        out = [("local", d, s, _committed(self.fs, d)) for s, d in L.list_steps(self.fs, self.root, self.job)]
         if self.remote_url:
             rfs, rpath = L.fs_for(self.remote_url)
             proto = rfs.protocol if isinstance(rfs.protocol, str) else rfs.protocol[0]
             for s, d in L.list_steps(rfs, rpath, self.job):
-                out.append(("remote", d if "://" in d else f"{proto}://{d}", s))
+                out.append(("remote", d if "://" in d else f"{proto}://{d}", s, _committed(rfs, d)))
         return out
 
     def _verify(self, fs, path: str) -> str | None:

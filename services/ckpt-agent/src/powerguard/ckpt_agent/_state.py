@@ -32,8 +32,9 @@ class TrainingState:
         rank: int,
     ) -> None:
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
-        self.extra_state = dict(extra_state or {})
-        self.rank_state = dict(rank_state or {})
+        # the caller's own dicts, live: what they hold at a save is saved, a restore writes into them
+        self.extra_state = extra_state if extra_state is not None else {}
+        self.rank_state = rank_state if rank_state is not None else {}
         self.rank = rank
 
     def state_dict(self, step: int) -> dict[str, Any]:

@@ -127,6 +127,7 @@ def wire(cfg: AgentConfig, training: TrainingParts, *, node: str | None, bus: Bu
         key=cfg.key,
         reshard=cfg.reshard,
         nodes=nodes,
+        allow_fresh_start=cfg.allow_fresh_start,
     )
     thread, http = (
         connect(cfg, bus, node=node, rank=ranks.rank, world_size=ranks.world_size) if bus.url else (None, None)

@@ -78,6 +78,7 @@ class CheckpointAgent:
         pipelined_agreement: bool = True,
         agree_every_s: float = 0.5,
         framework: str | None = None,
+        allow_fresh_start: bool = False,
     ) -> None:
         settings = {k: v for k, v in locals().items() if k in AgentConfig.ARGUMENTS}
         cfg = self.config = AgentConfig.checked(**settings)

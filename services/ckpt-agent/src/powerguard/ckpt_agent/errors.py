@@ -19,3 +19,10 @@ class CorruptCheckpoint(CheckpointError):
 
 class StepAgreementTimeout(CheckpointError):
     """Not every rank reached the step boundary in time (a rank is hung or gone)."""
+
+
+class NoRestorableCheckpoint(CheckpointError):
+    """Committed checkpoints exist but none can be restored (another world size without
+    ``reshard``, every one corrupt, signed with another key): training from step 0 over them
+    would silently lose the job's training, so ``restore()`` raises unless
+    ``allow_fresh_start=True``."""
