@@ -107,8 +107,16 @@ def test_settings_are_checked_once_and_name_what_is_wrong(tmp_path, bad, names):
         replicas=1,
         reshard=False,
         framework=None,
+        allow_fresh_start=False,
     )
     assert set(ok) == AgentConfig.ARGUMENTS  # every setting the agent takes, and no other
     assert AgentConfig.checked(**ok).local_root == str(tmp_path)
     with pytest.raises(ValueError, match=names):
         AgentConfig.checked(**{**ok, **bad})
+
+
+def test_the_http_trigger_without_a_bus_refuses_to_start_naming_why(tmp_path):
+    from powerguard.ckpt_agent import CheckpointAgent
+
+    with pytest.raises(ValueError, match="http_port needs nats_url"):
+        CheckpointAgent(job="j", model=torch.nn.Linear(2, 2), local_dir=tmp_path, http_port=8080)

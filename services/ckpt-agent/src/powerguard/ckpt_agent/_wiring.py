@@ -69,6 +69,11 @@ class Parts:
 
 
 def wire(cfg: AgentConfig, training: TrainingParts, *, node: str | None, bus: BusOptions) -> Parts:
+    if bus.http_port is not None and not bus.url:  # the trigger publishes a request on the bus
+        raise ValueError(
+            "http_port needs nats_url: POST /api/v1/trigger_checkpoint asks the coordinator's bus for a "
+            "checkpoint (without a bus, call guard.save(step) from the training loop instead)"
+        )
     node = node or socket.gethostname().split(".")[0]
     ranks = Ranks(replication=cfg.local_scope == "node")
     t = training
