@@ -1,4 +1,4 @@
-"""A small, deterministic DDP training job with the ckpt-agent: the simulated site's workload,
+"""A small, deterministic DDP (or FSDP2) training job with the ckpt-agent: the simulated site's workload,
 and what the tests and benchmarks launch with ``torchrun``.
 
     torchrun --standalone --nproc-per-node 2 -m powerguard.sim.train --job demo --steps 200 \\
@@ -52,6 +52,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--replicas", type=int, default=1, help="node scope: peer nodes holding a copy of each node's files")
     p.add_argument("--reshard", action="store_true", help="resume a checkpoint of more ranks (not bit-exact)")
     p.add_argument(
+        "--shard", choices=["ddp", "fsdp"], default="ddp", help="ddp: replicated model; fsdp: FSDP2 (sharded)"
+    )
+    p.add_argument(
         "--allow-fresh-start", action="store_true", help="train from step 0 when no checkpoint can be restored"
     )
     p.add_argument("--width", type=int, default=64)
@@ -93,11 +96,21 @@ def main(argv: list[str] | None = None) -> int:
         dist.init_process_group("gloo")
     rank = dist.get_rank()
     data, model = build(args.seed, args.width, args.samples)
-    ddp = DDP(model)
-    # sum gradients in rank order: the result then does not depend on DDP's bucket layout, which it
-    # rebuilds after its first iteration - a restarted run does that at another step, and with more
-    # than two ranks a ring all-reduce adds in a layout-dependent order (resume would be off by 1e-8)
-    ddp.register_comm_hook(None, ordered_allreduce)
+    if args.shard == "fsdp":  # FSDP2: every parameter a DTensor sharded over the ranks (gloo on CPU)
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
+        mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+        for layer in model:
+            if isinstance(layer, nn.Linear):
+                fully_shard(layer, mesh=mesh)
+        ddp = fully_shard(model, mesh=mesh)
+    else:
+        ddp = DDP(model)
+        # sum gradients in rank order: the result then does not depend on DDP's bucket layout, which it
+        # rebuilds after its first iteration - a restarted run does that at another step, and with more
+        # than two ranks a ring all-reduce adds in a layout-dependent order (resume would be off by 1e-8)
+        ddp.register_comm_hook(None, ordered_allreduce)
     opt = torch.optim.AdamW(ddp.parameters(), lr=1e-2)
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=25, gamma=0.5)
     sampler = DistributedSampler(data, shuffle=True, seed=args.seed)
@@ -154,7 +167,13 @@ def main(argv: list[str] | None = None) -> int:
                 if args.step_sleep:
                     time.sleep(args.step_sleep)
                 step += 1
-        if args.out and rank == 0:
+        if args.out and args.shard == "fsdp":  # the whole model on rank 0: every rank gathers its shards
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+            full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+            if rank == 0:
+                torch.save({k: v.detach().clone() for k, v in full.items()}, args.out)
+        elif args.out and rank == 0:
             torch.save({k: v.detach().clone() for k, v in model.state_dict().items()}, args.out)
     finally:
         guard.close()

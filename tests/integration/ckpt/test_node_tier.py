@@ -104,3 +104,29 @@ async def test_a_node_gone_for_good_resumes_on_fewer_ranks_only_when_asked(tmp_p
     assert "checkpoint written by 3 ranks, resharded to 2 (not a bit-exact resume" in out
     assert "restored step 40 from the node-local tier" in out
     assert c.final().exists()  # trained on to the end with two ranks
+
+
+@pytest.fixture(scope="module")
+def fsdp_reference(tmp_path_factory):
+    """An FSDP2 job (every parameter sharded over the three nodes' ranks) uninterrupted."""
+    require_namespaces()
+    import asyncio
+
+    c = Cluster(tmp_path_factory.mktemp("fsdp-reference"), "jfsdp", NODES)
+    asyncio.run(c.run(steps=STEPS, shard="fsdp"))
+    return c.final()
+
+
+async def test_fsdp2_a_wiped_node_restores_its_shards_from_a_peer_replica_bit_exact(tmp_path, fsdp_reference):
+    """Each node holds shards nobody else has: only the replica on its peer (replicas=1) can bring
+    a wiped node's back."""
+    c = Cluster(tmp_path, "jfsdp", NODES)
+    out = await c.run(steps=60, save_at=40, shard="fsdp")
+    assert "replicated to 1 peer node(s)" in out, out[-3000:]
+    own = {n: {p.name for p in (c.disk(n) / "jfsdp" / "step-40").glob("*.distcp")} for n in NODES}
+    assert own["n1"] >= {"__1_0.distcp"} and "__1_0.distcp" in own["n2"]  # n1's shards, and their replica on n2
+    shutil.rmtree(c.disk("n1"))
+    out = await c.run(steps=STEPS, shard="fsdp")
+    assert "restored step 40 from the node-local tier, peer" in out, out[-3000:]
+    assert "from node n2" in out or "from node n0" in out  # the shards came from a peer's copy
+    assert equal_params(c.final(), fsdp_reference)
