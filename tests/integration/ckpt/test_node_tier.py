@@ -5,6 +5,7 @@ node is replaced, and past a corrupt replica."""
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 
 import pytest
@@ -130,3 +131,32 @@ async def test_fsdp2_a_wiped_node_restores_its_shards_from_a_peer_replica_bit_ex
     assert "restored step 40 from the node-local tier, peer" in out, out[-3000:]
     assert "from node n2" in out or "from node n0" in out  # the shards came from a peer's copy
     assert equal_params(c.final(), fsdp_reference)
+
+
+async def test_fsdp2_acks_are_raised_to_replicated_when_each_nodes_shards_reach_a_peer(tmp_path, bus, nats_server):
+    """Sharded: at the commit every shard is on its own node only (``local``); once a node's
+    shards are on its peer, that node's ranks answer again with ``replicated:1`` (what a site's
+    ``require_durability: replicated`` waits for)."""
+    from powerguard.schemas import AgentRegistered, CheckpointDurable, CheckpointFailed
+
+    from .test_agent import answers, request
+
+    c = Cluster(tmp_path, "jrep", NODES)
+    n = bus.names
+    bus_args = {"nats_url": nats_server.url, "prefix": n.prefix, "stream": n.stream, "agents_bucket": n.agents}
+    async with (
+        bus.subscribe(AgentRegistered, deliver="all") as joined,
+        bus.subscribe(CheckpointDurable, CheckpointFailed, deliver="all") as acks,
+    ):
+        run = asyncio.create_task(c.run(steps=300, shard="fsdp", step_sleep=0.05, **bus_args))
+        ranks: set[int] = set()
+        while ranks != {0, 1, 2}:
+            ev = await asyncio.wait_for(joined.__anext__(), 120)
+            ranks |= {ev.data.rank} if ev.data.job == "jrep" else set()
+        await request(bus, "jrep")
+        got = await answers(acks, 6, timeout=120)
+        await asyncio.wait_for(run, 300)
+    assert all(isinstance(a, CheckpointDurable) for a in got), [a.data for a in got]
+    levels = {r: [a.data.durability for a in got if a.data.rank == r] for r in range(3)}
+    assert levels == {r: ["local", "replicated:1"] for r in range(3)}, levels  # first local, then raised
+    assert len({a.data.step for a in got}) == 1 and {a.data.request_id for a in got} == {"req-1"}

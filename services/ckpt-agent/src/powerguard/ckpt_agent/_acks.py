@@ -51,7 +51,9 @@ class Acks:
         self.bus, self.job, self.rank, self.world_size = bus, job, rank, world_size
         self.local_root, self.fs = local_root, fs
         self._remote_waiting: dict[int, list[CheckpointRequestData]] = {}  # step -> requests to ack "remote"
-        self._lock = threading.Lock()  # the copier's thread pops what the training thread put
+        self._replica_waiting: dict[int, list[CheckpointRequestData]] = {}  # step -> requests to raise
+        self._replicated: dict[int, tuple[list[tuple[int, str, int]], str, str]] = {}  # copies landed first
+        self._lock = threading.Lock()  # the copier's and replicator's threads pop what the training thread put
 
     def _fields(self, r: CheckpointRequestData) -> dict[str, Any]:
         """What every ack of this rank to request ``r`` carries."""
@@ -107,6 +109,57 @@ class Acks:
         with self._lock:
             self._remote_waiting.pop(step, None)
 
+    def expect_replicated(self, step: int, requests: list[CheckpointRequestData]) -> None:
+        """``requests`` were answered with ``step``: when the node tier's copies land (maybe
+        already), each of this node's ranks answers them again with the raised durability."""
+        if self.bus is None:
+            return
+        with self._lock:
+            done = self._replicated.pop(step, None)
+            if done is None:
+                self._replica_waiting[step] = list(requests)
+                _trim(self._replica_waiting)
+        if done is not None:
+            self._publish_replicated(requests, step, *done)
+
+    def replicated(self, step: int, ranks: list[tuple[int, str, int]], level: str, path: str) -> None:
+        """This node's ranks' files of ``step`` are on the peers: ``level`` (``replicated:k``).
+        Runs on the replication thread, before or after the requests' first acks were sent."""
+        with self._lock:
+            requests = self._replica_waiting.pop(step, None)
+            if requests is None:  # the replication ended before the first acks went out
+                self._replicated[step] = (ranks, level, path)
+                _trim(self._replicated)
+                return
+        self._publish_replicated(requests, step, ranks, level, path)
+
+    def _publish_replicated(self, requests, step: int, ranks: list[tuple[int, str, int]], level: str, path: str):
+        if self.bus is None:
+            return
+        for r in requests:
+            for rank, digest, nbytes in ranks:
+                self.bus.publish_nowait(
+                    CheckpointDurable(
+                        source=self.bus.source,
+                        data=CheckpointDurableData(
+                            **{**self._fields(r), "rank": rank},
+                            step=step,
+                            tier="local",
+                            path=path,
+                            bytes=nbytes,
+                            digest=digest,
+                            durability=level,
+                        ),
+                    )
+                )
+        log.info(
+            "rank %d: step %d on the peers: acks of rank(s) %s raised to %s",
+            self.rank,
+            step,
+            [r for r, *_ in ranks],
+            level,
+        )
+
     def remote_copied(self, step: int, url: str) -> None:
         """The requests answered with ``step`` are now on the remote tier too: a second ack per
         rank (rank 0 speaks for all: the copy holds every rank's files) raises their durability
@@ -142,3 +195,9 @@ class Acks:
                     )
                 )
         log.info("step %d on the remote tier: acks raised to durability remote", step)
+
+
+def _trim(pending: dict, keep: int = 16) -> None:
+    """Only the newest steps wait (a replication or a request that never comes is forgotten)."""
+    for step in sorted(pending)[:-keep]:
+        del pending[step]

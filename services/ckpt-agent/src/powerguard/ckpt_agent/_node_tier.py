@@ -9,6 +9,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
@@ -45,10 +46,14 @@ class NodeTier:
         replicas: int,
         reshard: bool,
         retainer: Retainer,
+        on_replicated: Callable[[int, list[tuple[int, str, int]], str, str], None] | None = None,
     ) -> None:
         self.ranks, self.fs, self.state, self._topo, self.node = ranks, fs, state, topo, node
         self.job, self.root, self.key, self.replicas, self.reshard = job, root, key, replicas, reshard
         self.retainer = retainer
+        # (step, [(rank, manifest digest, bytes) of this node's ranks], level, directory) once this
+        # node's files are on its peers and that raises their durability (the acks say so again)
+        self.on_replicated = on_replicated
         self.rank = ranks.rank
         self._needed: dict[str, set[str]] = {}  # what each node keeps for itself (last commit)
         self._replicator: threading.Thread | None = None
@@ -117,7 +122,7 @@ class NodeTier:
         durability = self._commit_on_every_node(directory, step, written, extra)
         if durability is None:
             raise CommitError(f"not every node could write COMMIT in {directory}")
-        self._replicate_in_background(directory, written)
+        self._replicate_in_background(directory, step, written, durability)
         return durability
 
     def _commit_on_every_node(
@@ -192,7 +197,7 @@ class NodeTier:
         return out
 
     # ------------------------------------------------------------------ replication
-    def _replicate_in_background(self, directory: str, results: list[Written]) -> None:
+    def _replicate_in_background(self, directory: str, step: int, results: list[Written], committed: str) -> None:
         """Send this node's own ranks' data files to the ``replicas`` nodes after it (those they
         do not hold already) and take those of the nodes before it; leaders only, on their own
         gloo group, one checkpoint after another. The local commit does not wait for it."""
@@ -235,6 +240,11 @@ class NodeTier:
                 k = min(self.replicas, len(ring) - 1)
                 took = time.perf_counter() - t0
                 log.info("rank %d: %s replicated to %d peer node(s) in %.2fs", self.rank, directory, k, took)
+                if self.on_replicated is not None and _copies(committed) < k:  # the commit said less
+                    mine = [w for w in results if self._topo.nodes[w.rank] == self.node]
+                    sizes = {w.rank: sum(int(f["size"]) for f in manifests[w.rank].values()) for w in mine}
+                    done = [(w.rank, w.digest, sizes[w.rank]) for w in mine]
+                    self.on_replicated(step, done, f"replicated:{k}", directory)
 
         self._replicator = threading.Thread(target=run, name="pg-ckpt-replicate", daemon=True)
         self._replicator.start()
@@ -342,6 +352,12 @@ class NodeTier:
         except OSError as exc:
             problems.append(f"node {self.node}: {exc}")
         return problems
+
+
+def _copies(durability: str) -> int:
+    """Peer copies a durability level says: ``local`` 0, ``replicated:k`` k."""
+    head, _, k = durability.partition(":")
+    return int(k) if head == "replicated" and k.isdigit() else 0
 
 
 def _small_mismatch(commit: dict[str, Any], name: str, body: bytes, key: bytes | None) -> str | None:

@@ -1,7 +1,8 @@
 """The checkpoint that answers power requests: one durable save of the agreed step for every
 request the ranks gathered, acked ``durable`` (or ``failed`` with the reason) inside the
 checkpoint's span; with a remote tier, a copy started if the requests' deadline allows it
-(its acks raised to ``remote`` once copied). Returns what was saved."""
+(its acks raised to ``remote`` once copied); on the node-local tier the acks are raised to
+``replicated:k`` once each node's files are on its peers. Returns what was saved."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ def power_checkpoint(got: Agreed, step: int, *, saver: Saver, acks: Acks, remote
         info.agree_s = got.agree_s
         got.span.set_attribute("powerguard.bytes", info.bytes)
         acks.durable(got.requests, step, info, ctx=_spans.inside(got.span))
+        acks.expect_replicated(step, got.requests)  # raised to replicated:k when the node tier's copies land
     finally:
         got.span.end()
     if remote is not None:

@@ -88,6 +88,10 @@ def wire(cfg: AgentConfig, training: TrainingParts, *, node: str | None, bus: Bu
     fs, _ = L.fs_for(cfg.local_root)
     retainer = Retainer(fs, cfg.local_root, cfg.job, cfg.keep)
     topo = Topology(tuple(ranks.gather(node)))  # which node each rank is on
+    thread, http = (
+        connect(cfg, bus, node=node, rank=ranks.rank, world_size=ranks.world_size) if bus.url else (None, None)
+    )
+    acks = Acks(thread, job=cfg.job, rank=ranks.rank, world_size=ranks.world_size, local_root=cfg.local_root, fs=fs)
     nodes = None
     if cfg.local_scope == "node":
         nodes = NodeTier(
@@ -102,6 +106,7 @@ def wire(cfg: AgentConfig, training: TrainingParts, *, node: str | None, bus: Bu
             replicas=cfg.replicas,
             reshard=cfg.reshard,
             retainer=retainer,
+            on_replicated=acks.replicated,
         )
     saver = Saver(
         ranks,
@@ -134,10 +139,6 @@ def wire(cfg: AgentConfig, training: TrainingParts, *, node: str | None, bus: Bu
         nodes=nodes,
         allow_fresh_start=cfg.allow_fresh_start,
     )
-    thread, http = (
-        connect(cfg, bus, node=node, rank=ranks.rank, world_size=ranks.world_size) if bus.url else (None, None)
-    )
-    acks = Acks(thread, job=cfg.job, rank=ranks.rank, world_size=ranks.world_size, local_root=cfg.local_root, fs=fs)
     frameworks = FrameworkSaves(ranks, acks, framework=cfg.framework, key=cfg.key) if cfg.framework else None
     remote = None
     if cfg.remote_url and ranks.rank == 0:
