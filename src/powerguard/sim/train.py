@@ -1,4 +1,4 @@
-"""A small, deterministic DDP (or FSDP2) training job with the ckpt-agent: the simulated site's workload,
+"""A small, deterministic DDP (FSDP2, tensor-parallel) training job with the ckpt-agent: the simulated site's workload,
 and what the tests and benchmarks launch with ``torchrun``.
 
     torchrun --standalone --nproc-per-node 2 -m powerguard.sim.train --job demo --steps 200 \\
@@ -52,7 +52,10 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--replicas", type=int, default=1, help="node scope: peer nodes holding a copy of each node's files")
     p.add_argument("--reshard", action="store_true", help="resume a checkpoint of more ranks (not bit-exact)")
     p.add_argument(
-        "--shard", choices=["ddp", "fsdp"], default="ddp", help="ddp: replicated model; fsdp: FSDP2 (sharded)"
+        "--shard",
+        choices=["ddp", "fsdp", "tp"],
+        default="ddp",
+        help="ddp: replicated model; fsdp: FSDP2 (sharded); tp: tensor parallel (DTensor)",
     )
     p.add_argument(
         "--allow-fresh-start", action="store_true", help="train from step 0 when no checkpoint can be restored"
@@ -105,6 +108,12 @@ def main(argv: list[str] | None = None) -> int:
             if isinstance(layer, nn.Linear):
                 fully_shard(layer, mesh=mesh)
         ddp = fully_shard(model, mesh=mesh)
+    elif args.shard == "tp":  # tensor parallel: the first layer split by columns, the last by rows
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+        mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+        ddp = parallelize_module(model, mesh, {"0": ColwiseParallel(), "3": RowwiseParallel()})
     else:
         ddp = DDP(model)
         # sum gradients in rank order: the result then does not depend on DDP's bucket layout, which it
@@ -113,7 +122,10 @@ def main(argv: list[str] | None = None) -> int:
         ddp.register_comm_hook(None, ordered_allreduce)
     opt = torch.optim.AdamW(ddp.parameters(), lr=1e-2)
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=25, gamma=0.5)
-    sampler = DistributedSampler(data, shuffle=True, seed=args.seed)
+    # tensor parallel: every rank of the mesh computes on the same batch (a replicated parameter,
+    # such as the last layer's bias, would drift apart between ranks on different data)
+    same = {"num_replicas": 1, "rank": 0} if args.shard == "tp" else {}
+    sampler = DistributedSampler(data, shuffle=True, seed=args.seed, **same)
     # its own generator: creating an iterator must not draw from the global RNG (dropout uses that)
     loader = DataLoader(
         data, batch_size=args.batch, sampler=sampler, generator=torch.Generator().manual_seed(args.seed)
@@ -167,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
                 if args.step_sleep:
                     time.sleep(args.step_sleep)
                 step += 1
-        if args.out and args.shard == "fsdp":  # the whole model on rank 0: every rank gathers its shards
+        if args.out and args.shard != "ddp":  # the whole model on rank 0: every rank gathers its shards
             from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
             full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
