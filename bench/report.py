@@ -500,8 +500,11 @@ Notes:
   earlier run with 30 random phases from one fixed seed reported 650 ms: a sampling artifact.
   dummy-ups applies a `SET VAR` on its own 2 s cycle, phase-locked with the 1 s poll, so the NUT
   figure (from when upsd first reports the change) is not a uniform sample.
-* Step overhead is one gloo all-reduce of 4 int64 per step; use `sync_every_n_steps` for steps
-  shorter than ~50 ms.
+* The per-step cost, two measures: what `guard.step()` blocks the training thread with nothing
+  due (`bench/step_boundary.py`: a counter between agreements, the pipelined agreement's
+  result read at one; the figure the docs quote), and the whole step with and without the
+  agent (`bench/checkpoint.py`, "agent overhead per training step": also the agent's threads
+  competing for this 2-core box's CPU).
 
 * Drill: the simulated site waits `restore_stable_s` 2 s, boots each node in 1 s and staggers
   outlets by 1 s; the job's own start-up (torchrun + `import torch`, 4 ranks on 2 cores) dominates
