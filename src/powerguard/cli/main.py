@@ -35,6 +35,10 @@ app.add_typer(power_app, name="power")
 app.add_typer(creds_app, name="creds")
 app.command("bootstrap")(bootstrap)
 
+from .resume_check import check_resume  # noqa: E402
+
+app.command("check-resume")(check_resume)
+
 err = Console(stderr=True)
 DEFAULT_URL = os.environ.get("NATS_URL", "nats://127.0.0.1:4222")
 

@@ -4,12 +4,13 @@ raised before any process group or thread exists."""
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 from powerguard.schemas import HOLD_POLICIES, HoldPolicy
 
 from . import _layout as L
+from ._check import CheckMode
 
 FRAMEWORKS = ("lightning", "hf")
 
@@ -119,6 +120,7 @@ class AgentConfig:
     framework: str | None
     key: bytes | None
     allow_fresh_start: bool = False
+    check: CheckMode = field(default_factory=CheckMode)  # powerguard check-resume's mode (the environment)
 
     @classmethod
     def checked(
@@ -150,10 +152,14 @@ class AgentConfig:
             raise ValueError("agree_every_s must be at least 0")
         if kw["hold_policy"] is not None and kw["hold_policy"] not in HOLD_POLICIES:
             raise ValueError(f"hold_policy must be one of {', '.join(HOLD_POLICIES)}, not {kw['hold_policy']!r}")
+        check = CheckMode.from_env()
+        if check.on:  # under `powerguard check-resume`: its own directory, no remote tier
+            local_dir, kw["remote_url"] = check.directory, None
         key_file = checksum_key_file or os.environ.get("POWERGUARD_CKPT_KEY_FILE")
         return cls(
             local_root=os.path.abspath(os.fspath(local_dir)),
             key=L.load_key(key_file) if key_file else None,
             pipelined=pipelined_agreement,
+            check=check,
             **kw,
         )

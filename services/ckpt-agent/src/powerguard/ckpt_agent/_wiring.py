@@ -69,6 +69,8 @@ class Parts:
 
 
 def wire(cfg: AgentConfig, training: TrainingParts, *, node: str | None, bus: BusOptions) -> Parts:
+    if cfg.check.on:  # a resume check runs without a coordinator: no bus, no trigger
+        bus = BusOptions(None, None, None, bus.heartbeat_s, None)
     if bus.http_port is not None and not bus.url:  # the trigger publishes a request on the bus
         raise ValueError(
             "http_port needs nats_url: POST /api/v1/trigger_checkpoint asks the coordinator's bus for a "

@@ -1,12 +1,7 @@
 """``CheckpointAgent``: consistent, durable, two-tier checkpoints inside every training rank.
 
-guard = CheckpointAgent(job="llama-7b", model=model, optimizer=opt, scheduler=sched,
-                        local_dir="/nvme/ckpt", remote_url="file:///nas/ckpt", nats_url=...)
-start = guard.restore()              # newest valid committed checkpoint (local, then remote)
-for step in range(start, total_steps):
-    train_step(...)
-    guard.step(step)                 # power-event and periodic checkpoints
-guard.close()
+guard = CheckpointAgent(job="llama-7b", model=model, optimizer=opt, local_dir="/nvme/ckpt", nats_url=...)
+start = guard.restore()  # newest valid committed checkpoint; then guard.step(step) after each step
 
 A front class: settings checked once (``_config``), collaborators wired (``_wiring``) that
 own their state, return values and hold no reference to the agent; the agent alone writes
@@ -147,6 +142,9 @@ class CheckpointAgent:
             self._bus.step = step
             if not self.progress.resumed_reported:
                 self.report_resumed()
+        if step == self.config.check.stop_at:  # under `powerguard check-resume`: the checkpoint, then the stop
+            self.save(step)
+            raise SystemExit(0)
         if not self.agreement.boundary(time.monotonic()):
             return
         try:
@@ -290,11 +288,9 @@ class CheckpointAgent:
         self, directory: str | os.PathLike, error: BaseException | None = None, *, retain: bool = False
     ) -> Saved | None:
         """Every rank, after the framework wrote the due checkpoint into ``directory`` (or failed
-        to: ``error``): commit it, ack every request it serves (``ckpt.failed`` with the reason on
-        any rank's failure), then pause if a request says so. ``retain``: the checkpoints live in
-        the agent's own layout (``<local_root>/<job>/step-N``), so rank 0 prunes them to ``keep``
-        in the background once this one is committed. Never raises a checkpoint failure into the
-        framework's loop; returns what was saved, or None."""
+        to: ``error``): commit it, ack its requests (``ckpt.failed`` with any rank's reason), then
+        pause if a request says so. ``retain``: rank 0 prunes the agent's own layout to ``keep``.
+        Never raises a checkpoint failure into the framework's loop; returns what was saved, or None."""
         due = self.frameworks.take() if self.frameworks is not None else None
         if due is None:
             return None
@@ -324,6 +320,8 @@ class CheckpointAgent:
             log.info("rank %d: the last step agreement was left unfinished (a peer stopped first)", self.rank)
         try:
             self.wait()
+            if self.config.check.final and self.progress.step != self.last_committed_step:
+                self.save(self.progress.step)  # the run's last state, compared by `powerguard check-resume`
         finally:
             self.saver.close()
             if self._remote is not None:
