@@ -39,7 +39,6 @@ from .tracing import inject_headers, messaging_attributes, tracer
 log = logging.getLogger(__name__)
 
 
-
 def redact(url: str) -> str:
     """A URL fit for a log: ``nats://user:secret@host`` becomes ``nats://user:***@host``."""
     scheme, sep, rest = url.partition("://")

@@ -55,6 +55,7 @@ class Bus(Protocol):
 
     def _forget(self, consumer: object) -> None: ...
 
+
 _DELIVER = {
     "new": api.DeliverPolicy.NEW,
     "all": api.DeliverPolicy.ALL,
