@@ -134,31 +134,27 @@ class Acks:
         self._publish_replicated(requests, step, ranks, level, path)
 
     def _publish_replicated(self, requests, step: int, ranks: list[tuple[int, str, int]], level: str, path: str):
+        self._raise(requests, step, ranks, tier="local", path=path, level=level)
+        done = [r for r, *_ in ranks]
+        log.info("rank %d: step %d on the peers: acks of rank(s) %s raised to %s", self.rank, step, done, level)
+
+    def _raise(self, requests, step: int, ranks: list[tuple[int, str, int]], *, tier: str, path: str, level: str):
+        """A second ``ckpt.durable`` to each request for each of ``ranks`` (rank, manifest digest,
+        bytes): the same checkpoint, now at ``level``."""
         if self.bus is None:
             return
         for r in requests:
             for rank, digest, nbytes in ranks:
-                self.bus.publish_nowait(
-                    CheckpointDurable(
-                        source=self.bus.source,
-                        data=CheckpointDurableData(
-                            **{**self._fields(r), "rank": rank},
-                            step=step,
-                            tier="local",
-                            path=path,
-                            bytes=nbytes,
-                            digest=digest,
-                            durability=level,
-                        ),
-                    )
+                data = CheckpointDurableData(
+                    **{**self._fields(r), "rank": rank},
+                    step=step,
+                    tier=tier,
+                    path=path,
+                    bytes=nbytes,
+                    digest=digest,
+                    durability=level,
                 )
-        log.info(
-            "rank %d: step %d on the peers: acks of rank(s) %s raised to %s",
-            self.rank,
-            step,
-            [r for r, *_ in ranks],
-            level,
-        )
+                self.bus.publish_nowait(CheckpointDurable(source=self.bus.source, data=data))
 
     def remote_copied(self, step: int, url: str) -> None:
         """The requests answered with ``step`` are now on the remote tier too: a second ack per
@@ -178,22 +174,8 @@ class Acks:
         except (OSError, ValueError, KeyError, CheckpointError) as exc:
             log.warning("step %d reached %s but its acks could not be raised: %s", step, url, exc)
             return
-        for r in requests:
-            for rank, digest in sorted(commit["manifests"].items()):
-                self.bus.publish_nowait(
-                    CheckpointDurable(
-                        source=self.bus.source,
-                        data=CheckpointDurableData(
-                            **{**self._fields(r), "rank": int(rank)},
-                            step=step,
-                            tier="remote",
-                            path=url,
-                            bytes=sizes.get(int(rank), 0),
-                            digest=digest,
-                            durability="remote",
-                        ),
-                    )
-                )
+        ranks = [(int(rank), digest, sizes.get(int(rank), 0)) for rank, digest in sorted(commit["manifests"].items())]
+        self._raise(requests, step, ranks, tier="remote", path=url, level="remote")
         log.info("step %d on the remote tier: acks raised to durability remote", step)
 
 
