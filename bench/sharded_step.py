@@ -14,11 +14,12 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))  # its helpers, as when it runs as a script
+from _torchrun import parser, workers
 
 RESULTS = Path(__file__).parent / "results" / "sharded_step.json"
 SHARDS = ("ddp", "fsdp", "tp")
@@ -92,10 +93,8 @@ def worker(args: argparse.Namespace) -> None:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p = parser(__doc__)
     p.add_argument("--shard", choices=SHARDS, default="ddp", help=argparse.SUPPRESS)
-    p.add_argument("--dir", help=argparse.SUPPRESS)
     p.add_argument("--ranks", default="2,4", help="world sizes (default 2,4)")
     p.add_argument("--shards", default=",".join(SHARDS), help=f"which of {', '.join(SHARDS)} (default: all)")
     p.add_argument("--steps", type=int, default=1000)
@@ -108,27 +107,8 @@ def main() -> None:
     rows = []
     for n in (int(x) for x in args.ranks.split(",")):
         for shard in args.shards.split(","):
-            with tempfile.TemporaryDirectory(prefix="pg-bench-sharded-") as tmp:
-                out = Path(tmp) / "r.json"
-                subprocess.run(
-                    [
-                        str(Path(sys.executable).parent / "torchrun"),
-                        "--standalone",
-                        f"--nproc-per-node={n}",
-                        __file__,
-                        "--worker",
-                        f"--shard={shard}",
-                        f"--dir={tmp}/ckpt",
-                        f"--steps={args.steps}",
-                        f"--block={args.block}",
-                        f"--out={out}",
-                    ],
-                    check=True,
-                    env={**os.environ, "OMP_NUM_THREADS": "1"},
-                    stdout=subprocess.DEVNULL,
-                    stderr=subprocess.DEVNULL,
-                )
-                row = {"ranks": n, "shard": shard, **json.loads(out.read_text())}
+            got = workers(__file__, n, f"--shard={shard}", f"--steps={args.steps}", f"--block={args.block}")
+            row = {"ranks": n, "shard": shard, **got}
             print(
                 f"{n} ranks {shard:>4}: step {row['step_with_agent_ms']} ms with the agent, "
                 f"{row['step_without_agent_ms']} ms without (x{row['with_over_without']}); "
