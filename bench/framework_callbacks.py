@@ -14,11 +14,12 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))  # its helpers, as when it runs as a script
+from _torchrun import parser, workers
 
 RESULTS = Path(__file__).parent / "results" / "framework_callbacks.json"
 FRAMEWORKS = ("lightning", "hf")
@@ -167,35 +168,14 @@ def worker(args: argparse.Namespace) -> None:
 
 
 def run_one(framework: str, steps: int, with_callback: bool) -> dict:
-    with tempfile.TemporaryDirectory(prefix="pg-bench-fw-") as tmp:
-        out = Path(tmp) / "r.json"
-        subprocess.run(
-            [
-                str(Path(sys.executable).parent / "torchrun"),
-                "--standalone",
-                "--nproc-per-node=2",
-                __file__,
-                "--worker",
-                f"--framework={framework}",
-                f"--dir={tmp}/ckpt",
-                f"--steps={steps}",
-                f"--out={out}",
-                *(["--with-callback"] if with_callback else []),
-            ],
-            check=True,
-            env={**os.environ, "OMP_NUM_THREADS": "1"},
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        return json.loads(out.read_text())
+    args = [f"--framework={framework}", f"--steps={steps}", *(["--with-callback"] if with_callback else [])]
+    return workers(__file__, 2, *args)
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p = parser(__doc__)
     p.add_argument("--framework", choices=FRAMEWORKS, help=argparse.SUPPRESS)
     p.add_argument("--with-callback", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--dir", help=argparse.SUPPRESS)
     p.add_argument("--steps", type=int, default=400, help="training steps per run (default 400)")
     p.add_argument("--frameworks", default=",".join(FRAMEWORKS), help="which of lightning,hf (default both)")
     p.add_argument("--repeats", type=int, default=3, help="runs with and without the callback, alternated (medians)")
