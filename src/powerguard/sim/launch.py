@@ -48,6 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m powerguard.sim.launch", description=__doc__.split("\n\n")[0])
     p.add_argument("--node-state", type=Path, action="append", required=True, help="A node's BMC state file")
     p.add_argument("--poll-s", type=float, default=0.1)
+    p.add_argument("--done", type=Path, help="Write this file when the command exits 0 (the job finished)")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- then the job's command")
     args = p.parse_args(argv)
     cmd = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -72,6 +73,8 @@ def main(argv: list[str] | None = None) -> int:
             print("launch: a node lost power; the job died with it", file=sys.stderr)
             return 137
         time.sleep(args.poll_s)
+    if child.returncode == 0 and args.done is not None:
+        args.done.write_text("0\n")
     return child.returncode
 
 

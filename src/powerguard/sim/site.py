@@ -96,6 +96,9 @@ class SiteOptions:
     blackout: bool = False  # the UPS may be told to cut its output; broker store and checkpoints on power-cut disks
     ups_off_after_s: float = 3.0  # blackout: the site limit (down on battery this long: tell the UPS)
     ups_off_delay_s: float = 3.0  # blackout: the UPS's delay between the command and its output going off
+    job_command: list[str] = field(default_factory=list)  # `powerguard try`: the user's command instead of sim.train
+    # `powerguard try`: the job's environment (the agent's mode); "{nats_url}" in a value: the site's broker
+    job_env: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -116,7 +119,8 @@ class SimSite:
         self.argv: dict[str, list[str]] = {}
         self.agents: list = []
         self.progress = self.workdir / "progress.txt"
-        self.final = self.workdir / "final.pt"
+        # the job finished: sim.train's final parameters; a user's command (`try`): the launcher's mark of exit 0
+        self.final = self.workdir / ("job-done" if self.opts.job_command else "final.pt")
         self.site_file = self.workdir / "site.yaml"
         self.otlp_url = ""
         self.ckpt_dir = self.workdir / "ckpt"
@@ -470,7 +474,10 @@ class SimSite:
         for n in self.node_names:
             launch += ["--node-state", str(self.bmc_state[n])]
         local = self.ckpt_dir / "{node}" if o.local_scope == "node" and not o.framework else self.ckpt_dir
-        job_argv = [*launch, "--", *self._train_argv(out=self.final, local_dir=local, nats=True)]
+        if o.job_command:
+            job_argv = [*launch, "--done", str(self.final), "--", *o.job_command]
+        else:
+            job_argv = [*launch, "--", *self._train_argv(out=self.final, local_dir=local, nats=True)]
         cred = {"username": {"env": "PG_DEMO_BMC_USER"}, "password": {"env": "PG_DEMO_BMC_PASSWORD"}}
         ups = {
             "name": "ups-a",
@@ -542,7 +549,11 @@ class SimSite:
                             o.job: {
                                 "argv": job_argv,
                                 "log": str(self.workdir / "job.log"),
-                                "env": {k: v for k, v in self._env("ckpt-agent").items() if k.startswith("OTEL_")},
+                                **({"cwd": os.getcwd()} if o.job_command else {}),  # `try`: where the user ran it
+                                "env": {
+                                    **{k: v for k, v in self._env("ckpt-agent").items() if k.startswith("OTEL_")},
+                                    **{k: v.replace("{nats_url}", self.nats_url) for k, v in o.job_env.items()},
+                                },
                             }
                         },
                     },

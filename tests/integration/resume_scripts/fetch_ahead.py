@@ -8,6 +8,7 @@ import torch
 from powerguard.ckpt_agent import CheckpointAgent
 
 fixed = "--fixed" in sys.argv
+steps = int(sys.argv[sys.argv.index("--steps") + 1]) if "--steps" in sys.argv else 12
 torch.manual_seed(0)
 model = torch.nn.Linear(8, 1)
 opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -24,7 +25,7 @@ start = guard.restore()
 if not fixed and start:
     ahead["batch"] = torch.randn(4, 8)  # a restarted run draws its "first" batch again
 try:
-    for step in range(start, 12):
+    for step in range(start, steps):
         x = ahead["batch"]
         ahead["batch"] = torch.randn(4, 8)  # the next step's batch, drawn now
         opt.zero_grad()

@@ -4,6 +4,7 @@ tensors (sharded ones assembled) through the reader that unpickles nothing arbit
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,7 +29,9 @@ def entries(directory: str) -> dict[str, Any]:
     """Every entry of the checkpoint in ``directory``, flattened (``model.0.weight``, ...)."""
     from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
 
-    return dict(_flat(_load_state_dict_from_keys(storage_reader=SafeFileSystemReader(directory))))
+    with warnings.catch_warnings():  # "assuming ... a single process": it is one, on purpose
+        warnings.filterwarnings("ignore", message="torch.distributed is unavailable or uninitialized")
+        return dict(_flat(_load_state_dict_from_keys(storage_reader=SafeFileSystemReader(directory))))
 
 
 def _flat(d: dict, prefix: str = "") -> Iterator[tuple[str, Any]]:

@@ -153,8 +153,9 @@ class AgentConfig:
         if kw["hold_policy"] is not None and kw["hold_policy"] not in HOLD_POLICIES:
             raise ValueError(f"hold_policy must be one of {', '.join(HOLD_POLICIES)}, not {kw['hold_policy']!r}")
         check = CheckMode.from_env()
-        if check.on:  # under `powerguard check-resume`: its own directory, no remote tier
+        if check.on:  # under `powerguard check-resume` / `try`: its own directory, no remote tier
             local_dir, kw["remote_url"] = check.directory, None
+            kw["job"] = check.job or kw["job"]  # try: the simulated site's name for the job
         key_file = checksum_key_file or os.environ.get("POWERGUARD_CKPT_KEY_FILE")
         return cls(
             local_root=os.path.abspath(os.fspath(local_dir)),

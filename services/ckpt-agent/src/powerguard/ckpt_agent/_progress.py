@@ -18,3 +18,4 @@ class Progress:
     restore_ended: float | None = None  # wall clock: the resume span starts there
     resumed_reported: bool = False
     paused_s: float = 0.0
+    boundary_at: float = 0.0  # under `powerguard try`: the last step boundary's monotonic time (its pace)

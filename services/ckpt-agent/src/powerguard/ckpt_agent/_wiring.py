@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from powerguard.bus import BusNames
@@ -53,6 +53,7 @@ class BusOptions:
 @dataclass(frozen=True)
 class Parts:
     node: str
+    local_root: str  # this rank's local tier root (try: each simulated node's own)
     ranks: Ranks
     state: TrainingState
     retainer: Retainer
@@ -69,14 +70,15 @@ class Parts:
 
 
 def wire(cfg: AgentConfig, training: TrainingParts, *, node: str | None, bus: BusOptions) -> Parts:
-    if cfg.check.on:  # a resume check runs without a coordinator: no bus, no trigger
-        bus = BusOptions(None, None, None, bus.heartbeat_s, None)
+    if cfg.check.on:  # a resume check runs without a coordinator; `try`, on the simulated site's bus
+        bus = BusOptions(cfg.check.nats_url, None, None, bus.heartbeat_s, bus.http_port if cfg.check.nats_url else None)
     if bus.http_port is not None and not bus.url:  # the trigger publishes a request on the bus
         raise ValueError(
             "http_port needs nats_url: POST /api/v1/trigger_checkpoint asks the coordinator's bus for a "
             "checkpoint (without a bus, call guard.save(step) from the training loop instead)"
         )
-    node = node or socket.gethostname().split(".")[0]
+    node = cfg.check.node() or node or socket.gethostname().split(".")[0]
+    cfg = replace(cfg, local_root=cfg.check.root(cfg.local_root, node=node, node_scope=cfg.local_scope == "node"))
     ranks = Ranks(replication=cfg.local_scope == "node")
     t = training
     state = TrainingState(
@@ -154,7 +156,21 @@ def wire(cfg: AgentConfig, training: TrainingParts, *, node: str | None, bus: Bu
         )
     hold = Hold(thread, ranks, poll_s=cfg.pause_poll_s)
     return Parts(
-        node, ranks, state, retainer, nodes, saver, agreement, restorer, thread, http, acks, hold, frameworks, remote
+        node,
+        cfg.local_root,
+        ranks,
+        state,
+        retainer,
+        nodes,
+        saver,
+        agreement,
+        restorer,
+        thread,
+        http,
+        acks,
+        hold,
+        frameworks,
+        remote,
     )
 
 

@@ -77,7 +77,7 @@ class CheckpointAgent:
     ) -> None:
         settings = {k: v for k, v in locals().items() if k in AgentConfig.ARGUMENTS}
         cfg = self.config = AgentConfig.checked(**settings)
-        self.job, self.framework, self.local_root = job, cfg.framework, cfg.local_root
+        self.job, self.framework = cfg.job, cfg.framework
         p = wire(
             cfg,
             TrainingParts(model, optimizer, scheduler, extra_state, rank_state),
@@ -93,11 +93,12 @@ class CheckpointAgent:
             p.frameworks,
         )
         self._bus, self._remote, self._retainer, self._http = p.bus, p.remote, p.retainer, p.http
-        self.rank, self.world_size, self.distributed, self.node = (
+        self.rank, self.world_size, self.distributed, self.node, self.local_root = (
             p.ranks.rank,
             p.ranks.world_size,
             p.ranks.distributed,
             p.node,
+            p.local_root,
         )
         self.progress = Progress()
 
@@ -142,7 +143,8 @@ class CheckpointAgent:
             self._bus.step = step
             if not self.progress.resumed_reported:
                 self.report_resumed()
-        if step == self.config.check.stop_at:  # under `powerguard check-resume`: the checkpoint, then the stop
+        stop, self.progress.boundary_at = self.config.check.at_step(self.rank, step, self.progress.boundary_at)
+        if stop:  # under `powerguard check-resume`: the checkpoint, then the stop
             self.save(step)
             raise SystemExit(0)
         if not self.agreement.boundary(time.monotonic()):
