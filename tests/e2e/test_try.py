@@ -99,3 +99,18 @@ def test_a_job_too_short_for_the_outage_is_refused_naming_the_fix(tmp_path):
     )
     text = " ".join(r.stdout.split())
     assert r.returncode == 2 and "DRILL NOT RUN" in text and "trains 12 steps" in text, text
+
+
+@pytest.mark.parametrize("module", ["powerguard.sim.train_lightning", "powerguard.sim.train_hf"])
+def test_lightning_and_hf_trainer_jobs_survive_the_outage(tmp_path, module):
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", module]
+    command += ["--job", "mine", "--steps", "400", "--seed", "7", "--local-dir", str(tmp_path / "theirs")]
+    r, report = try_(tmp_path, *command)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-3000:]
+    assert report["world"] == 2 and report["work"]["lost_steps"] == 0 and report["bit_exact"] is True
+    assert report["saga_states"][-3:] == ["restoring", "resumed", "done"]
+    # the framework's callback says where it started, both times (fresh, then the restored step)
+    assert "fresh start at step 0" in report["said"][0]
+    assert f"resumed at step {report['restored_step']}" in report["said"][-1]
+    # the framework wrote into the drill's directory only (the Trainer may create its output_dir, empty)
+    assert [p for p in (tmp_path / "theirs").rglob("*") if not p.is_dir()] == []

@@ -36,10 +36,11 @@ app.add_typer(creds_app, name="creds")
 app.command("bootstrap")(bootstrap)
 
 from .resume_check import check_resume  # noqa: E402
+from .try_job import HELP as TRY_HELP  # noqa: E402
 from .try_job import try_job  # noqa: E402
 
 app.command("check-resume")(check_resume)
-app.command("try")(try_job)
+app.command("try", help=TRY_HELP)(try_job)
 
 err = Console(stderr=True)
 DEFAULT_URL = os.environ.get("NATS_URL", "nats://127.0.0.1:4222")

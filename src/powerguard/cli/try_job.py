@@ -22,6 +22,30 @@ from rich.markup import escape
 
 out = Console()
 
+# the command's --help: paragraphs unwrapped (the terminal wraps them)
+HELP = "\n\n".join(
+    " ".join(p.split())
+    for p in """
+Drill your own training job through a simulated power outage, on this machine.
+
+Runs your command straight through once (the reference), then again as the job of a simulated site -
+embedded NATS, the real coordinator, power-control and ups-monitor, a simulated UPS, PDU and one BMC
+per node - through one outage: the coordinator asks for a checkpoint, the hold, a final checkpoint,
+your job stopped and the nodes powered off, power back, the nodes on, your job restarted from its
+checkpoint. Then every tensor of the two runs' last states is compared. Exit 0: the job resumed,
+lost no step and ended identical to the uninterrupted run; 1: it did not (the report says what
+differs and the usual causes); 2: the drill could not run.
+
+The script needs a CheckpointAgent (restore(), step(step) after each optimizer step, close() at the
+end) and a fixed seed; nothing in it changes: the drill gives the agent the site's bus, the job's
+name and nodes, and its own checkpoint directory through the environment. Plain PyTorch loops (DDP,
+FSDP2, tensor parallel), PyTorch Lightning and the Hugging Face Trainer with PowerGuard's callback.
+
+Example: powerguard try --json report.json -- torchrun --nproc-per-node 4 train.py --seed 0. Docs:
+docs/frameworks/README.md.
+""".strip().split("\n\n")
+)
+
 
 def _said(log: Path) -> list[str]:
     """The agent's one-line start messages in a job log ("resumed at step ..." / "fresh start ...")."""
@@ -201,20 +225,7 @@ def try_job(
     json_out: Path = typer.Option(None, "--json", help="Write the report here"),
     timeout_s: float = typer.Option(1800.0, "--timeout", min=1, help="Seconds the reference run may take"),
 ) -> None:
-    """Drill your own training job through a simulated power outage, on this machine.
-
-    Runs your command straight through once (the reference), then again as the job of a simulated
-    site - embedded NATS, the real coordinator, power-control and ups-monitor, a simulated UPS, PDU
-    and one BMC per node - through one outage: the coordinator asks for a checkpoint, the hold, a
-    final checkpoint, your job stopped and the nodes powered off, power back, the nodes on, your
-    job restarted from its checkpoint. Then every tensor of the two runs' last states is compared.
-    Exit 0: the job resumed, lost no step and ended identical to the uninterrupted run; 1: it did
-    not (the report says what differs and the usual causes); 2: the drill could not run.
-
-    The script needs a CheckpointAgent (restore(), step(step) after each optimizer step, close()
-    at the end) and a fixed seed; nothing in it changes: the drill gives the agent the site's bus,
-    the job's name and nodes, and its own checkpoint directory through the environment.
-    """
+    """Drill your own training job through a simulated power outage (see :data:`HELP`)."""
     from powerguard.power_control.schedulers.base import safe_env
     from powerguard.schemas import HOLD_POLICIES
     from powerguard.sim.errors import DrillError

@@ -99,3 +99,10 @@ def test_node_scope_checkpoints_are_gathered_into_one_directory(tmp_path):
     assert names["__0_0.distcp"] == "n1:__0_0.distcp"  # one copy of each file
     with pytest.raises(DrillError, match="no committed checkpoint"):
         T.newest_committed(tmp_path / "none", job="job")
+
+
+def test_check_resume_stop_at_on_a_framework_job_points_to_try(tmp_path, monkeypatch):
+    monkeypatch.setenv(C.DIR, str(tmp_path / "check"))
+    monkeypatch.setenv(C.STOP_AT, "5")
+    with pytest.raises(ValueError, match="powerguard try"):
+        CheckpointAgent(job="j", model=nn.Linear(2, 2), local_dir=tmp_path, framework="lightning")

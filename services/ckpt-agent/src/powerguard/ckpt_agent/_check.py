@@ -60,6 +60,13 @@ class CheckMode:
     def on(self) -> bool:
         return self.directory is not None
 
+    def framework_root(self, dirpath: str | os.PathLike) -> str:
+        """Where a framework's checkpoints go: the check's directory, else the script's."""
+        return os.path.abspath(self.directory or os.fspath(dirpath))
+
+    def framework_job(self, job: str) -> str:
+        return self.job or job if self.on else job
+
     def node(self, env: Mapping[str, str] = os.environ) -> str | None:
         """try: this rank's simulated node (from torchrun's RANK and WORLD_SIZE); None otherwise."""
         if not self.nodes:

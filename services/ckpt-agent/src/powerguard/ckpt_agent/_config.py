@@ -153,6 +153,12 @@ class AgentConfig:
         if kw["hold_policy"] is not None and kw["hold_policy"] not in HOLD_POLICIES:
             raise ValueError(f"hold_policy must be one of {', '.join(HOLD_POLICIES)}, not {kw['hold_policy']!r}")
         check = CheckMode.from_env()
+        if framework is not None and check.stop_at is not None:
+            raise ValueError(
+                f"powerguard check-resume --stop-at drills plain training loops; a {framework} job's checkpoints "
+                "are the framework's own: run `powerguard try -- <command>` (its verdict compares the resumed run "
+                "with an uninterrupted one)"
+            )
         if check.on:  # under `powerguard check-resume` / `try`: its own directory, no remote tier
             local_dir, kw["remote_url"] = check.directory, None
             kw["job"] = check.job or kw["job"]  # try: the simulated site's name for the job

@@ -239,3 +239,11 @@ def resumed(
         ),
     )
     return event, _spans.inside(span)
+
+
+def framework_restored(directory: str | os.PathLike | None, step: int, rank: int) -> Restored | None:
+    """What a framework resumed from (its own checkpoint directory; None: it started afresh)."""
+    if directory is None:
+        return None
+    fs, _ = L.fs_for(os.fspath(directory))
+    return Restored(step, "local", commit_saga(fs, os.fspath(directory), rank), 0.0)

@@ -21,14 +21,13 @@ import torch
 from powerguard.bus import BusNames
 from powerguard.schemas import CheckpointRequestData, HoldPolicy
 
-from . import _layout as L
 from ._acks import Saved
 from ._agreement import Decision, StepAgreementFailed, Wants, agreed
 from ._config import ARGUMENTS_DOC, AgentConfig
 from ._framework import Due
 from ._power import power_checkpoint
 from ._progress import Progress
-from ._restore import Restored, commit_saga, resumed
+from ._restore import framework_restored, resumed
 from ._wiring import BusOptions, TrainingParts, wire
 from .errors import CheckpointError
 
@@ -265,12 +264,12 @@ class CheckpointAgent:
     def restored_from(self, directory: str | os.PathLike | None, step: int) -> None:
         """The framework resumed from ``directory`` at ``step`` (None: it started afresh): the
         ``job.resumed`` announcement after the first step names the step and the saga whose
-        checkpoint it was."""
-        if directory is None:
-            return
-        fs, _ = L.fs_for(os.fspath(directory))
-        self.progress.restored = Restored(step, "local", commit_saga(fs, os.fspath(directory), self.rank), 0.0)
-        self.progress.last_committed_step = step
+        checkpoint it was. Rank 0 says in one line where the job resumed, as :meth:`restore` does."""
+        got = framework_restored(directory, step, self.rank)
+        if self.rank == 0:
+            log.warning("%s", self.restorer.said(got))
+        if got is not None:
+            self.progress.restored, self.progress.last_committed_step = got, step
 
     def commit_saved(self, directory: str | os.PathLike, step: int) -> bool:
         """Every rank, after the framework wrote a checkpoint of its own schedule (no request):

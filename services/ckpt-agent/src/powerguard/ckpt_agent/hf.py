@@ -24,6 +24,7 @@ from transformers import TrainerCallback
 
 from powerguard.bus import BusNames
 
+from ._check import CheckMode
 from ._framework import env_world_size, newest_valid
 from ._layout import load_key
 from .agent import CheckpointAgent
@@ -42,7 +43,7 @@ def latest_checkpoint(
     """The newest committed ``checkpoint-<N>`` under ``output_dir`` whose every byte verifies
     (for ``trainer.train(resume_from_checkpoint=...)``); None when there is none. Each skipped
     one (uncommitted, corrupt, another world size) is logged with its reason."""
-    root = os.path.abspath(os.fspath(output_dir))
+    root = CheckMode.from_env().framework_root(output_dir)  # `check-resume` / `try`: the check's directory
     try:
         names = os.listdir(root)
     except FileNotFoundError:
@@ -77,9 +78,15 @@ class PowerGuardCallback(TrainerCallback):
         names: BusNames | None = None,
         **agent_options: Any,
     ) -> None:
-        self.job = job
+        self.job = CheckMode.from_env().framework_job(job)
         self._options = {"nats_url": nats_url, "nats_creds": nats_creds, "names": names, **agent_options}
         self.agent: CheckpointAgent | None = None
+
+    def on_init_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        mode = CheckMode.from_env()
+        if mode.on:  # under `powerguard check-resume` / `try`: the Trainer writes into the check's directory
+            args.output_dir = mode.framework_root(args.output_dir)
+        return control
 
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
         if self.agent is None:
@@ -87,9 +94,10 @@ class PowerGuardCallback(TrainerCallback):
                 job=self.job, model=model, local_dir=args.output_dir, framework="hf", **self._options
             )
 
-        if state.global_step and self.agent is not None:  # resumed: job.resumed names the step and saga
+        if self.agent is not None:  # resumed: job.resumed names the step and saga (the start's line either way)
             directory = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
-            self.agent.restored_from(directory if os.path.isdir(directory) else None, state.global_step)
+            resumed = state.global_step and os.path.isdir(directory)
+            self.agent.restored_from(directory if resumed else None, state.global_step)
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
         if self.agent is None:

@@ -27,6 +27,7 @@ import torch
 from powerguard.bus import BusNames
 
 from . import _layout as L
+from ._check import CheckMode
 from ._framework import env_world_size, newest_valid
 from ._state import _numpy_rng_state, _python_rng_state, _set_numpy_rng_state, _set_python_rng_state
 from .agent import CheckpointAgent
@@ -47,7 +48,8 @@ def latest_checkpoint(
     """The newest committed checkpoint of ``job`` under ``dirpath`` whose every byte verifies
     (for ``trainer.fit(ckpt_path=...)``); None when there is none. Each skipped one is logged
     with its reason. ``world_size``: default the launcher's (``WORLD_SIZE``)."""
-    root = os.path.abspath(os.fspath(dirpath))
+    mode = CheckMode.from_env()  # under `powerguard check-resume` / `try`: the check's directory and job
+    root, job = mode.framework_root(dirpath), mode.framework_job(job)
     key_file = checksum_key_file or os.environ.get("POWERGUARD_CKPT_KEY_FILE")
     fs, _ = L.fs_for(root)
     found = newest_valid(
@@ -157,7 +159,8 @@ class _Callback:
         **agent_options: Any,
     ) -> None:
         super().__init__()
-        self.job, self.dirpath = job, os.path.abspath(os.fspath(dirpath))
+        mode = CheckMode.from_env()  # under `powerguard check-resume` / `try`: the check's directory and job
+        self.job, self.dirpath = mode.framework_job(job), mode.framework_root(dirpath)
         self._options = {"nats_url": nats_url, "nats_creds": nats_creds, "names": names, "keep": keep, **agent_options}
         self.agent: CheckpointAgent | None = None
         self._last_step: int | None = None
@@ -177,8 +180,9 @@ class _Callback:
         )
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
-        if self.agent is not None and trainer.ckpt_path:  # restored: job.resumed names the step and saga
-            self.agent.restored_from(os.path.dirname(os.fspath(trainer.ckpt_path)), trainer.global_step)
+        if self.agent is not None:  # restored: job.resumed names the step and saga (the start's line either way)
+            path = os.path.dirname(os.fspath(trainer.ckpt_path)) if trainer.ckpt_path else None
+            self.agent.restored_from(path, trainer.global_step)
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         step = trainer.global_step
