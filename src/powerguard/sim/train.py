@@ -18,13 +18,13 @@ import time
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 from powerguard.bus import BusNames
 from powerguard.ckpt_agent import CheckpointAgent
 
 from ._framework_job import job_parser, rank_node
+from ._parallel import SHARDS, parallelize
 
 
 def build(seed: int, width: int, samples: int):
@@ -53,9 +53,10 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--reshard", action="store_true", help="resume a checkpoint of more ranks (not bit-exact)")
     p.add_argument(
         "--shard",
-        choices=["ddp", "fsdp", "tp"],
+        choices=SHARDS,
         default="ddp",
-        help="ddp: replicated model; fsdp: FSDP2 (sharded); tp: tensor parallel (DTensor)",
+        help="ddp: replicated model; fsdp: FSDP2 (sharded); tp: tensor parallel (DTensor); hsdp: FSDP2 on a "
+        "2-D mesh (replicas of shards); fsdp-tp: FSDP2 across pairs of ranks, tensor parallel within each pair",
     )
     p.add_argument(
         "--allow-fresh-start", action="store_true", help="train from step 0 when no checkpoint can be restored"
@@ -99,32 +100,9 @@ def main(argv: list[str] | None = None) -> int:
         dist.init_process_group("gloo")
     rank = dist.get_rank()
     data, model = build(args.seed, args.width, args.samples)
-    if args.shard == "fsdp":  # FSDP2: every parameter a DTensor sharded over the ranks (gloo on CPU)
-        from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import fully_shard
-
-        mesh = init_device_mesh("cpu", (dist.get_world_size(),))
-        for layer in model:
-            if isinstance(layer, nn.Linear):
-                fully_shard(layer, mesh=mesh)
-        ddp = fully_shard(model, mesh=mesh)
-    elif args.shard == "tp":  # tensor parallel: the first layer split by columns, the last by rows
-        from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
-
-        mesh = init_device_mesh("cpu", (dist.get_world_size(),))
-        ddp = parallelize_module(model, mesh, {"0": ColwiseParallel(), "3": RowwiseParallel()})
-    else:
-        ddp = DDP(model)
-        # sum gradients in rank order: the result then does not depend on DDP's bucket layout, which it
-        # rebuilds after its first iteration - a restarted run does that at another step, and with more
-        # than two ranks a ring all-reduce adds in a layout-dependent order (resume would be off by 1e-8)
-        ddp.register_comm_hook(None, ordered_allreduce)
+    ddp, same = parallelize(model, args.shard, ddp_hook=ordered_allreduce)
     opt = torch.optim.AdamW(ddp.parameters(), lr=1e-2)
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=25, gamma=0.5)
-    # tensor parallel: every rank of the mesh computes on the same batch (a replicated parameter,
-    # such as the last layer's bias, would drift apart between ranks on different data)
-    same = {"num_replicas": 1, "rank": 0} if args.shard == "tp" else {}
     sampler = DistributedSampler(data, shuffle=True, seed=args.seed, **same)
     # its own generator: creating an iterator must not draw from the global RNG (dropout uses that)
     loader = DataLoader(
