@@ -84,6 +84,7 @@ def test_the_saver_and_the_restorer_meet_only_on_disk(tmp_path):
         ({"hold_policy": "sleep"}, "hold_policy"),
         ({"framework": "keras"}, "framework"),
         ({"framework": "hf", "remote_url": "file:///x"}, "shared local tier only"),
+        ({"writer_threads": 0}, "writer_threads"),
     ],
 )
 def test_settings_are_checked_once_and_name_what_is_wrong(tmp_path, bad, names):
@@ -108,6 +109,7 @@ def test_settings_are_checked_once_and_name_what_is_wrong(tmp_path, bad, names):
         reshard=False,
         framework=None,
         allow_fresh_start=False,
+        writer_threads=None,
     )
     assert set(ok) == AgentConfig.ARGUMENTS  # every setting the agent takes, and no other
     assert AgentConfig.checked(**ok).local_root == str(tmp_path)
@@ -120,3 +122,33 @@ def test_the_http_trigger_without_a_bus_refuses_to_start_naming_why(tmp_path):
 
     with pytest.raises(ValueError, match="http_port needs nats_url"):
         CheckpointAgent(job="j", model=torch.nn.Linear(2, 2), local_dir=tmp_path, http_port=8080)
+
+
+def test_parallel_writers_share_a_node_budget_and_small_states_stay_one_file():
+    from powerguard.ckpt_agent._writers import local_bytes, writer_threads
+
+    mib = 1 << 20
+    assert writer_threads(1024 * mib, local_ranks=1) == 4  # one rank: the node's 4 writers
+    assert writer_threads(1024 * mib, local_ranks=4) == 1  # four ranks share them
+    assert writer_threads(1024 * mib, local_ranks=2) == 2
+    assert writer_threads(100 * mib, local_ranks=1) == 1  # no file under 64 MiB
+    assert writer_threads(0, local_ranks=8) == 1
+    state = {"model": {"w": torch.zeros(4, 4)}, "optim": [torch.zeros(2, dtype=torch.float64)], "step": 3}
+    assert local_bytes(state) == 16 * 4 + 2 * 8
+
+
+def test_parallel_verification_names_the_first_bad_file(tmp_path):
+    from powerguard.ckpt_agent.errors import CorruptCheckpoint
+
+    fs, _ = L.fs_for(str(tmp_path))
+    files = {}
+    for i in range(6):
+        (tmp_path / f"f{i}").write_bytes(bytes([i]) * 1000)
+        size, digest, _ = L.hash_file(fs, str(tmp_path / f"f{i}"))
+        files[f"f{i}"] = {"size": size, "xxh3": digest}
+    L.verify_files(fs, str(tmp_path), files, sorted(files), threads=4)  # all good
+    (tmp_path / "f4").write_bytes(b"x" * 1000)
+    (tmp_path / "f2").unlink()
+    for threads in (1, 4):
+        with pytest.raises(CorruptCheckpoint, match="f2: missing"):
+            L.verify_files(fs, str(tmp_path), files, sorted(files), threads=threads)

@@ -73,7 +73,7 @@ def test_the_reference_gives_the_jobs_shape_and_a_short_job_is_refused_naming_th
     assert why is not None and "trains 100 steps" in why and "--min-step-s" in why
     # a job whose steps are paced slower fits in fewer steps
     assert T.drill_fits(short, warmup_steps=10, hold_s=3, min_step_s=0.2) is None
-    with pytest.raises(DrillError, match="guard.step"):
+    with pytest.raises(DrillError, match=r"guard\.step"):
         T.reference_of([], seconds=1.0, log=tmp_path / "ref.log")
 
 

@@ -60,6 +60,8 @@ ARGUMENTS_DOC = """Keyword-only arguments:
     (written by another world size without ``reshard``, corrupt, signed with another key),
     ``restore()`` raises :class:`NoRestorableCheckpoint` naming the newest and why (default);
     True trains from step 0 over them.
+  writer_threads: parallel writers (files) per rank of a synchronous save (a power checkpoint);
+    None (default): 4 per node shared by its ranks, at most one per 64 MiB of the rank's state.
   checksum_key_file: the site's checkpoint key (default: env ``POWERGUARD_CKPT_KEY_FILE``):
     keyed digests on save; a restore trusts only what it signed.
   framework: ``"lightning"`` or ``"hf"``: the framework writes the checkpoints (its callback in
@@ -97,6 +99,7 @@ class AgentConfig:
             "reshard",
             "framework",
             "allow_fresh_start",
+            "writer_threads",
         }
     )
 
@@ -120,6 +123,7 @@ class AgentConfig:
     framework: str | None
     key: bytes | None
     allow_fresh_start: bool = False
+    writer_threads: int | None = None
     check: CheckMode = field(default_factory=CheckMode)  # powerguard check-resume's mode (the environment)
 
     @classmethod
@@ -148,6 +152,8 @@ class AgentConfig:
             raise ValueError("keep and keep_remote must be at least 1")
         if kw["sync_every_n_steps"] < 1:
             raise ValueError("sync_every_n_steps must be at least 1")
+        if kw["writer_threads"] is not None and kw["writer_threads"] < 1:
+            raise ValueError("writer_threads must be at least 1 (None: chosen by the state's size)")
         if kw["agree_every_s"] < 0:
             raise ValueError("agree_every_s must be at least 0")
         if kw["hold_policy"] is not None and kw["hold_policy"] not in HOLD_POLICIES:

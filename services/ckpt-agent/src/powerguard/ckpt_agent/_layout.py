@@ -21,6 +21,7 @@ import json
 import os
 import re
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -282,22 +283,44 @@ def _confined(name: object) -> bool:
 
 
 def verify_files(
-    fs, directory: str, files: dict[str, dict[str, Any]], names: list[str], key: bytes | None = None
+    fs,
+    directory: str,
+    files: dict[str, dict[str, Any]],
+    names: list[str],
+    key: bytes | None = None,
+    *,
+    threads: int = 1,
 ) -> None:
     """Check size and checksum (and keyed digest) of ``names``; raise
-    :class:`CorruptCheckpoint` naming the file."""
-    for name in names:
-        want = files[name]
-        try:
-            size, digest, keyed = hash_file(fs, f"{directory}/{name}", key)
-        except FileNotFoundError:
-            raise CorruptCheckpoint(f"{directory}/{name}: missing") from None
-        if size != want["size"]:
-            raise CorruptCheckpoint(f"{directory}/{name}: {size} bytes, manifest says {want['size']}")
-        if digest != want["xxh3"]:
-            raise CorruptCheckpoint(f"{directory}/{name}: checksum mismatch (xxh3 {digest} != {want['xxh3']})")
-        if key is not None and not hmac.compare_digest(str(want.get(KEYED, "")), keyed or "-"):
-            raise CorruptCheckpoint(f"{directory}/{name}: keyed digest mismatch")
+    :class:`CorruptCheckpoint` naming the file (the first of ``names`` that is bad). With
+    ``threads`` > 1 several files are read at once (a disk reads faster with a few streams)."""
+    if threads > 1 and len(names) > 1:
+        with ThreadPoolExecutor(min(threads, len(names)), thread_name_prefix="pg-ckpt-verify") as pool:
+            problems = list(pool.map(lambda n: _problem(fs, directory, n, files[n], key), names))
+    else:
+        problems = []
+        for name in names:  # one at a time: stop at the first bad one
+            problems.append(_problem(fs, directory, name, files[name], key))
+            if problems[-1]:
+                break
+    for problem in problems:
+        if problem:
+            raise CorruptCheckpoint(problem)
+
+
+def _problem(fs, directory: str, name: str, want: dict[str, Any], key: bytes | None) -> str | None:
+    """What is wrong with one file of a checkpoint, or None."""
+    try:
+        size, digest, keyed = hash_file(fs, f"{directory}/{name}", key)
+    except FileNotFoundError:
+        return f"{directory}/{name}: missing"
+    if size != want["size"]:
+        return f"{directory}/{name}: {size} bytes, manifest says {want['size']}"
+    if digest != want["xxh3"]:
+        return f"{directory}/{name}: checksum mismatch (xxh3 {digest} != {want['xxh3']})"
+    if key is not None and not hmac.compare_digest(str(want.get(KEYED, "")), keyed or "-"):
+        return f"{directory}/{name}: keyed digest mismatch"
+    return None
 
 
 def verify_metadata(fs, directory: str, commit: dict[str, Any], key: bytes | None = None) -> None:

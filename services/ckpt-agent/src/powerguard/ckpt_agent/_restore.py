@@ -103,8 +103,10 @@ class Restorer:
         reshard: bool,
         nodes: NodeRestore | None = None,
         allow_fresh_start: bool = False,
+        readers: int = 1,
     ) -> None:
         self.ranks, self.state, self.job, self.root, self.fs = ranks, state, job, root, fs
+        self.readers = readers  # files each rank verifies at once
         self.remote_url, self.key, self.reshard, self.nodes = remote_url, key, reshard, nodes
         self.allow_fresh_start = allow_fresh_start
         self.refused: list[str] = []  # the last restore's committed checkpoints it could not restore
@@ -200,7 +202,7 @@ class Restorer:
             check_world(commit, world_size=world, reshard=self.reshard, rank=rank)
             files = L.manifest_files(fs, path, commit, self.key)
             names = sorted(files)[rank::world]
-            L.verify_files(fs, path, files, names, self.key)
+            L.verify_files(fs, path, files, names, self.key, threads=self.readers)
             if rank == 0:
                 L.verify_metadata(fs, path, commit, self.key)
                 check_metadata(fs, path)  # without a site key a forger recomputes the checksum

@@ -24,6 +24,7 @@ from ._ranks import Ranks
 from ._staging import ReusingStager, partition_replicated
 from ._state import TrainingState
 from ._tiers import Tier, Written
+from ._writers import local_bytes, writer_threads
 from .errors import CheckpointError, CommitError
 
 log = logging.getLogger("powerguard.ckpt_agent")
@@ -43,8 +44,11 @@ class Saver:
         every_s: float,
         overlap: bool,
         node: str,
+        local_ranks: int = 1,
+        writers: int | None = None,
     ) -> None:
         self.ranks, self.state, self.tier = ranks, state, tier
+        self.local_ranks, self.writers = local_ranks, writers  # writers: DCP's thread_count (None: by size)
         self.job, self.root, self.fs, self.key, self.every_s, self.node = job, root, fs, key, every_s, node
         self.stats: dict[str, float] = {}
         self._last_local = time.monotonic()
@@ -102,9 +106,11 @@ class Saver:
             raise CommitError(problem)
         if committed:  # this exact step is already durable (e.g. a periodic save of the same step)
             return self._existing(directory, step, time.perf_counter() - t0)
-        writer = HashingWriter(directory, sync_files=True, key=self.key)
+        state = self.state.state_dict(step)
+        threads = self.writers or writer_threads(local_bytes(state), local_ranks=self.local_ranks)
+        writer = HashingWriter(directory, sync_files=True, key=self.key, thread_count=threads)
         try:
-            dcp.save(self.state.state_dict(step), storage_writer=writer, process_group=self.ranks.save_group)
+            dcp.save(state, storage_writer=writer, process_group=self.ranks.save_group)
             ok, err = True, None
         except BaseException as exc:  # CheckpointException derives from BaseException
             if isinstance(exc, KeyboardInterrupt | SystemExit):

@@ -28,6 +28,7 @@ from ._retainer import Retainer
 from ._saver import Saver
 from ._state import TrainingState
 from ._tiers import SharedTier
+from ._writers import NODE_WRITERS
 
 
 @dataclass(frozen=True)
@@ -123,6 +124,8 @@ def wire(cfg: AgentConfig, training: TrainingParts, *, node: str | None, bus: Bu
         every_s=cfg.local_every_s,
         overlap=cfg.overlap_staging and t.optimizer is not None,
         node=node,
+        local_ranks=len(topo.ranks(node)),
+        writers=cfg.writer_threads,
     )
     agreement = StepAgreement(
         ranks,
@@ -142,6 +145,7 @@ def wire(cfg: AgentConfig, training: TrainingParts, *, node: str | None, bus: Bu
         reshard=cfg.reshard,
         nodes=nodes,
         allow_fresh_start=cfg.allow_fresh_start,
+        readers=max(1, NODE_WRITERS // len(topo.ranks(node))),  # the node's disk read by a few streams
     )
     frameworks = FrameworkSaves(ranks, acks, framework=cfg.framework, key=cfg.key) if cfg.framework else None
     remote = None

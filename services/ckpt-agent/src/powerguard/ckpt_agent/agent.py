@@ -73,6 +73,7 @@ class CheckpointAgent:
         agree_every_s: float = 0.5,
         framework: str | None = None,
         allow_fresh_start: bool = False,
+        writer_threads: int | None = None,
     ) -> None:
         settings = {k: v for k, v in locals().items() if k in AgentConfig.ARGUMENTS}
         cfg = self.config = AgentConfig.checked(**settings)
