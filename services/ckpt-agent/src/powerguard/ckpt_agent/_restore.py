@@ -161,7 +161,7 @@ class Restorer:
                 if committed:
                     refused.append(f"{url}: {reason}")
                 continue
-            reader = SafeFileSystemReader(path) if L.is_local(fs) else SafeFsspecReader(url)
+            reader = SafeFileSystemReader(path, threads=self.readers) if L.is_local(fs) else SafeFsspecReader(url)
             loaded, seconds = load(self.state, reader, self.ranks)
             log.info("rank %d: restored step %d from the %s tier (%s)", rank, loaded, tier, url)
             if self.key is None and rank == 0:
