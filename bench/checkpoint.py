@@ -151,8 +151,9 @@ def worker(args: argparse.Namespace) -> None:
             },
         }
         previous = json.loads(Path(args.out).read_text()) if Path(args.out).exists() else {}
-        if "step_boundary" in previous:  # bench/step_boundary.py's summary
-            out["step_boundary"] = previous["step_boundary"]
+        for other in ("step_boundary", "power_checkpoint"):  # bench/step_boundary.py's, bench/power_checkpoint.py's
+            if other in previous:
+                out[other] = previous[other]
         Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
     guard.close()
     dist.destroy_process_group()

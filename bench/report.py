@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from _report_power import power_section
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
 
@@ -541,6 +543,7 @@ No GPU was lent to this project's sessions so far: `bench/gpu_checkpoint.py` ran
 (host-to-host staging, the state on this virtual disk); on a lent GPU it runs at one node's
 8.5 GB with pinned buffers (`python bench/gpu_checkpoint.py`).
 """
+    text += power_section((load("checkpoint") or {}).get("power_checkpoint"))
     text += hold_section()
     (ROOT / "docs" / "performance.md").write_text(text)
     print("wrote docs/performance.md")
