@@ -25,6 +25,7 @@ result says so).
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import shutil
@@ -267,6 +268,13 @@ def worker(args: argparse.Namespace) -> None:
     dist.destroy_process_group()
 
 
+async def _bootstrap(url: str) -> None:
+    """The stream and buckets, as `powerguard bootstrap` makes them on a site."""
+    from powerguard.bus import Bus, BusNames
+
+    await (await Bus.connect(url, service="bench-setup", names=BusNames())).close()
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -286,6 +294,7 @@ def main() -> None:
 
     nats = EmbeddedNats()
     nats.start()
+    asyncio.run(_bootstrap(nats.url))
     rows = []
     try:
         for size in [float(s) for s in args.sizes.split(",")]:

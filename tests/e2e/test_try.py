@@ -1,7 +1,7 @@
 """``powerguard try -- <command>``: a user's own command drilled through a simulated outage.
 
 The commands are run as a user would run them, unchanged: the simulated job module with its
-own job name and checkpoint directory (FSDP2 on node-local disks, tensor parallel), and a
+own job name and checkpoint directory (FSDP2 and tensor parallel on node-local disks), and a
 single-process script that draws its next batch ahead. The drill starts the real services
 and site around them; the verdict compares every tensor with an uninterrupted run."""
 
@@ -74,9 +74,13 @@ def test_an_fsdp2_job_on_node_local_disks_survives_the_outage_bit_exact(tmp_path
     assert not (tmp_path / "where-the-script-saves").exists()
 
 
-def test_a_tensor_parallel_job_survives_the_outage_bit_exact(tmp_path):
-    r, report = try_(tmp_path, *sim_job(tmp_path, "--shard", "tp"))
+def test_a_tensor_parallel_job_on_node_local_disks_survives_the_outage_bit_exact(tmp_path):
+    r, report = try_(tmp_path, *sim_job(tmp_path, "--shard", "tp", "--local-scope", "node"))
     assert_survived(r, report)
+    # each node's shards on its own disk, then on its peer's: the second ack says replicated:1
+    durability = report["durability"].values()
+    assert durability and all(set(d) <= {"local", "replicated:1"} for d in durability), report["durability"]
+    assert any("replicated:1" in d for d in durability), report["durability"]
 
 
 def test_a_script_that_fetches_ahead_is_caught_after_the_outage_with_the_tensors_named(tmp_path):

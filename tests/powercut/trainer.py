@@ -60,6 +60,7 @@ def main(argv: list[str]) -> int:
         keep=args.keep,
         remote_url=args.remote,
         remote_every_s=0.01 if args.remote else 1800.0,
+        writer_threads=3,  # several files, each written and fsynced by its own thread (a large power checkpoint's way)
     )
     copier = getattr(agent, "_remote", None)  # the test peer reports what the agent would ack "remote"
     if copier is not None and not args.restore:

@@ -124,15 +124,14 @@ def test_the_http_trigger_without_a_bus_refuses_to_start_naming_why(tmp_path):
         CheckpointAgent(job="j", model=torch.nn.Linear(2, 2), local_dir=tmp_path, http_port=8080)
 
 
-def test_parallel_writers_share_a_node_budget_and_small_states_stay_one_file():
+def test_parallel_writers_by_size_and_small_states_stay_one_file():
     from powerguard.ckpt_agent._writers import local_bytes, writer_threads
 
     mib = 1 << 20
-    assert writer_threads(1024 * mib, local_ranks=1) == 4  # one rank: the node's 4 writers
-    assert writer_threads(1024 * mib, local_ranks=4) == 1  # four ranks share them
-    assert writer_threads(1024 * mib, local_ranks=2) == 2
-    assert writer_threads(100 * mib, local_ranks=1) == 1  # no file under 64 MiB
-    assert writer_threads(0, local_ranks=8) == 1
+    assert writer_threads(1024 * mib) == 4  # the rank's 4 writers
+    assert writer_threads(200 * mib) == 3  # one per 64 MiB at least
+    assert writer_threads(100 * mib) == 1  # no file under 64 MiB
+    assert writer_threads(0) == 1
     state = {"model": {"w": torch.zeros(4, 4)}, "optim": [torch.zeros(2, dtype=torch.float64)], "step": 3}
     assert local_bytes(state) == 16 * 4 + 2 * 8
 

@@ -44,11 +44,10 @@ class Saver:
         every_s: float,
         overlap: bool,
         node: str,
-        local_ranks: int = 1,
         writers: int | None = None,
     ) -> None:
         self.ranks, self.state, self.tier = ranks, state, tier
-        self.local_ranks, self.writers = local_ranks, writers  # writers: DCP's thread_count (None: by size)
+        self.writers = writers  # DCP's thread_count (None: by the state's size)
         self.job, self.root, self.fs, self.key, self.every_s, self.node = job, root, fs, key, every_s, node
         self.stats: dict[str, float] = {}
         self._last_local = time.monotonic()
@@ -107,7 +106,7 @@ class Saver:
         if committed:  # this exact step is already durable (e.g. a periodic save of the same step)
             return self._existing(directory, step, time.perf_counter() - t0)
         state = self.state.state_dict(step)
-        threads = self.writers or writer_threads(local_bytes(state), local_ranks=self.local_ranks)
+        threads = self.writers or writer_threads(local_bytes(state))
         writer = HashingWriter(directory, sync_files=True, key=self.key, thread_count=threads)
         try:
             dcp.save(state, storage_writer=writer, process_group=self.ranks.save_group)

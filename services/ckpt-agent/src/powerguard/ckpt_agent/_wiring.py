@@ -28,7 +28,7 @@ from ._retainer import Retainer
 from ._saver import Saver
 from ._state import TrainingState
 from ._tiers import SharedTier
-from ._writers import NODE_WRITERS
+from ._writers import RANK_WRITERS
 
 
 @dataclass(frozen=True)
@@ -124,7 +124,6 @@ def wire(cfg: AgentConfig, training: TrainingParts, *, node: str | None, bus: Bu
         every_s=cfg.local_every_s,
         overlap=cfg.overlap_staging and t.optimizer is not None,
         node=node,
-        local_ranks=len(topo.ranks(node)),
         writers=cfg.writer_threads,
     )
     agreement = StepAgreement(
@@ -145,7 +144,7 @@ def wire(cfg: AgentConfig, training: TrainingParts, *, node: str | None, bus: Bu
         reshard=cfg.reshard,
         nodes=nodes,
         allow_fresh_start=cfg.allow_fresh_start,
-        readers=max(1, NODE_WRITERS // len(topo.ranks(node))),  # the node's disk read by a few streams
+        readers=RANK_WRITERS,  # files each rank verifies and loads at once
     )
     frameworks = FrameworkSaves(ranks, acks, framework=cfg.framework, key=cfg.key) if cfg.framework else None
     remote = None
