@@ -150,8 +150,16 @@ def worker(args: argparse.Namespace) -> None:
     model, opt, state_bytes = sharded_state(args.size_gb)
     root = Path(args.dir)
     job = "bench-power"
+    # keep: the bench removes old checkpoints itself between cases (a retention running in the
+    # background would compete with the next case's writes, as it never does in a real outage)
     guard = CheckpointAgent(
-        job=job, model=model, optimizer=opt, local_dir=root / "agent", local_every_s=0, keep=1, nats_url=args.nats_url
+        job=job,
+        model=model,
+        optimizer=opt,
+        local_dir=root / "agent",
+        local_every_s=0,
+        keep=1000,
+        nats_url=args.nats_url,
     )
     group = dist.new_group(backend="gloo")
     timed = barrier_timer(group)
@@ -230,6 +238,10 @@ def worker(args: argparse.Namespace) -> None:
             if rank == 0:
                 for n in (1, *THREADS):
                     shutil.rmtree(root / f"plain-{n}", ignore_errors=True)
+                for old in (root / "agent" / job).glob("step-*"):  # all but the newest power checkpoint
+                    if old.name != f"step-{guard.last_committed_step}":
+                        shutil.rmtree(old, ignore_errors=True)
+                os.sync()
         seconds, was_cold = restore()
         cold = cold and was_cold
         runs["restore_s"].append(seconds)
