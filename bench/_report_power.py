@@ -22,12 +22,13 @@ own file and fsyncs it once, then the manifest, `COMMIT` and the directory fsync
 loads the files in parallel, one reader thread per file (`SafeFileSystemReader(threads=)`).
 Hashing stays inline: it is 1-2 % of the time.
 
-**What is left**: the power checkpoint reaches 0.81-0.82 of the best plain `dcp.save` (target
-0.9): the rest is the agent's own work per checkpoint (directory preparation with its fsyncs,
-the gathers of two small collectives, per-rank manifests, `COMMIT` and the directory fsyncs,
-inline hashing) on a 0.6 s save; it is a fixed cost, so the ratio grows with the state. The
-restore of one rank reaches 0.62 of `dd` reading the same files (target 0.8; 4 ranks: 0.95): it
-reads each file twice, once cold to verify it and once from the page cache to load it. Loading
+**What is left**: at 1 GB the power checkpoint reaches 0.81-0.82 of the best plain `dcp.save`
+(target 0.9): the rest is the agent's own work per checkpoint (directory preparation with its
+fsyncs, the gathers of two small collectives, per-rank manifests, `COMMIT` and the directory
+fsyncs, inline hashing) on a 0.6 s save; a fixed cost, so the ratio grows with the state (4 GB,
+1 rank: 0.97; 4 ranks: 0.84). The restore reaches 0.52-0.62 of `dd` reading the same files with
+1 rank and 0.76-0.95 with 4 (target 0.8): it reads each file twice, once cold to verify it and
+once from the page cache to load it. Loading
 a file while the next one is verified would overlap them, but a corrupt file found after others
 were loaded leaves a half-overwritten state, so it was not done. Reading each file once into
 memory and verifying it before use was tried and was slower here: fresh memory costs as much as
@@ -60,7 +61,8 @@ def power_section(pc: dict | None) -> str:
 ## The power checkpoint against the disk (`bench/power_checkpoint.py`)
 
 One run per row, the same state (FSDP2 model + AdamW, sharded over the ranks of one node) and
-disk, alternated repetitions, medians ({pc["runs"][0]["reps"]} each); GB/s. The power checkpoint's
+disk, alternated repetitions, medians ({", ".join(sorted({str(r["reps"]) for r in pc["runs"]}))} reps: see
+each run's `reps`); GB/s. The power checkpoint's
 time is the slowest rank's save from the agreed step to `COMMIT` (its ack says it); "request →
 durable" adds the paced step agreement (`agree_every_s` 0.5 s: up to ~1 s) and the acks. Reads
 {"cold (page cache dropped)" if cold else "WARM (the page cache could not be dropped: not root)"}.
