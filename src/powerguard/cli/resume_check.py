@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,17 +31,10 @@ class Run:
 
 
 def _run(name: str, command: list[str], work: Path, env: dict[str, str], timeout_s: float) -> Run:
+    from powerguard.sim.tryout import run
+
     log = work / f"{name}.log"
-    with open(log, "wb") as f:
-        try:
-            code = subprocess.run(
-                command, stdout=f, stderr=subprocess.STDOUT, env={**os.environ, **env}, timeout=timeout_s
-            ).returncode
-        except subprocess.TimeoutExpired:
-            code = 124
-        except OSError as exc:
-            f.write(f"cannot run {command[0]}: {exc}\n".encode())
-            code = 127
+    code, _ = run(command, env={**os.environ, **env}, log=log, timeout_s=timeout_s)
     return Run(name, log, code)
 
 
