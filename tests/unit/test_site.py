@@ -109,3 +109,16 @@ def test_a_bad_service_section_exits_2_naming_the_field_before_connecting(tmp_pa
         timeout=60,
     )
     assert r.returncode == 2 and match in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_a_top_level_typo_is_refused_naming_the_key_and_the_near_one(tmp_path):
+    with pytest.raises(ConfigError) as exc:
+        load_site(write(tmp_path, SITE + "coordinater: {shutdown_reserve_s: 60}\n"))
+    assert "coordinater: unknown top-level section; did you mean 'coordinator'?" in str(exc.value)
+    with pytest.raises(ConfigError, match=r"alerting: unknown top-level section \(the top-level keys are site, "):
+        load_site(write(tmp_path, SITE + "alerting: {}\n"))
+
+
+def test_a_service_section_must_be_a_mapping(tmp_path):
+    with pytest.raises(ConfigError, match="power_control: Input should be a valid dictionary"):
+        load_site(write(tmp_path, SITE + "power_control: 5\n"))

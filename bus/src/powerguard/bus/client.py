@@ -116,8 +116,20 @@ class Bus:
         servers = [u.strip() for u in url.split(",") if u.strip()] if isinstance(url, str) else list(url)
         closing = [False]  # set by drain()/close(): expected disconnects are not warnings
         reconnected = [asyncio.Event()]  # set (and replaced) at every reconnect
+        # the first connect retries quietly until connect_timeout; its last error becomes the cause
+        first: list[BaseException | None] = [None]
+        connected = [False]
+        from .connect_checks import cause, check_files, credential_name
+
+        if creds_file:
+            credential_name(creds_file)  # a missing or garbage file is named now, not as a TypeError later
+        check_files(nkey_seed_file=nkey_seed_file, tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key)
 
         async def on_error(exc: Exception) -> None:
+            if not connected[0]:
+                first[0] = exc
+                log.debug("nats (connecting): %s", exc or type(exc).__name__)
+                return
             (log.debug if closing[0] else log.warning)("nats: %s", exc or type(exc).__name__)
 
         async def on_disconnect() -> None:
@@ -162,10 +174,12 @@ class Bus:
         try:
             nc = await asyncio.wait_for(nats.connect(**options), connect_timeout)
         except (TimeoutError, OSError, nats.errors.Error) as exc:
+            last = first[0] if first[0] is not None or isinstance(exc, TimeoutError) else exc
             raise ConnectError(
-                f"cannot connect to NATS at {', '.join(redact(s) for s in servers)} within {connect_timeout:g}s"
-                + (f": {exc}" if str(exc) else "")
+                f"cannot connect to NATS at {', '.join(redact(s) for s in servers)} "
+                f"(tried for {connect_timeout:g}s): {cause(last)}"
             ) from None
+        connected[0] = True
         bus = cls(
             nc,
             service=service,

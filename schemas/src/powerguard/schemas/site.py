@@ -5,7 +5,9 @@ Credentials are *references* (``{env: NAME}`` or ``{file: PATH}``), never values
 YAML can be committed and the secrets never reach logs or events.
 
 Service-specific sections (``coordinator:``, ``ups_monitor:``, ``power_control:``)
-are kept as extra fields and validated by the service that owns them.
+are kept as mappings here and validated by the service that owns them (``powerguard config
+check`` validates all three at once). Any other top-level key is refused by every service: a
+typo (``coordinater:``) must never leave a service on its defaults.
 """
 
 from __future__ import annotations
@@ -160,14 +162,21 @@ class NodeConfig(_Model):
     _name = field_validator("name")(lambda v: token(v, what="node"))
 
 
+SERVICE_SECTIONS = ("coordinator", "ups_monitor", "power_control")
+
+
 class SiteConfig(BaseModel):
-    model_config = ConfigDict(extra="allow", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
     site: str
     nats: NatsSettings = Field(default_factory=NatsSettings)
     ups: list[UpsConfig] = Field(default_factory=list)
     pdus: list[PduConfig] = Field(default_factory=list)
     nodes: list[NodeConfig] = Field(default_factory=list)
+    # each service's own settings, validated by the service (``settings``)
+    coordinator: dict[str, Any] | None = None
+    ups_monitor: dict[str, Any] | None = None
+    power_control: dict[str, Any] | None = None
 
     _site = field_validator("site")(lambda v: site_token(v))
 
@@ -194,11 +203,9 @@ class SiteConfig(BaseModel):
 
     def section(self, name: str) -> dict[str, Any]:
         """A service's own section (``coordinator:``, ...) or ``{}``."""
-        extra = self.model_extra or {}
-        value = extra.get(name) or {}
-        if not isinstance(value, dict):
-            raise ConfigError(f"section {name!r} must be a mapping")
-        return value
+        if name not in SERVICE_SECTIONS:
+            raise ConfigError(f"no service section {name!r} (the sections are {', '.join(SERVICE_SECTIONS)})")
+        return getattr(self, name) or {}
 
     def settings(self, name: str, model: type[M]) -> M:
         """A service's section validated by its model; :class:`ConfigError` names every bad field."""
@@ -220,8 +227,20 @@ def load_site(path: str | Path) -> SiteConfig:
         raise ConfigError(f"{p}: not valid YAML: {exc}") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{p}: the top level must be a mapping")
+    unknown = [k for k in raw if k not in SiteConfig.model_fields]
+    if unknown:
+        raise ConfigError(f"{p}: invalid site file:\n  " + "\n  ".join(_unknown_key(str(k)) for k in unknown))
     try:
         return SiteConfig.model_validate(raw)
     except ValidationError as exc:
         lines = [f"{'.'.join(str(x) for x in e['loc']) or '<root>'}: {e['msg']}" for e in exc.errors()]
         raise ConfigError(f"{p}: invalid site file:\n  " + "\n  ".join(lines)) from None
+
+
+def _unknown_key(key: str) -> str:
+    import difflib
+
+    known = list(SiteConfig.model_fields)
+    near = difflib.get_close_matches(key, known, n=1)
+    hint = f"; did you mean {near[0]!r}?" if near else f" (the top-level keys are {', '.join(known)})"
+    return f"{key}: unknown top-level section{hint}"
