@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -113,12 +114,19 @@ async def test_service_starts_reports_ready_and_drains_on_sigterm(service, nats_
         await _readline_until(proc.stderr, "ready")
 
         def get(path: str) -> tuple[int, str]:
-            with urllib.request.urlopen(base + path, timeout=5) as r:
-                return r.status, r.read().decode()
+            try:
+                with urllib.request.urlopen(base + path, timeout=5) as r:
+                    return r.status, r.read().decode()
+            except urllib.error.HTTPError as exc:
+                return exc.code, exc.read().decode()
 
         assert (await asyncio.to_thread(get, "/healthz"))[0] == 200
         status, body = await asyncio.to_thread(get, "/readyz")
-        assert status == 200 and json.loads(body)["ready"] is True
+        if service == "ups_monitor":  # nothing answers at the UPS's address: alive, not ready, and why
+            assert status == 503 and json.loads(body)["ready"] is False
+            assert "ups ups-a: " in json.loads(body)["reason"], body
+        else:
+            assert status == 200 and json.loads(body)["ready"] is True
         status, metrics = await asyncio.to_thread(get, "/metrics")
         assert status == 200 and "python_info" in metrics
         proc.send_signal(signal.SIGTERM)

@@ -46,9 +46,7 @@ async def test_a_credential_of_another_deployment_is_refused_in_words(tmp_path, 
         other = tmp_path / "other"
         creds_mod.init(other, names=BusNames(), sites=["dc1"])
         with pytest.raises(ConnectError) as exc:
-            await Bus.connect(
-                dep.url, service="x", creds_file=other / "observer.creds", setup=False, connect_timeout=2
-            )
+            await Bus.connect(dep.url, service="x", creds_file=other / "observer.creds", setup=False, connect_timeout=2)
         assert "the server refused the credential (" in str(exc.value)
         assert "authorization violation" in str(exc.value).lower()
         assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text

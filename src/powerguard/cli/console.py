@@ -5,11 +5,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-from pathlib import Path
 
 from powerguard.bus import Bus, BusError, BusNames
 from powerguard.bus.env import auth_options
-from powerguard.schemas import SiteConfig, load_site
+from powerguard.schemas import SiteConfig
 
 log = logging.getLogger("powerguard.console")
 
@@ -27,6 +26,7 @@ async def start_console(
     tls_key: str | None = None,
     trace_url: str | None = None,
     creds: str | None = None,
+    auth: dict | None = None,
     allowed_hosts: tuple[str, ...] = (),
 ):
     """Connect (read-only), start the feed and the web server; returns (stop coroutine fn, URL)."""
@@ -38,7 +38,7 @@ async def start_console(
 
         policy = site.settings("coordinator", Policy)
         reserve, budget = policy.shutdown_reserve_s, policy.ckpt_timeout_s
-    auth = auth_options(site.nats if site is not None else None)
+    auth = dict(auth) if auth is not None else auth_options(site.nats if site is not None else None)
     if creds:
         auth["creds_file"] = creds
     names = BusNames.from_settings(site.nats) if site is not None else BusNames()
@@ -68,11 +68,9 @@ async def start_console(
     return stop, page
 
 
-async def run_console(config: Path | None, url: str | None, **options) -> None:
-    site = load_site(config) if config else None
-    stop, page = await start_console(
-        url=url or (site.nats.url if site else "nats://127.0.0.1:4222"), site=site, **options
-    )
+async def run_console(target, **options) -> None:
+    """Serve until SIGINT/SIGTERM; ``target`` is where and as whom (``cli._conn.target``)."""
+    stop, page = await start_console(url=target.url, site=target.site, auth=target.auth, **options)
     print(f"PowerGuard console: {page}", flush=True)
     try:
         await until_interrupted()

@@ -10,6 +10,8 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
+from ._conn import CA, CONFIG, URL
+
 creds_app = typer.Typer(
     help="NATS credentials: an operator, an account, one identity per service and one per training job.",
     no_args_is_help=True,
@@ -99,34 +101,42 @@ def issue(
 
 
 def bootstrap(
-    config: Path = typer.Option(None, "--config", "-c", help="Site YAML (site name, NATS URL and names)"),
-    url: str = typer.Option(None, "--url", "-s", help="NATS URL (default: env NATS_URL, the site file's)"),
+    config: Path = CONFIG,
+    url: str = URL,
+    creds_file: Path = typer.Option(
+        None, "--creds", help="The admin credential (env NATS_CREDS; the site file's nats.creds_file)"
+    ),
+    ca: Path = CA,
     site: list[str] = typer.Option(None, "--site", help="More sites whose services use this stream"),
-    creds_file: Path = typer.Option(None, "--creds", help="The admin credential (default: env NATS_CREDS)"),
     replicas: int = typer.Option(None, "--replicas", min=1, help="Stream and bucket replicas (3 on a cluster)"),
-    update: bool = typer.Option(False, "--update", help="Also change an existing stream to this configuration"),
+    update: bool = typer.Option(
+        False,
+        "--update",
+        help="Also change an existing stream, buckets and consumers to this release's configuration (upgrades)",
+    ),
 ) -> None:
     """Create the stream, the KV buckets and every site's durable consumers (once, as admin).
     Services never create or change them: they only use their own."""
     import os
 
     from powerguard.bus import BusError
-    from powerguard.bus.env import auth_options
-    from powerguard.schemas import PowerGuardError, load_site
+    from powerguard.schemas import PowerGuardError
 
-    names, sites = _site_names(config, site)
-    cfg = load_site(config) if config else None
-    auth = auth_options(cfg.nats if cfg else None)
-    if creds_file:
-        auth["creds_file"] = str(creds_file)
-    server = url or os.environ.get("NATS_URL") or (cfg.nats.url if cfg else "nats://127.0.0.1:4222")
+    from ._conn import target
+
+    try:
+        names, sites = _site_names(config, site)
+        t = target(config, url, creds_file, ca)
+    except PowerGuardError as exc:
+        err.print(f"[red]error:[/red] {exc}", highlight=False)
+        raise typer.Exit(1) from None
     n = replicas or int(os.environ.get("POWERGUARD_NATS_REPLICAS", "1"))
 
     from powerguard.bus.bootstrap import bootstrap as run
 
     try:
-        made = asyncio.run(run(url=server, names=names, sites=sites, auth=auth, replicas=n, update=update))
+        made = asyncio.run(run(url=t.url, names=names, sites=sites, auth=t.auth, replicas=n, update=update))
     except (BusError, PowerGuardError) as exc:
-        err.print(f"[red]error:[/red] {exc}")
+        err.print(f"[red]error:[/red] {exc}", highlight=False)
         raise typer.Exit(1) from None
     err.print(f"stream {names.stream} and its KV buckets ready; durable consumers: {', '.join(made)}")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import signal
 import sys
 from pathlib import Path
@@ -14,9 +13,9 @@ from rich.console import Console
 from rich.markup import escape
 
 from powerguard.bus import BusError, BusNames
-from powerguard.bus.env import auth_options
 from powerguard.schemas import PowerGuardError
 
+from ._conn import CA, CONFIG, CREDS, EPILOG, URL, target
 from .demo import run_demo
 
 app = typer.Typer(
@@ -33,7 +32,7 @@ from .power import power_app  # noqa: E402
 
 app.add_typer(power_app, name="power")
 app.add_typer(creds_app, name="creds")
-app.command("bootstrap")(bootstrap)
+app.command("bootstrap", epilog=EPILOG)(bootstrap)
 
 from .resume_check import check_resume  # noqa: E402
 from .try_job import HELP as TRY_HELP  # noqa: E402
@@ -43,36 +42,56 @@ app.command("check-resume")(check_resume)
 app.command("try", help=TRY_HELP)(try_job)
 
 err = Console(stderr=True)
-DEFAULT_URL = os.environ.get("NATS_URL", "nats://127.0.0.1:4222")
+READERS = ("observer", "operator", "admin")
 
 
-@app.command()
+def _fail(exc: BaseException) -> typer.Exit:
+    err.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
+    return typer.Exit(1)
+
+
+@app.command(epilog=EPILOG)
 def tail(
     subject: str = typer.Argument(None, help="Subject filter, e.g. 'pg.power.>' (default: every event, '<prefix>.>')"),
-    url: str = typer.Option(DEFAULT_URL, "--url", "-s", help="NATS server URL (env NATS_URL)"),
+    config: Path = CONFIG,
+    url: str = URL,
+    creds: Path = CREDS,
+    ca: Path = CA,
     count: int = typer.Option(0, "--count", "-n", min=0, help="Exit after N events (0: run until Ctrl-C)"),
     as_json: bool = typer.Option(False, "--json", help="One JSON object per line: subject, trace_id, event"),
-    prefix: str = typer.Option("pg", help="Subject prefix of the deployment"),
-    stream: str = typer.Option("PG_EVENTS", help="JetStream stream holding the events"),
+    prefix: str = typer.Option(None, help="Subject prefix of the deployment (default: the site file's, else pg)"),
+    stream: str = typer.Option(None, help="JetStream stream holding the events (default: the site file's)"),
     from_start: bool = typer.Option(False, "--all", help="Replay the stream from its start, not only new events"),
 ) -> None:
-    """Print events from the bus as they arrive: type, subject, time, trace id."""
-    names = BusNames(prefix=prefix, stream=stream)
+    """Print events from the bus as they arrive: type, subject, time, trace id (the observer's or the
+    operator's credential)."""
     try:
-        asyncio.run(_tail(url, names, subject or names.subjects.all, count, as_json, from_start))
+        t = target(config, url, creds, ca)
+        t.require(*READERS, command="powerguard tail")
+        names = t.names
+        if prefix or stream:
+            names = BusNames(prefix=prefix or names.prefix, stream=stream or names.stream)
+        asyncio.run(_tail(t, names, subject or names.subjects.all, count, as_json, from_start))
     except (BusError, PowerGuardError) as exc:
-        err.print(f"[red]error:[/red] {exc}")
-        raise typer.Exit(1) from None
+        raise _fail(exc) from None
+    except TimeoutError:
+        raise _fail(
+            TimeoutError(
+                "the server did not answer the stream's subscription: is this credential allowed to "
+                "read the event stream (observer or operator)? Is the stream bootstrapped?"
+            )
+        ) from None
     except KeyboardInterrupt:
         pass
 
 
-async def _tail(url: str, names: BusNames, subject: str, count: int, as_json: bool, from_start: bool) -> None:
+async def _tail(t, names: BusNames, subject: str, count: int, as_json: bool, from_start: bool) -> None:
     from powerguard.bus import Bus
     from powerguard.bus.client import redact
 
+    url = t.url
     out = Console(highlight=False, soft_wrap=True)
-    bus = await Bus.connect(url, service="tail", names=names, setup=False, **auth_options())
+    bus = await Bus.connect(url, service="tail", names=names, setup=False, **t.auth)
 
     def bad(subj: str, payload: bytes, exc: Exception) -> None:
         err.print(f"[yellow]undecodable message on {subj}:[/yellow] {exc}")
@@ -159,10 +178,12 @@ def _work_lost(row: dict) -> str:
     return "; ".join(parts) or "-"
 
 
-@app.command()
+@app.command(epilog=EPILOG)
 def status(
-    url: str = typer.Option(DEFAULT_URL, "--url", "-s", help="NATS server URL (env NATS_URL)"),
-    config: Path = typer.Option(None, "--config", "-c", help="Site YAML (for the NATS names it sets)"),
+    config: Path = CONFIG,
+    url: str = URL,
+    creds: Path = CREDS,
+    ca: Path = CA,
     show_all: bool = typer.Option(False, "--all", help="Also list finished sagas"),
     as_json: bool = typer.Option(False, "--json", help="JSON instead of a table"),
 ) -> None:
@@ -171,11 +192,11 @@ def status(
 
     from powerguard.bus import Bus
     from powerguard.coordinator.status import sagas
-    from powerguard.schemas import load_site
 
     async def fetch() -> list[dict]:
-        names = BusNames.from_settings(load_site(config).nats) if config else BusNames()
-        bus = await Bus.connect(url, service="status", names=names, setup=False, **auth_options())
+        t = target(config, url, creds, ca)
+        t.require(*READERS, command="powerguard status")
+        bus = await Bus.connect(t.url, service="status", names=t.names, setup=False, **t.auth)
         try:
             return await sagas(bus, include_closed=show_all)
         finally:
@@ -184,8 +205,9 @@ def status(
     try:
         rows = asyncio.run(fetch())
     except (BusError, PowerGuardError) as exc:
-        err.print(f"[red]error:[/red] {exc}")
-        raise typer.Exit(1) from None
+        raise _fail(exc) from None
+    except TimeoutError:
+        raise _fail(TimeoutError("the server did not answer: is this credential allowed to read pg_sagas?")) from None
     if as_json:
         sys.stdout.write(json.dumps(rows, indent=2) + "\n")
         return
@@ -334,13 +356,14 @@ def demo(
         raise typer.Exit(1)
 
 
-@app.command()
+@app.command(epilog=EPILOG)
 def console(
     config: Path = typer.Option(None, "--config", "-c", help="Site YAML: NATS names, UPS list, shutdown reserve"),
-    url: str = typer.Option(None, "--url", "-s", help="NATS URL (default: the site file's nats.url, else NATS_URL)"),
+    url: str = URL,
+    creds: Path = typer.Option(None, "--creds", help="NATS credential (the observer's; env NATS_CREDS)"),
+    ca: Path = CA,
     host: str = typer.Option("127.0.0.1", "--host", help="Address to bind (default loopback only)"),
     port: int = typer.Option(8080, "--port", help="Port (0: pick a free one)"),
-    creds: Path = typer.Option(None, "--creds", help="NATS credential (the observer's; default NATS_CREDS)"),
     token_file: Path = typer.Option(
         None, "--token-file", help="Require this token: 'Authorization: Bearer' or basic auth with it as password"
     ),
@@ -370,31 +393,34 @@ def console(
         err.print(f"[red]error:[/red] {token_file} is empty")
         raise typer.Exit(2)
     try:
+        t = target(config, url, creds, ca)
+        t.require(*READERS, command="powerguard console")
         asyncio.run(
             run_console(
-                config,
-                url or (None if config else DEFAULT_URL),
+                t,
                 host=host,
                 port=port,
                 token=token,
                 tls_cert=str(tls_cert) if tls_cert else None,
                 tls_key=str(tls_key) if tls_key else None,
                 trace_url=trace_url,
-                creds=str(creds) if creds else None,
                 allowed_hosts=tuple(allow_host),
             )
         )
     except (BusError, PowerGuardError, OSError) as exc:
-        err.print(f"[red]error:[/red] {exc}")
-        raise typer.Exit(1) from None
+        raise _fail(exc) from None
 
 
-@app.command()
+@app.command(epilog=EPILOG)
 def drill(
-    site: Path = typer.Option(..., "--site", "-c", help="Site YAML of the site to drill"),
+    site: Path = typer.Option(..., "--site", "--config", "-c", help="Site YAML of the site to drill"),
     ups: str = typer.Option(..., "--ups", help="The UPS whose outage is simulated"),
-    dry_run: bool = typer.Option(False, "--dry-run", help="Required: every power and job command is dry-run"),
-    url: str = typer.Option(None, "--url", "-s", help="NATS URL (default: the site file's nats.url)"),
+    dry_run: bool = typer.Option(
+        False, "--dry-run", help="Required: every power and job command is dry-run (power-control only logs them)"
+    ),
+    url: str = URL,
+    creds: Path = typer.Option(None, "--creds", help="NATS credential: the operator's (env NATS_CREDS)"),
+    ca: Path = CA,
     runtime_s: float = typer.Option(None, "--runtime-s", help="Battery runtime to start from (default: last reading)"),
     speed: float = typer.Option(1.0, "--speed", min=0.01, help="UPS seconds drained per second (10: ten times faster)"),
     timeout_s: float = typer.Option(900.0, "--timeout", help="Give up after this long"),
@@ -406,7 +432,6 @@ def drill(
 
     from powerguard.bus import Bus
     from powerguard.coordinator.drill import run_site_drill
-    from powerguard.schemas import load_site
 
     if not dry_run:
         err.print(
@@ -417,18 +442,13 @@ def drill(
     console = Console()
 
     async def go():
-        cfg = load_site(site)
-        bus = await Bus.connect(
-            url or cfg.nats.url,
-            service="drill",
-            names=BusNames.from_settings(cfg.nats),
-            setup=False,
-            **auth_options(cfg.nats),
-        )
+        t = target(site, url, creds, ca)
+        t.require("operator", "admin", command="powerguard drill")
+        bus = await Bus.connect(t.url, service="drill", names=t.names, setup=False, **t.auth)
         try:
             return await run_site_drill(
                 bus,
-                cfg,
+                t.site,
                 ups,
                 runtime_s=runtime_s,
                 speed=speed,
@@ -441,8 +461,7 @@ def drill(
     try:
         result = asyncio.run(go())
     except (BusError, PowerGuardError, TimeoutError) as exc:
-        err.print(f"[red]error:[/red] {exc}")
-        raise typer.Exit(1) from None
+        raise _fail(exc) from None
     if as_json:
         sys.stdout.write(json.dumps(result.as_dict(), indent=2) + "\n")
     else:

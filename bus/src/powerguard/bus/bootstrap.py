@@ -11,10 +11,10 @@ import logging
 import os
 import sys
 
-from powerguard.schemas import PowerGuardError, load_site
+from powerguard.schemas import ConfigError, PowerGuardError, load_site
 
 from .client import Bus
-from .env import auth_options
+from .env import PRECEDENCE, connection
 from .errors import BusError
 from .names import BusNames, StreamLimits
 
@@ -31,7 +31,18 @@ async def bootstrap(
     update: bool = False,
     connect_timeout: float = 30.0,
 ) -> list[str]:
-    """Create what is missing (``update``: also change the stream to this configuration)."""
+    """Create what is missing (``update``: also change the stream to this configuration). A
+    credential other than the admin's is refused in words before anything is asked of the server
+    (which would answer the first JetStream request it may not make with a timeout)."""
+    if auth.get("creds_file"):
+        from .connect_checks import credential_name
+
+        who = credential_name(auth["creds_file"])
+        if who != "admin":
+            raise ConfigError(
+                f"bootstrap needs the admin credential; {auth['creds_file']} is the {who or 'unnamed'} credential: "
+                "give --creds creds/admin.creds (or NATS_CREDS)"
+            )
     bus = await Bus.connect(
         url,
         service="admin",
@@ -48,10 +59,14 @@ async def bootstrap(
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m powerguard.bus.bootstrap", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        prog="python -m powerguard.bus.bootstrap", description=__doc__.split("\n\n")[0], epilog=PRECEDENCE
+    )
     p.add_argument("--config", help="Site YAML (site name, NATS names and URL)")
     p.add_argument("--site", action="append", default=[], help="More sites whose services use this stream")
-    p.add_argument("--nats-url", help="NATS URL(s) (default: env NATS_URL, the site file's)")
+    p.add_argument("--nats-url", "--url", help="NATS URL(s) (default: env NATS_URL, the site file's)")
+    p.add_argument("--creds", help="the admin credential (default: env NATS_CREDS, the site file's)")
+    p.add_argument("--ca", help="CA of the server's certificate (default: env NATS_CA, the site file's)")
     p.add_argument(
         "--replicas", type=int, help="Stream and bucket replicas (default: env POWERGUARD_NATS_REPLICAS or 1)"
     )
@@ -63,12 +78,13 @@ def main(argv: list[str] | None = None) -> int:
         sites = sorted({*args.site, *([cfg.site] if cfg else [])})
         if not sites:
             p.error("give --config site.yaml or --site")
+        url, auth = connection(cfg.nats if cfg else None, url=args.nats_url, creds=args.creds, ca=args.ca)
         made = asyncio.run(
             bootstrap(
-                url=args.nats_url or os.environ.get("NATS_URL") or (cfg.nats.url if cfg else "nats://127.0.0.1:4222"),
+                url=url,
                 names=BusNames.from_settings(cfg.nats) if cfg else BusNames(),
                 sites=sites,
-                auth=auth_options(cfg.nats if cfg else None),
+                auth=auth,
                 replicas=args.replicas or int(os.environ.get("POWERGUARD_NATS_REPLICAS", "1")),
                 update=args.update,
             )

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from powerguard.schemas import ConfigError, PowerGuardError, SiteConfig, load_site
 
 from .client import Bus
-from .env import auth_options, secured
+from .env import PRECEDENCE, auth_options, connection, secured
 from .http import HealthServer
 from .logs import configure_logging
 from .names import BusNames, StreamLimits
@@ -58,11 +58,12 @@ async def run_service(
     drain_timeout: float = 10.0,
     stop_event: asyncio.Event | None = None,
     args: argparse.Namespace | None = None,
+    auth: dict | None = None,
 ) -> int:
     """Run ``main`` until it returns or SIGTERM/SIGINT; then drain. Returns an exit code."""
     nats = site.nats if site else None
     # one site file for every service, one NATS identity per service: the environment may name it
-    auth = auth_options(nats)
+    auth = auth if auth is not None else auth_options(nats)
     replicas = int(os.environ.get("POWERGUARD_NATS_REPLICAS", "1"))
     bus = await Bus.connect(
         nats_url,
@@ -116,7 +117,13 @@ async def run_service(
 
 
 def service_parser(name: str, description: str, default_port: int) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=f"python -m powerguard.{name.replace('-', '_')}", description=description)
+    p = argparse.ArgumentParser(
+        prog=f"python -m powerguard.{name.replace('-', '_')}",
+        description=description,
+        epilog=f"{PRECEDENCE} Give each service its own credential (creds/{name}.creds): its identity on the bus "
+        "is what the server lets it say. Every flag has an environment variable: POWERGUARD_CONFIG, NATS_URL, "
+        "NATS_CREDS, NATS_CA, POWERGUARD_HTTP_HOST, POWERGUARD_HTTP_PORT, POWERGUARD_LOG_LEVEL.",
+    )
     p.add_argument(
         "--config",
         "-c",
@@ -126,8 +133,22 @@ def service_parser(name: str, description: str, default_port: int) -> argparse.A
     )
     p.add_argument(
         "--nats-url",
+        "--url",
         default=None,
         help="NATS server URL(s), comma-separated for a cluster (default: env NATS_URL, the site file's nats.url)",
+    )
+    p.add_argument(
+        "--creds",
+        metavar="FILE",
+        default=None,
+        help=f"this service's NATS credential (default: env NATS_CREDS, the site file's nats.creds_file): "
+        f"creds/{name}.creds from `powerguard creds init`",
+    )
+    p.add_argument(
+        "--ca",
+        metavar="PEM",
+        default=None,
+        help="CA that signed the server's certificate (default: env NATS_CA, the site file's nats.tls_ca)",
     )
     p.add_argument(
         "--http-host",
@@ -185,13 +206,14 @@ def _run(name: str, main, parser: argparse.ArgumentParser, args: argparse.Namesp
         parser.exit(2, f"error: {exc}\n")
     # the environment overrides the shared site file (one file, many deployments); a comma-separated
     # list names every server of a cluster
-    url = args.nats_url or os.environ.get("NATS_URL") or (site.nats.url if site else "nats://127.0.0.1:4222")
+    url, auth = connection(site.nats if site else None, url=args.nats_url, creds=args.creds, ca=args.ca)
     try:
         return asyncio.run(
             run_service(
                 name,
                 main,
                 nats_url=url,
+                auth=auth,
                 site=site,
                 args=args,
                 http_host=args.http_host,

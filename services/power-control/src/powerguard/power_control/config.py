@@ -54,6 +54,12 @@ class PowerControlSettings(_Model):
     )
     readback_window_s: float = Field(default=3600.0, gt=0, description="... for at most this long after the command")
     device_timeout_s: float = Field(default=10.0, gt=0, description="One request to one BMC or PDU")
+    device_check_s: float = Field(
+        default=60.0,
+        ge=0,
+        description="Check that every node's BMC and PDU outlets answer (secrets read) at start and this often; "
+        "a node that cannot be acted on makes /readyz degraded (0: never)",
+    )
     retries: int = Field(default=3, ge=0, description="Retries of a failed power action (retryable errors only)")
     retry_backoff_s: float = Field(default=2.0, ge=0, description="First retry delay; doubles each time")
     auth_holdoff_s: float = Field(default=300.0, ge=0, description="After a credential failure, fail fast this long")

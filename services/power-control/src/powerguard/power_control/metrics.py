@@ -10,6 +10,11 @@ REFUSED = Counter(
     "Commands not executed: too old, or of a saga that does not exist",
     ["type"],
 )
+DEVICE_OK = Gauge(
+    "powerguard_power_device_ok",
+    "1 while power-control can act on the node (BMC secrets read, BMC and PDU outlets answer), 0 when not",
+    ["site", "node"],
+)
 NODE_READY = Gauge("powerguard_node_ready", "1 once a restored node is ready, 0 while it is off or failed", ["node"])
 RESTORE_FAILED = Counter(
     "powerguard_node_restore_failed_total", "Nodes that did not come back after a restore", ["node"]

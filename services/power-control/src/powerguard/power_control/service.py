@@ -42,7 +42,7 @@ from powerguard.schemas import (
     decode,
 )
 
-from . import metrics
+from . import device_health, metrics
 from .admission import NO_SAGA, refusal
 from .config import PowerControlSettings
 from .drivers import Devices
@@ -437,12 +437,29 @@ async def main(ctx: ServiceContext) -> None:
     if service.settings.dry_run:
         log.warning("power-control in dry-run mode: no device will be touched")
     await service.start()
-    ctx.set_ready(True)
     log.info(
-        "power-control ready: %d node(s), %d PDU(s), scheduler %s",
+        "power-control started: %d node(s), %d PDU(s), scheduler %s",
         len(ctx.site.nodes),
         len(ctx.site.pdus),
         service.scheduler.kind,
     )
-    await ctx.stopping.wait()
+    every = service.settings.device_check_s
+    if service.settings.dry_run or every == 0:
+        ctx.set_ready(
+            True, "ok (dry-run: no device is checked)" if service.settings.dry_run else "ok (devices not checked)"
+        )
+        log.info("power-control ready")
+        await ctx.stopping.wait()
+    else:
+        said = ""
+        nodes = [n.name for n in ctx.site.nodes]
+        while not ctx.stopping.is_set():
+            health = await device_health.check(service.devices, ctx.site.site, nodes, service.settings.device_timeout_s)
+            ready, reason = health.verdict()
+            ctx.set_ready(ready, reason)
+            if reason != said:
+                (log.info if ready else log.error)("power-control %s", "ready" if ready else f"NOT ready: {reason}")
+                said = reason
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(ctx.stopping.wait(), every)
     await service.stop()

@@ -14,6 +14,11 @@ CHARGE = Gauge("powerguard_ups_charge_percent", "Battery charge", LABELS)
 LOAD = Gauge("powerguard_ups_load_percent", "Output load", LABELS)
 COMM_OK = Gauge("powerguard_ups_comm_ok", "1 while the UPS answers its polls", LABELS)
 UNWATCHED = Gauge("powerguard_ups_unwatched", "1 when a configured UPS cannot be watched (bad options, secret)", LABELS)
+PUBLISH_OK = Gauge(
+    "powerguard_ups_monitor_publish_ok",
+    "1 while the server stores the power events ups-monitor publishes (0: refused, e.g. a wrong credential)",
+    ["site"],
+)
 POLL_ERRORS = Counter(
     "powerguard_ups_poll_errors_total", "Polls that failed outside the driver's own error handling (a bug)", LABELS
 )

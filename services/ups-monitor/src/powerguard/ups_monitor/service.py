@@ -11,6 +11,7 @@ import logging
 import secrets
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -37,6 +38,7 @@ from powerguard.schemas import (
 from . import metrics
 from .config import MonitorSettings, NutOptions, SnmpOptions
 from .nut import NutDriver, UpsError
+from .readiness import Readiness
 from .reading import Reading
 from .state import POWER_KINDS, Transition, UpsState
 
@@ -153,6 +155,7 @@ class Monitor:
                     ),
                 )
             )
+        self.readiness = Readiness(tuple(c.name for c in site.ups), dict(self.unwatched))
         self._sem = asyncio.Semaphore(self.settings.max_concurrent_polls)
         self.traps = None
         self._trap_tasks: set[asyncio.Task] = set()
@@ -220,12 +223,16 @@ class Monitor:
                 continue  # another monitor made it first
         raise ConfigError(f"cannot read or create the event-id secret {key} in {kv.bucket}")
 
-    async def run(self, stopping: asyncio.Event) -> None:
+    async def run(self, stopping: asyncio.Event, after_poll: Callable[[Readiness], None] | None = None) -> None:
+        """Poll every UPS each interval until ``stopping``; ``after_poll`` sees the readiness after
+        each round."""
         await self.start_traps()
         interval = self.settings.poll_interval_s
         while not stopping.is_set():
             started = time.monotonic()
             await asyncio.gather(*(self.poll(t) for t in self.targets), return_exceptions=True)
+            if after_poll is not None:
+                after_poll(self.readiness)
             try:
                 await asyncio.wait_for(stopping.wait(), max(0.0, interval - (time.monotonic() - started)))
             except TimeoutError:
@@ -263,10 +270,12 @@ class Monitor:
                         trap.meaning,
                     )
                 reading = None
+                self.readiness.unreadable(t.cfg.name, error)
                 transitions = t.state.failed(error, now)
                 if any(tr.kind == "comm_lost" for tr in transitions):
                     metrics.comm_lost(self.site.site, t.cfg.name)
             if reading is not None:
+                self.readiness.read(t.cfg.name)
                 metrics.observe(self.site.site, t.cfg.name, reading)
                 previous = t.state.reading
                 transitions = t.state.good(reading, now)
@@ -304,7 +313,12 @@ class Monitor:
     async def _emit(self, t: Target, tr: Transition, now: float, via: str = "poll") -> None:
         site, ups = self.site.site, t.cfg.name
         if self._id_secret is None:
-            self._id_secret = await self._event_id_secret()
+            try:
+                self._id_secret = await self._event_id_secret()
+            except Exception as exc:  # its KV bucket refused or missing: nothing can be published
+                self.readiness.publish_failed(f"cannot read the event-id secret in {self.bus.names.ups}: {exc!r}")
+                metrics.PUBLISH_OK.labels(site).set(0)
+                raise
         key = self._id_secret
         if tr.kind in POWER_KINDS:
             eid = deterministic_id(site, ups, tr.kind, tr.reason or now, secret=key)
@@ -352,7 +366,11 @@ class Monitor:
                 await self.bus.publish(event)
             except Exception as exc:
                 log.error("ups %s: %s not published: %s", ups, tr.kind, exc)
+                self.readiness.publish_failed(str(exc) or type(exc).__name__)
+                metrics.PUBLISH_OK.labels(site).set(0)
                 return
+        self.readiness.published()
+        metrics.PUBLISH_OK.labels(site).set(1)
         if tr.kind != "status":
             metrics.TRANSITIONS.labels(site, ups, tr.kind).inc()
             log.info("ups %s: %s", ups, tr.kind)
@@ -368,7 +386,17 @@ async def main(ctx: ServiceContext) -> None:
     if ctx.site is None:
         raise ConfigError("the ups-monitor needs --config site.yaml (its UPSes)")
     monitor = Monitor(ctx.bus, ctx.site)
-    # not ready while a configured UPS cannot be watched: the others are, and /readyz says which
-    ctx.set_ready(not monitor.unwatched, "; ".join(f"ups {u}: {why}" for u, why in monitor.unwatched.items()))
-    log.info("ups-monitor ready: %d UPS(es), poll every %.1fs", len(monitor.targets), monitor.settings.poll_interval_s)
-    await monitor.run(ctx.stopping)
+    # ready once every UPS was read and the server stored what this credential published; /readyz
+    # says what is missing (a UPS that cannot be watched or read, events the server refuses)
+    ctx.set_ready(False, monitor.readiness.verdict()[1])
+    said = [""]
+
+    def after_poll(readiness: Readiness) -> None:
+        ready, reason = readiness.verdict()
+        ctx.set_ready(ready, reason)
+        if reason != said[0]:
+            (log.info if ready else log.error)("ups-monitor %s", "ready" if ready else f"NOT ready: {reason}")
+            said[0] = reason
+
+    log.info("ups-monitor: %d UPS(es), poll every %.1fs", len(monitor.targets), monitor.settings.poll_interval_s)
+    await monitor.run(ctx.stopping, after_poll)
