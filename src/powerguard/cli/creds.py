@@ -13,6 +13,7 @@ from rich.console import Console
 from ._conn import CA, CONFIG, URL
 
 creds_app = typer.Typer(
+    rich_markup_mode=None,
     help="NATS credentials: an operator, an account, one identity per service and one per training job.",
     no_args_is_help=True,
 )
@@ -45,7 +46,9 @@ def _site_names(config: Path | None, sites: list[str] | None):
 def init(
     directory: Path = DIR,
     config: Path = typer.Option(None, "--config", "-c", help="Site YAML (its site name and NATS names)"),
-    site: list[str] = typer.Option(None, "--site", help="Site name; repeat for several (with or without --config)"),
+    site: list[str] = typer.Option(
+        None, "--site", metavar="SITE", help="Site name; repeat for several (with or without --config)"
+    ),
     force: bool = typer.Option(False, "--force", help="Replace existing credentials (every issued one stops working)"),
 ) -> None:
     """Make the operator, the accounts, the server's resolver.conf and one .creds per service
@@ -107,7 +110,7 @@ def bootstrap(
         None, "--creds", help="The admin credential (env NATS_CREDS; the site file's nats.creds_file)"
     ),
     ca: Path = CA,
-    site: list[str] = typer.Option(None, "--site", help="More sites whose services use this stream"),
+    site: list[str] = typer.Option(None, "--site", metavar="SITE", help="More sites whose services use this stream"),
     replicas: int = typer.Option(None, "--replicas", min=1, help="Stream and bucket replicas (3 on a cluster)"),
     update: bool = typer.Option(
         False,

@@ -19,19 +19,24 @@ from ._conn import CA, CONFIG, CREDS, EPILOG, URL, target
 from .demo import run_demo
 
 app = typer.Typer(
+    rich_markup_mode=None,
     name="powerguard",
     help="PowerGuard: outage-safe GPU training. Monitor UPSes, checkpoint every rank, shut down, restore.",
     no_args_is_help=True,
     add_completion=False,
 )
-schemas_app = typer.Typer(help="The event contract: JSON Schema and AsyncAPI.", no_args_is_help=True)
+schemas_app = typer.Typer(
+    rich_markup_mode=None, help="The event contract: JSON Schema and AsyncAPI.", no_args_is_help=True
+)
 app.add_typer(schemas_app, name="schemas")
 
+from .config import config_app  # noqa: E402
 from .creds import bootstrap, creds_app  # noqa: E402
 from .power import power_app  # noqa: E402
 
 app.add_typer(power_app, name="power")
 app.add_typer(creds_app, name="creds")
+app.add_typer(config_app, name="config")
 app.command("bootstrap", epilog=EPILOG)(bootstrap)
 
 from .resume_check import check_resume  # noqa: E402
@@ -375,6 +380,7 @@ def console(
     allow_host: list[str] = typer.Option(
         [],
         "--allow-host",
+        metavar="HOST",
         help="A host name browsers use to reach the console (repeatable); requests naming any other Host or "
         "Origin are refused (DNS rebinding). Loopback names and --host are always allowed",
     ),

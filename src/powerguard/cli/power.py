@@ -12,13 +12,17 @@ from rich.console import Console
 from rich.table import Table
 
 power_app = typer.Typer(
+    rich_markup_mode=None,
     help="Operate node power through the site's BMCs and PDUs (the drivers power-control uses).",
     no_args_is_help=True,
 )
 err = Console(stderr=True)
 SITE = typer.Option(..., "--site", "-c", help="Site YAML (nodes, BMCs, PDUs, credentials by reference)")
-NODES = typer.Option(None, "--node", "-n", help="Node name; repeat for several (default: every node)")
+NODES = typer.Option(None, "--node", "-n", metavar="NODE", help="Node name; repeat for several (default: every node)")
 JSON = typer.Option(False, "--json", help="JSON instead of a table")
+DRY_RUN = typer.Option(
+    False, "--dry-run", help="Resolve the nodes and their devices and say what would be done; touch no BMC or PDU"
+)
 
 
 def _run(coro_fn, site: Path, *args, **kw) -> list:
@@ -71,9 +75,7 @@ def _action(action: str, site: Path, node: list[str], dry_run: bool, as_json: bo
 
 
 @power_app.command("on")
-def on_cmd(
-    site: Path = SITE, node: list[str] = NODES, dry_run: bool = typer.Option(False, "--dry-run"), as_json: bool = JSON
-) -> None:
+def on_cmd(site: Path = SITE, node: list[str] = NODES, dry_run: bool = DRY_RUN, as_json: bool = JSON) -> None:
     """Power node(s) on through their BMC."""
     _action("on", site, node, dry_run, as_json)
 
@@ -83,7 +85,7 @@ def off_cmd(
     site: Path = SITE,
     node: list[str] = NODES,
     soft: bool = typer.Option(False, "--soft", help="ACPI shutdown request instead of a hard power off"),
-    dry_run: bool = typer.Option(False, "--dry-run"),
+    dry_run: bool = DRY_RUN,
     as_json: bool = JSON,
 ) -> None:
     """Power node(s) off through their BMC (hard, or --soft for an ACPI shutdown)."""

@@ -218,6 +218,7 @@ def try_job(
     env_names: list[str] = typer.Option(
         [],
         "--env",
+        metavar="NAME",
         help="Pass this variable of your environment to the job (repeatable); the job otherwise gets "
         "the allowlist power-control's process adapter passes (PATH, HOME, PYTHONPATH, VIRTUAL_ENV, LC_*, ...)",
     ),

@@ -1,0 +1,1 @@
+"""Operations: what an SRE runs against a deployment (``powerguard config check``, backups)."""

@@ -1,0 +1,110 @@
+"""`powerguard config check --offline`: the whole file against every service's schema, the secrets,
+each party's credential; a line per problem naming it, exit 1 (the CLI as a process)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from powerguard.bus import BusNames
+from powerguard.bus import creds as creds_mod
+
+pytestmark = pytest.mark.integration
+POWERGUARD = str(Path(sys.executable).parent / "powerguard")
+
+SITE = """\
+site: dc1
+ups:
+  - {name: ups-a, driver: nut, port: 3493}
+nodes:
+  - name: n1
+    feeds: [ups-a]
+    bmc: {driver: ipmi, port: 6230, username: {env: PG_CHECK_BMC_USER}, password: {file: PASSWORD_FILE}}
+coordinator: {shutdown_reserve_s: 90}
+"""
+
+
+@pytest.fixture
+def deployment(tmp_path, monkeypatch):
+    monkeypatch.setenv("PG_CHECK_BMC_USER", "admin")
+    (tmp_path / "bmc.pw").write_text("secret\n")
+    site = tmp_path / "site.yaml"
+    site.write_text(SITE.replace("PASSWORD_FILE", str(tmp_path / "bmc.pw")))
+    creds_mod.init(tmp_path / "creds", names=BusNames(), sites=["dc1"])
+    return site, tmp_path / "creds"
+
+
+def check(site: Path, creds: Path, *extra: str) -> tuple[int, list[str]]:
+    out = subprocess.run(
+        [POWERGUARD, "config", "check", "--offline", "--site", str(site), "--creds-dir", str(creds), *extra],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=os.environ,
+    )
+    assert "Traceback" not in out.stderr, out.stderr
+    return out.returncode, [ln for ln in out.stdout.splitlines() if ln.startswith("PROBLEM")] + [out.stderr.strip()]
+
+
+def test_a_good_deployment_passes(deployment):
+    site, creds = deployment
+    code, lines = check(site, creds)
+    assert code == 0, lines
+    assert lines[-1].startswith("no problem in ") and "checks of the files" in lines[-1]
+
+
+def test_a_top_level_typo_names_the_key(deployment):
+    site, creds = deployment
+    site.write_text(site.read_text().replace("coordinator:", "coordinater:"))
+    code, lines = check(site, creds)
+    assert code == 1
+    assert f"PROBLEM site file: {site}: coordinater: unknown top-level section; did you mean 'coordinator'?" in lines
+
+
+def test_a_bad_value_in_one_services_section_is_refused(deployment):
+    site, creds = deployment
+    site.write_text(site.read_text() + "power_control: {device_timeout_s: -1}\n")
+    code, lines = check(site, creds)
+    assert code == 1
+    assert any(ln.startswith("PROBLEM section power_control: power_control.device_timeout_s: ") for ln in lines), lines
+
+
+def test_a_missing_secret_is_named_once_with_its_place(deployment, tmp_path):
+    site, creds = deployment
+    (tmp_path / "bmc.pw").unlink()
+    code, lines = check(site, creds)
+    assert code == 1
+    hits = [ln for ln in lines if "bmc.pw" in ln]
+    assert len(hits) == 1 and hits[0].startswith("PROBLEM secret nodes[n1].bmc.password: file:"), lines
+    assert "No such file or directory" in hits[0]
+
+
+def test_a_wrong_or_open_credential_is_named(deployment):
+    site, creds = deployment
+    shutil.copy(creds / "observer.creds", creds / "ups-monitor.creds")
+    (creds / "coordinator.creds").chmod(0o644)
+    (creds / "power-control.creds").write_text("garbage\n")
+    code, lines = check(site, creds)
+    assert code == 1
+    assert (
+        f"PROBLEM credential ups-monitor: {creds / 'ups-monitor.creds'} is the observer credential, not ups-monitor's"
+        in lines
+    )
+    assert any(ln.startswith("PROBLEM credential coordinator: ") and "chmod 600" in ln for ln in lines), lines
+    assert any(
+        ln.startswith("PROBLEM credential power-control: ") and "is not a NATS credential" in ln for ln in lines
+    ), lines
+
+
+def test_credentials_made_for_another_site_are_named(deployment, tmp_path):
+    site, _ = deployment
+    other = tmp_path / "other"
+    creds_mod.init(other, names=BusNames(), sites=["dc2"])
+    code, lines = check(site, other)
+    assert code == 1
+    assert any("made for site(s) dc2, not dc1" in ln for ln in lines), lines
