@@ -2,9 +2,10 @@
 a service's durable consumer falling behind (the coordinator not reading power events), messages
 redelivered, dead letters per service, the stream and its replicas, the KV buckets.
 
-``collect()`` reads it with the observer's permissions (stream and consumer info, no publish);
-``JetStreamHealth`` keeps gauges current on a timer; ``python -m powerguard.bus.health`` (or
-``powerguard jetstream-exporter``) serves them on ``/metrics`` for Prometheus.
+``collect()`` reads it with the observer's permissions (stream and consumer info, the buckets'
+stream info, no value and no publish); ``JetStreamHealth`` keeps gauges current on a timer;
+``python -m powerguard.bus.health`` serves them on ``/metrics`` for Prometheus (the unit
+``powerguard-exporter.service``).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import time
 from dataclasses import dataclass, field
 
@@ -63,12 +65,13 @@ class Snapshot:
     kv: dict[str, int | None] = field(default_factory=dict)
 
 
-async def collect(bus: Bus, site: str, *, now: float | None = None) -> Snapshot:
-    """Read the stream, the site's durables, the DLQ counts and the buckets."""
+async def collect(bus: Bus, site: str, *, now: float | None = None, timeout_s: float = 2.0) -> Snapshot:
+    """Read the stream, the site's durables, the DLQ counts and the buckets; each read bounded by
+    ``timeout_s`` (a refresh never outlasts its interval waiting on one answer)."""
     now = time.time() if now is None else now
     snap = Snapshot()
     stream = bus.names.stream
-    info = await bus.js.stream_info(stream, subjects_filter=bus.subjects.dlq("*"))
+    info = await asyncio.wait_for(bus.js.stream_info(stream, subjects_filter=bus.subjects.dlq("*")), timeout_s)
     snap.stream = {
         "messages": info.state.messages,
         "bytes": info.state.bytes,
@@ -82,7 +85,7 @@ async def collect(bus: Bus, site: str, *, now: float | None = None) -> Snapshot:
         snap.dead_letters[subject.rsplit(".", 1)[-1]] = count
     for durable in durable_names(site).values():
         try:
-            c = await bus.js.consumer_info(stream, durable)
+            c = await asyncio.wait_for(bus.js.consumer_info(stream, durable), timeout_s)
         except Exception as exc:
             log.warning("durable %s not read: %s", durable, exc)
             snap.consumers[durable] = {"present": 0}
@@ -99,9 +102,11 @@ async def collect(bus: Bus, site: str, *, now: float | None = None) -> Snapshot:
         }
     for bucket in (bus.names.sagas, bus.names.agents, bus.names.leases, bus.names.ups, bus.names.power):
         try:
-            kv = await bus.js.stream_info(f"KV_{bucket}")
+            kv = await asyncio.wait_for(bus.js.stream_info(f"KV_{bucket}"), timeout_s)
             snap.kv[bucket] = kv.state.messages
-        except Exception:
+        except Exception as exc:
+            if "not found" not in str(exc).lower():
+                log.warning("bucket %s not read: %r", bucket, exc)
             snap.kv[bucket] = None
     return snap
 
@@ -137,7 +142,7 @@ class JetStreamHealth:
 
     async def refresh(self) -> Snapshot | None:
         try:
-            snap = await collect(self.bus, self.site)
+            snap = await collect(self.bus, self.site, timeout_s=max(0.5, min(2.0, self.every_s / 4)))
         except Exception as exc:
             log.warning("JetStream health not read: %s", exc)
             UP.set(0)
@@ -168,17 +173,14 @@ async def _serve(args: argparse.Namespace) -> None:
 
     from powerguard.schemas import load_site
 
-    from .env import auth_options
+    from .env import connection
     from .http import HealthServer
     from .names import BusNames
 
     site = load_site(args.config)
+    url, auth = connection(site.nats, url=args.nats_url, creds=args.creds, ca=args.ca)
     bus = await Bus.connect(
-        args.nats_url or site.nats.url,
-        service="jetstream-exporter",
-        names=BusNames.from_settings(site.nats),
-        setup=False,
-        **auth_options(site.nats),
+        url, service="jetstream-exporter", names=BusNames.from_settings(site.nats), setup=False, **auth
     )
     health = JetStreamHealth(bus, site.site, every_s=args.every_s)
     health.start()
@@ -198,19 +200,33 @@ async def _serve(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    from .env import PRECEDENCE
+
     p = argparse.ArgumentParser(
         prog="python -m powerguard.bus.health",
         description="Serve JetStream health (durable lag, redeliveries, dead letters, stream replicas, KV buckets) "
-        "as Prometheus metrics. Needs only the observer's credential (NATS_CREDS).",
+        "as Prometheus metrics on /metrics. Needs only the observer's credential.",
+        epilog=PRECEDENCE,
     )
-    p.add_argument("--config", "-c", required=True, help="Site YAML (site name, NATS names and URL)")
-    p.add_argument("--nats-url", help="NATS URL (default: the site file's)")
-    p.add_argument("--http-host", default="127.0.0.1")
-    p.add_argument("--http-port", type=int, default=9104, help="0: a free port (printed)")
-    p.add_argument("--every-s", type=float, default=5.0, help="how often JetStream is read")
+    p.add_argument(
+        "--config", "-c", default=os.environ.get("POWERGUARD_CONFIG"), help="Site YAML (env POWERGUARD_CONFIG)"
+    )
+    p.add_argument("--nats-url", "--url", help="NATS URL (env NATS_URL; the site file's)")
+    p.add_argument("--creds", help="the observer's credential (env NATS_CREDS; the site file's)")
+    p.add_argument("--ca", help="CA of the server's certificate (env NATS_CA; the site file's)")
+    p.add_argument("--http-host", default="127.0.0.1", help="address to serve /metrics on (default 127.0.0.1)")
+    p.add_argument("--http-port", type=int, default=9104, help="port (default 9104; 0: a free one, printed)")
+    p.add_argument("--every-s", type=float, default=5.0, help="how often JetStream is read (default 5 s)")
     args = p.parse_args(argv)
+    if not args.config:
+        p.error("give --config site.yaml (or POWERGUARD_CONFIG)")
     logging.basicConfig(level=logging.INFO)
-    asyncio.run(_serve(args))
+    from powerguard.schemas import PowerGuardError
+
+    try:
+        asyncio.run(_serve(args))
+    except PowerGuardError as exc:
+        p.exit(1, f"error: {exc}\n")
 
 
 if __name__ == "__main__":

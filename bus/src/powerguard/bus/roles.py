@@ -185,6 +185,9 @@ def permissions(
         _api("CONSUMER.INFO", stream, "*"),
         *_kv_read(n.sagas, named=False),
         *_kv_read(n.agents, named=False),
+        # the other buckets' existence and size for the health exporter: stream info only, never a
+        # value (pg_ups holds the event-id secret, pg_power the ledger, pg_leases the leader)
+        *(_api("STREAM.INFO", f"KV_{b}") for b in (n.leases, n.ups, n.power)),
     ]
     if role == "operator":
         pub += [s.drill_power_events(site) for site in sites]
