@@ -64,7 +64,10 @@ def init(
         raise typer.Exit(1) from None
     for p in paths:
         err.print(f"wrote {p}")
-    err.print(f"include {directory / 'resolver.conf'} in nats.conf; then run `powerguard bootstrap` with admin.creds")
+    err.print(
+        f"copy {directory / 'resolver.conf'} to auth/resolver.conf beside the shipped nats.conf (which includes "
+        f"it), start nats-server, then: powerguard bootstrap --config site.yaml --creds {directory / 'admin.creds'}"
+    )
 
 
 @creds_app.command("issue")
@@ -101,6 +104,29 @@ def issue(
         err.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(1) from None
     err.print(f"wrote {path}")
+
+
+@creds_app.command("revoke")
+def revoke(
+    creds_file: Path = typer.Argument(..., help="The credential to revoke (its user key: every copy of it)"),
+    directory: Path = DIR,
+) -> None:
+    """Revoke one credential (a job's, a leaked one) and keep every other: the account, re-signed
+    with the revocation, is written to resolver.conf; copy it to the server's auth/resolver.conf
+    and reload the server (systemctl reload powerguard-nats, or SIGHUP)."""
+    from powerguard.bus import creds
+    from powerguard.schemas import PowerGuardError
+
+    try:
+        name, user = creds.revoke(directory, creds_file)
+    except PowerGuardError as exc:
+        err.print(f"[red]error:[/red] {exc}", highlight=False)
+        raise typer.Exit(1) from None
+    err.print(
+        f"revoked {name or '?'} ({user}); wrote {directory / 'resolver.conf'}: copy it to the server's "
+        "auth/resolver.conf and reload the server",
+        highlight=False,
+    )
 
 
 def bootstrap(

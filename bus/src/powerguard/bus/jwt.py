@@ -104,7 +104,17 @@ def operator_jwt(op: nkeys.KeyPair, *, name: str, system_account: str) -> str:
     return encode({"type": "operator", "system_account": system_account}, subject=public(op), name=name, issuer=op)
 
 
-def account_jwt(op: nkeys.KeyPair, account: str, *, name: str, signing_keys: list[str], jetstream: bool) -> str:
+def account_jwt(
+    op: nkeys.KeyPair,
+    account: str,
+    *,
+    name: str,
+    signing_keys: list[str],
+    jetstream: bool,
+    revocations: dict[str, int] | None = None,
+) -> str:
+    """An account; ``revocations``: user public key -> time (the server refuses that user's JWTs
+    issued at or before it)."""
     limits: dict[str, Any] = {
         "subs": UNLIMITED,
         "data": UNLIMITED,
@@ -118,6 +128,8 @@ def account_jwt(op: nkeys.KeyPair, account: str, *, name: str, signing_keys: lis
     if jetstream:
         limits.update(mem_storage=UNLIMITED, disk_storage=UNLIMITED, streams=UNLIMITED, consumer=UNLIMITED)
     claims: dict[str, Any] = {"type": "account", "limits": limits, "signing_keys": signing_keys}
+    if revocations:
+        claims["revocations"] = dict(revocations)
     if not jetstream:
         claims["exports"] = [
             {
