@@ -16,6 +16,7 @@ from powerguard.bus import BusError, BusNames
 from powerguard.schemas import PowerGuardError
 
 from ._conn import CA, CONFIG, CREDS, EPILOG, URL, target
+from ._extras import require_agent
 from .demo import run_demo
 
 app = typer.Typer(
@@ -316,6 +317,7 @@ def demo(
 ) -> None:
     """Run a whole outage drill on this machine: embedded NATS, simulated UPS/PDU/BMCs, real services,
     a 2-node x 2-rank training job; checks bit-exact resume against a reference run."""
+    require_agent("demo")
     if flap + race + real_ups + blackout > 1:
         err.print("[red]error:[/red] --flap, --race, --real-ups and --blackout are different scenarios; pick one")
         raise typer.Exit(2)

@@ -65,6 +65,9 @@ def check_resume(
     registered state, RNGs). Exit 0 when identical; else name the tensors that differ and why they
     usually do. The script needs a CheckpointAgent (restore(), step() after each optimizer step,
     close() at the end) and a fixed seed; nothing else changes."""
+    from ._extras import require_agent
+
+    require_agent("check-resume")
     work = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="pg-check-resume-"))
     for sub in ("straight", "resumed"):
         shutil.rmtree(work / sub, ignore_errors=True)

@@ -227,6 +227,9 @@ def try_job(
     timeout_s: float = typer.Option(1800.0, "--timeout", min=1, help="Seconds the reference run may take"),
 ) -> None:
     """Drill your own training job through a simulated power outage (see :data:`HELP`)."""
+    from ._extras import require_agent
+
+    require_agent("try")
     from powerguard.power_control.schedulers.base import safe_env
     from powerguard.schemas import HOLD_POLICIES
     from powerguard.sim.errors import DrillError

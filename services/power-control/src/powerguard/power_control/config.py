@@ -58,7 +58,7 @@ class PowerControlSettings(_Model):
         default=60.0,
         ge=0,
         description="Check that every node's BMC and PDU outlets answer (secrets read) at start and this often; "
-        "a node that cannot be acted on makes /readyz degraded (0: never)",
+        "a node that cannot be acted on makes /readyz degraded, checked again every 5 s until fixed (0: never)",
     )
     retries: int = Field(default=3, ge=0, description="Retries of a failed power action (retryable errors only)")
     retry_backoff_s: float = Field(default=2.0, ge=0, description="First retry delay; doubles each time")

@@ -426,6 +426,9 @@ class PowerControl:
         await self._finish(order.key, ok)
 
 
+DEGRADED_RECHECK_S = 5.0
+
+
 def _attrs(order: Order) -> dict[str, Any]:
     return {"powerguard.saga_id": order.saga_id, "powerguard.node": order.node, "powerguard.idempotency_key": order.key}
 
@@ -460,6 +463,6 @@ async def main(ctx: ServiceContext) -> None:
             if reason != said:
                 (log.info if ready else log.error)("power-control %s", "ready" if ready else f"NOT ready: {reason}")
                 said = reason
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(ctx.stopping.wait(), every)
+            with contextlib.suppress(TimeoutError):  # degraded: look again soon (a BMC still booting)
+                await asyncio.wait_for(ctx.stopping.wait(), every if ready else min(every, DEGRADED_RECHECK_S))
     await service.stop()
