@@ -31,6 +31,8 @@ schemas_app = typer.Typer(
 )
 app.add_typer(schemas_app, name="schemas")
 
+from .backup import backup as backup_cmd  # noqa: E402
+from .backup import restore as restore_cmd  # noqa: E402
 from .config import config_app  # noqa: E402
 from .creds import bootstrap, creds_app  # noqa: E402
 from .power import power_app  # noqa: E402
@@ -39,6 +41,8 @@ app.add_typer(power_app, name="power")
 app.add_typer(creds_app, name="creds")
 app.add_typer(config_app, name="config")
 app.command("bootstrap", epilog=EPILOG)(bootstrap)
+app.command("backup", epilog=EPILOG)(backup_cmd)
+app.command("restore", epilog=EPILOG)(restore_cmd)
 
 from .resume_check import check_resume  # noqa: E402
 from .try_job import HELP as TRY_HELP  # noqa: E402

@@ -97,7 +97,8 @@ def permissions(
     durables = {d for site in sites for d in durable_names(site).values()}
     if role == "admin":
         return Permissions(
-            pub_allow=("$JS.API.>", "$KV.>", "$JS.ACK.>", "$JS.FC.>"),
+            # snapshot acks and restore chunks: `powerguard backup` / `restore` (bus/backup.py)
+            pub_allow=("$JS.API.>", "$KV.>", "$JS.ACK.>", "$JS.FC.>", "$JS.SNAPSHOT.>"),
             sub_allow=(f"{inbox(role)}.>",),
             inbox=inbox(role),
         )
