@@ -301,6 +301,13 @@ class Bus:
                         config = info.config
                         config.filter_subject, config.filter_subjects = None, list(filters)
                         await self.js.add_consumer(self.names.stream, config)
+                    elif sorted(have) != sorted(filters):
+                        log.error(
+                            "durable %s reads %s, this release needs %s: run `powerguard bootstrap --update`",
+                            name,
+                            have,
+                            filters,
+                        )
                 made.append(name)
         return made
 

@@ -1,0 +1,78 @@
+"""An upgrade from the previous release's layout: that release's bootstrap made the events stream
+without direct gets and the durables without the UPS-output subjects (added with the blackout
+work). `powerguard bootstrap` of this release without --update changes nothing and says what is
+missing; with --update (the CLI, the admin credential) the stream and the durables take this
+release's configuration and keep every message, every KV value and the durables' positions."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from nats.js import api
+
+from powerguard.bus.consumer import durable_config
+from powerguard.bus.roles import durable_filters, durable_names
+from powerguard.schemas import OnBattery, PowerData
+
+from .conftest import SITE
+
+POWERGUARD = str(Path(sys.executable).parent / "powerguard")
+
+
+def previous_release_filters(names) -> dict[str, list[str]]:
+    s = names.subjects
+    now = durable_filters(names, SITE)
+    gone = {s.ups_result("*"), s.ups_cmd("*")}
+    return {name: [f for f in filters if f not in gone] for name, filters in now.items()}
+
+
+def bootstrap(dep, *extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [POWERGUARD, "bootstrap", "--site", SITE, "--url", dep.url, "--creds", str(dep.creds_of("admin")), *extra],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+async def test_bootstrap_update_takes_the_previous_layout_to_this_release(tmp_path):
+    from .conftest import start
+
+    dep = start(tmp_path)
+    try:
+        admin = await dep.connect("admin")
+        # the previous release's bootstrap
+        names = dep.names
+        await admin.js.add_stream(
+            api.StreamConfig(name=names.stream, subjects=[names.subjects.all], storage=api.StorageType.FILE)
+        )
+        for name, filters in previous_release_filters(names).items():
+            await admin.js.add_consumer(names.stream, durable_config(name, filters=filters, deliver="new"))
+        await admin.setup()  # its buckets
+        ups = await dep.connect("ups-monitor")
+        for _ in range(2):
+            await ups.publish(OnBattery(data=PowerData(site=SITE, ups="ups1", on_battery=True)))
+        coord = await dep.connect("coordinator")
+        await (await coord.kv(names.sagas)).put("s-open", {"state": "holding"})
+        durable = durable_names(SITE)["coordinator"]
+        before = await admin.js.consumer_info(names.stream, durable)
+
+        plain = bootstrap(dep)
+        assert plain.returncode == 0, plain.stderr
+        assert "this release needs" in plain.stderr and "bootstrap --update" in plain.stderr
+        assert (await admin.js.stream_info(names.stream)).config.allow_direct is not True
+
+        upgraded = bootstrap(dep, "--update")
+        assert upgraded.returncode == 0, upgraded.stderr
+        info = await admin.js.stream_info(names.stream)
+        assert info.config.allow_direct is True and info.state.messages == 2
+        for name, filters in durable_filters(names, SITE).items():
+            c = await admin.js.consumer_info(names.stream, name)
+            assert sorted(c.config.filter_subjects or [c.config.filter_subject]) == sorted(filters), name
+        after = await admin.js.consumer_info(names.stream, durable)
+        assert (after.delivered.stream_seq, after.num_pending) == (before.delivered.stream_seq, before.num_pending)
+        assert (await (await coord.kv(names.sagas)).get("s-open")).json() == {"state": "holding"}
+    finally:
+        await dep.close()
