@@ -10,7 +10,7 @@ PROJECTS := -e ./schemas -e ./bus[embedded,otlp] -e ./snmp -e ./services/ups-mon
 PYPROJECTS := pyproject.toml schemas/pyproject.toml bus/pyproject.toml snmp/pyproject.toml $(wildcard services/*/pyproject.toml) \
               constraints.txt requirements-dev.txt
 
-.PHONY: venv test test-unit demo bench chaos schemas lint fmt clean help
+.PHONY: venv test test-unit demo bench chaos schemas lint fmt clean help wheels
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -51,6 +51,13 @@ lint: venv  ## ruff
 fmt: venv
 	$(BIN)/ruff check --fix .
 	$(BIN)/ruff format schemas services src tests bench
+
+wheels: venv  ## PowerGuard's wheels: dist/wheels for management hosts (docs/deploy-bare-metal.md), dist/agent-wheels (the ckpt-agent) for compute nodes
+	rm -rf dist/wheels dist/agent-wheels
+	$(PIP) wheel -q --no-deps -w dist/wheels ./schemas ./bus ./snmp ./services/ups-monitor ./services/coordinator \
+	    ./services/power-control .
+	$(PIP) wheel -q --no-deps -w dist/agent-wheels ./services/ckpt-agent
+	@ls dist/wheels dist/agent-wheels
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -108,3 +108,26 @@ def test_credentials_made_for_another_site_are_named(deployment, tmp_path):
     code, lines = check(site, other)
     assert code == 1
     assert any("made for site(s) dc2, not dc1" in ln for ln in lines), lines
+
+
+def test_a_bad_job_adapter_option_is_named_not_a_traceback(deployment):
+    site, creds = deployment
+    site.write_text(
+        site.read_text() + "power_control: {scheduler: {kind: process, options: {jobs: {train: {argvv: [x]}}}}}\n"
+    )
+    code, lines = check(site, creds)
+    assert code == 1
+    assert any(
+        ln.startswith(
+            "PROBLEM job adapter: process job adapter: power_control.scheduler.options.jobs.train.argv: Field required"
+        )
+        for ln in lines
+    ), lines
+    out = subprocess.run(
+        [sys.executable, "-m", "powerguard.power_control", "--config", str(site)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert "power_control.scheduler.options.jobs.train.argvv: Extra inputs are not permitted" in out.stderr

@@ -62,7 +62,7 @@ async def test_backup_then_restore_onto_a_fresh_broker(deployment, tmp_path):
 
 
 def test_a_damaged_backup_is_refused_naming_the_file(tmp_path):
-    with pytest.raises(BackupError, match="no readable manifest.json"):
+    with pytest.raises(BackupError, match=r"no readable manifest\.json"):
         verify(tmp_path)
     (tmp_path / "manifest.json").write_text('{"streams": ["S"], "files": {"S.snapshot": {"bytes": 3, "sha256": "00"}}}')
     (tmp_path / "S.snapshot").write_bytes(b"abc")

@@ -122,3 +122,13 @@ async def test_5_cluster_routes_need_a_certificate_of_the_deployment_ca(tmp_path
         for p in procs:
             p.terminate()
             p.wait(10)
+
+
+async def test_a_tls_connection_closes_without_asyncio_noise(tls_deployment, caplog):
+    import logging
+
+    caplog.set_level(logging.DEBUG)
+    bus = await tls_deployment.connect("observer")
+    await bus.close()
+    await asyncio.sleep(0)  # the transport's close callbacks
+    assert "eof_received() has no effect when using ssl" not in caplog.text

@@ -225,8 +225,9 @@ def status(
         err.print("no open sagas" if not show_all else "no sagas")
         return
     table = Table(title="outage sagas")
+    # an id is copied whole into `tail`, the console, the trace: never shortened
+    table.add_column("saga", no_wrap=True, min_width=max(len(r["saga"]) for r in rows))
     for col in (
-        "saga",
         "state",
         "acks",
         "budget left",

@@ -41,8 +41,9 @@ def _show(rows: list, title: str, as_json: bool) -> None:
         sys.stdout.write(json.dumps([r.as_dict() for r in rows], indent=2) + "\n")
     else:
         table = Table(title=title)
-        for col in ("node", "driver", "power", "restore policy", "outlets", "verdict / error"):
+        for col in ("node", "driver", "power", "restore policy", "outlets"):
             table.add_column(col)
+        table.add_column("verdict / error", overflow="fold")  # a path in an error is shown whole
         for r in rows:
             table.add_row(
                 r.node,

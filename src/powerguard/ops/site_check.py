@@ -115,6 +115,12 @@ async def drivers(site: SiteConfig, found: list[Finding] = ()) -> list[Finding]:
             await make_driver(ups, monitor).close()
         except (PowerGuardError, ValueError) as exc:
             out.append(problem(f"ups {ups.name}", str(exc).removeprefix(f"ups {ups.name}: ")))
+    from powerguard.power_control.schedulers import make_scheduler
+
+    try:
+        make_scheduler(control.scheduler)
+    except PowerGuardError as exc:
+        out.append(problem("job adapter", str(exc)))
     devices = Devices(site, control)
     try:
         for pdu in site.pdus:

@@ -39,6 +39,18 @@ from .tracing import inject_headers, messaging_attributes, tracer
 log = logging.getLogger(__name__)
 
 
+class _SslEofNotice(logging.Filter):
+    """asyncio warns "returning true from eof_received() has no effect when using ssl" each time a
+    TLS connection to the server closes (nats-py's protocol keeps the stream open on EOF, which
+    asyncio ignores for TLS): nothing is wrong, and it buried every TLS command's output."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "eof_received() has no effect when using ssl" not in record.getMessage()
+
+
+logging.getLogger("asyncio").addFilter(_SslEofNotice())
+
+
 def redact(url: str) -> str:
     """A URL fit for a log: ``nats://user:secret@host`` becomes ``nats://user:***@host``."""
     scheme, sep, rest = url.partition("://")

@@ -12,6 +12,7 @@ import asyncio
 import logging
 import socket
 import time
+from collections.abc import Callable
 
 from opentelemetry import context as otel_context
 
@@ -96,7 +97,9 @@ class Coordinator:
         return self.core.open
 
     # ------------------------------------------------------------------ lifecycle
-    async def run(self, stopping: asyncio.Event, on_ready=None) -> None:
+    async def run(self, stopping: asyncio.Event, on_ready: Callable[[bool, str], None] | None = None) -> None:
+        """Lead or follow the site's lease until ``stopping``; ``on_ready(ready, reason)`` after
+        each lease check: ready while it holds or follows the lease, not while it cannot read it."""
         self._store = SagaStore(await self.bus.sagas())
         self._lease = Lease(
             await self.bus.leases(),
@@ -104,11 +107,13 @@ class Coordinator:
             holder=self.instance,
             ttl_s=self.policy.lease_ttl_s,
         )
-        if on_ready:
-            on_ready()
         log.info(
-            "coordinator %s ready for site %s (lease ttl %.1fs)", self.instance, self.site.site, self.policy.lease_ttl_s
+            "coordinator %s started for site %s (lease ttl %.1fs)",
+            self.instance,
+            self.site.site,
+            self.policy.lease_ttl_s,
         )
+        said = ""
         renew_every = self.policy.lease_ttl_s / 3
         last_renew = 0.0
         try:
@@ -117,9 +122,22 @@ class Coordinator:
                     last_renew = time.monotonic()
                     try:
                         held = await self._lease.keep()
+                        state = (True, "ok: leads the site" if held else "ok: standby, another instance leads")
                     except Exception as exc:
                         log.warning("lease check failed: %s", exc)
                         held = False
+                        state = (False, f"cannot read or renew the lease in {self.bus.names.leases}: {exc!r}")
+                    if on_ready:
+                        on_ready(*state)
+                    if state[1] != said:
+                        (log.info if state[0] else log.error)(
+                            "coordinator %s %s for site %s: %s",
+                            self.instance,
+                            "ready" if state[0] else "NOT ready",
+                            self.site.site,
+                            state[1],
+                        )
+                        said = state[1]
                     if held and not self.leader:
                         await self._lead()
                     elif not held and self.leader:
@@ -346,4 +364,4 @@ async def main(ctx: ServiceContext) -> None:
         raise ConfigError("the coordinator needs --config site.yaml (its topology and policy)")
     instance = getattr(ctx.args, "instance", None) if ctx.args else None
     coordinator = Coordinator(ctx.bus, ctx.site, instance=instance)
-    await coordinator.run(ctx.stopping, on_ready=lambda: ctx.set_ready(True))
+    await coordinator.run(ctx.stopping, on_ready=ctx.set_ready)

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from pydantic import ValidationError
+
+from powerguard.schemas import ConfigError
+
 from ..config import SchedulerSettings
 from .base import NoScheduler, Scheduler
 
@@ -9,6 +13,18 @@ __all__ = ["Scheduler", "make_scheduler"]
 
 
 def make_scheduler(settings: SchedulerSettings) -> Scheduler:
+    """The job adapter of ``power_control.scheduler``; :class:`ConfigError` names each bad option
+    (``power_control.scheduler.options.jobs.train.argv: Field required``), never a raw
+    validation error."""
+    try:
+        return _make(settings)
+    except ValidationError as exc:
+        where = "power_control.scheduler.options"
+        problems = "; ".join(f"{where}.{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()[:5])
+        raise ConfigError(f"{settings.kind} job adapter: {problems}") from None
+
+
+def _make(settings: SchedulerSettings) -> Scheduler:
     if settings.kind == "slurm":
         from .slurm import SlurmScheduler
 

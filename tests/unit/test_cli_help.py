@@ -1,0 +1,66 @@
+"""Every command's --help says what it does, as written: no `<bool>` for a flag, no markup eaten
+(`powerguard-ckpt-agent[lightning]`), every option described; the services' --help names the
+environment that gives each its own credential."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import click
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from powerguard.cli.main import app
+
+
+def commands(group: click.Group, prefix: tuple[str, ...] = ()):
+    for name, cmd in group.commands.items():
+        if isinstance(cmd, click.Group):
+            yield from commands(cmd, (*prefix, name))
+        else:
+            yield (*prefix, name), cmd
+
+
+ALL = sorted(commands(typer.main.get_command(app)))
+
+
+@pytest.mark.parametrize("path", [p for p, _ in ALL], ids=" ".join)
+def test_help_renders_every_option_described_and_no_bool_metavar(path):
+    out = CliRunner().invoke(app, [*path, "--help"], env={"COLUMNS": "120"})
+    assert out.exit_code == 0, out.output
+    assert "<bool>" not in out.output
+    cmd = dict(ALL)[path]
+    for param in cmd.params:
+        if isinstance(param, click.Option) and param.name != "help":
+            assert param.help, f"powerguard {' '.join(path)} {param.opts[0]} has no help"
+
+
+def test_extras_in_brackets_survive_the_help():
+    out = CliRunner().invoke(app, ["demo", "--help"], env={"COLUMNS": "200"})
+    assert "powerguard-ckpt-agent[lightning]or[hf]" in "".join(out.output.split())  # wrapped anywhere
+
+
+def test_power_dry_run_is_described():
+    out = CliRunner().invoke(app, ["power", "on", "--help"], env={"COLUMNS": "200"})
+    assert "touch no BMC or PDU" in out.output
+
+
+@pytest.mark.parametrize("module", ["powerguard.ups_monitor", "powerguard.coordinator", "powerguard.power_control"])
+def test_services_help_names_the_credential_environment(module):
+    out = subprocess.run([sys.executable, "-m", module, "--help"], capture_output=True, text=True, timeout=60)
+    text = " ".join(out.stdout.split())
+    assert out.returncode == 0
+    for word in ("--creds", "--ca", "NATS_CREDS", "NATS_CA", "NATS_URL", "POWERGUARD_CONFIG"):
+        assert word in text, word
+
+
+def test_health_exporter_help_describes_its_options():
+    out = subprocess.run(
+        [sys.executable, "-m", "powerguard.bus.health", "--help"], capture_output=True, text=True, timeout=60
+    )
+    text = " ".join(out.stdout.split())
+    assert out.returncode == 0 and "observer's credential" in text
+    for option in ("--http-host", "--http-port", "--every-s", "--creds"):
+        assert option in text
