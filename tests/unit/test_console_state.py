@@ -99,3 +99,19 @@ def test_the_timeline_picture_escapes_what_the_record_says():
         {"saga": "s<1>"}, [{"state": "detected", "at": T0, "reason": "<script>"}, {"state": "done", "at": T0 + 5}]
     )
     assert "<script>" not in svg and "&lt;script&gt;" in svg and svg.startswith("<svg")
+
+
+def test_status_telemetry_updates_the_ups_but_not_the_timeline():
+    from powerguard.schemas import PowerStatus
+
+    st = ConsoleState(clock=lambda: T0)
+    st.apply(OnBattery(data=PowerData(site="dc1", ups="ups-a", on_battery=True, runtime_s=900, observed_at=at(T0))))
+    for i in range(20):  # one every few seconds during a long hold
+        st.apply(
+            PowerStatus(
+                data=PowerData(site="dc1", ups="ups-a", on_battery=True, runtime_s=890 - i, observed_at=at(T0 + i))
+            )
+        )
+    snap = st.snapshot()
+    assert snap["ups"][0]["runtime_s"] == 871
+    assert [t["type"] for t in snap["timeline"]] == ["power.v1.on_battery"]

@@ -22,6 +22,7 @@ from powerguard.schemas import (
     PowerActionDone,
     PowerActionFailed,
     PowerEvent,
+    PowerStatus,
     SagaState,
     SagaStateChanged,
 )
@@ -108,6 +109,9 @@ class ConsoleState:
                     comm_lost=False,
                 )
             u["reading_at"] = d.observed_at.timestamp()
+            if isinstance(e, PowerStatus):  # periodic telemetry: the UPS panel, not a timeline entry
+                self._changed()
+                return
         elif isinstance(e, NodeState):
             n = self.nodes.setdefault(d.node, {"name": d.node})
             n.update(state=str(d.state), detail=d.detail, at=now)

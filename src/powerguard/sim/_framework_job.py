@@ -8,17 +8,23 @@ import os
 
 
 def job_parser(description: str, *, steps_help: str, local_dir_help: str) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=description)
-    p.add_argument("--job", required=True)
+    p = argparse.ArgumentParser(description=description, allow_abbrev=False)
+    p.add_argument("--job", required=True, help="the job's name on the bus (its agent registrations and acks)")
     p.add_argument("--steps", type=int, default=100, help=steps_help)
     p.add_argument("--local-dir", required=True, help=local_dir_help)
-    p.add_argument("--nats-url")
-    p.add_argument("--prefix", default="pg")
-    p.add_argument("--stream", default="PG_EVENTS")
-    p.add_argument("--agents-bucket", default="pg_agents")
-    p.add_argument("--node", default=os.environ.get("POWERGUARD_NODE"))
+    p.add_argument("--nats-url", help="the site's NATS (credential and CA from NATS_CREDS, NATS_CA); none: no bus")
+    p.add_argument("--prefix", default="pg", help="subject prefix of the deployment (default pg)")
+    p.add_argument("--stream", default="PG_EVENTS", help="the events stream (default PG_EVENTS)")
+    p.add_argument("--agents-bucket", default="pg_agents", help="the agents' KV bucket (default pg_agents)")
+    p.add_argument(
+        "--sim-node",
+        "--node",
+        dest="node",
+        default=os.environ.get("POWERGUARD_NODE"),
+        help="the node every rank says it runs on (env POWERGUARD_NODE; --nodes spreads them instead)",
+    )
     p.add_argument("--nodes", help="n1,n2: ranks are spread over these nodes in order (simulated multi-node)")
-    p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--seed", type=int, default=1234, help="data, weights and dropout seed (default 1234)")
     p.add_argument("--step-sleep", type=float, default=0.0, help="seconds per step (to make room for requests)")
     p.add_argument("--agree-every-s", type=float, help="the agent's agree_every_s (default: the agent's)")
     p.add_argument("--hold-policy", choices=["checkpoint-at-stop", "pause", "continue"], help="override the site's")

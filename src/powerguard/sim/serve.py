@@ -28,21 +28,28 @@ from .ups import Battery, ups_agent
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m powerguard.sim.serve", description=__doc__.split("\n\n")[0])
-    p.add_argument("--host", default="0.0.0.0")
-    p.add_argument("--ups-port", type=int, default=1161)
-    p.add_argument("--pdu-port", type=int, default=1162)
+    p.add_argument("--host", default="0.0.0.0", help="address of every simulated device (default 0.0.0.0)")
+    p.add_argument("--ups-port", type=int, default=1161, help="the UPS's SNMP agent, UDP (default 1161)")
+    p.add_argument("--pdu-port", type=int, default=1162, help="the switched PDU's SNMP agent, UDP (default 1162)")
     p.add_argument("--pdu-community-file", type=Path, help="write community (default 'private')")
     p.add_argument("--bmc", action="append", default=[], metavar="NODE:PORT", help="one simulated BMC per node")
-    p.add_argument("--bmc-password-file", type=Path, required=True)
-    p.add_argument("--state-dir", type=Path, default=Path("/tmp/powerguard-sim"))
+    p.add_argument("--bmc-password-file", type=Path, required=True, help="the BMCs' IPMI password (user admin)")
+    p.add_argument(
+        "--state-dir", type=Path, default=Path("/tmp/powerguard-sim"), help="the nodes' power states (JSON per node)"
+    )
     p.add_argument(
         "--speed",
         type=float,
         default=8.0,
         help="The battery is this many times smaller than an SRT 6000 (drains this much faster)",
     )
-    p.add_argument("--load-per-node", type=float, default=30.0)
-    p.add_argument("--http-port", type=int, default=8080)
+    p.add_argument("--load-per-node", type=float, default=30.0, help="UPS load %% each powered node adds (default 30)")
+    p.add_argument(
+        "--http-port",
+        type=int,
+        default=8080,
+        help='GET /state, POST /utility {"on": false} to fail mains (default 8080)',
+    )
     args = p.parse_args(argv)
     return asyncio.run(serve(args))
 

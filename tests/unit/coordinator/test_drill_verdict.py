@@ -48,3 +48,42 @@ def test_missing_and_failed_ranks_and_real_commands_are_each_named():
         "j1 rank 1: checkpoint failed: disk full",
         "1 command(s) NOT dry-run: shutdown_requested n1 (REAL)",
     ]
+
+
+def test_the_final_checkpoint_is_timed_from_its_own_request_not_mixed_into_the_first_round():
+    """Found by the bare-metal guide's drill: under checkpoint-at-stop the final checkpoint's acks
+    (16 s after on-battery) overwrote the first round's (1 s) and the drill said "over budget"."""
+    from powerguard.coordinator.drill import _observe
+    from powerguard.schemas import CheckpointDurable, CheckpointDurableData, SagaData, SagaStateChanged
+
+    r = DrillResult(saga_id="s1", expected={"j1": 1}, budget_s=10)
+
+    def at(dt: float, ev) -> None:
+        _observe(ev, r, 1000.0, lambda *_: None, now=1000.0 + dt)
+
+    def state(name: str) -> SagaStateChanged:
+        return SagaStateChanged(data=SagaData(saga_id="s1", site="dc1", ups=["u"], state=name, nodes=["n1"]))
+
+    def ack(step: int) -> CheckpointDurable:
+        data = CheckpointDurableData(
+            request_id="r",
+            saga_id="s1",
+            job="j1",
+            rank=0,
+            world_size=1,
+            step=step,
+            durability="local",
+            path="/x",
+            bytes=1,
+            digest="d",
+        )
+        return CheckpointDurable(data=data)
+
+    at(0.1, state("checkpointing"))
+    at(1.0, ack(10))
+    at(15.0, state("final_checkpoint"))
+    at(15.7, ack(300))
+    at(15.8, state("done"))
+    assert r.slowest_s == 1.0
+    assert round(r.final_acks["j1"][0], 3) == 0.7
+    assert r.problems == []
