@@ -105,8 +105,13 @@ async def snapshot(bus: Bus, stream: str, directory: Path, *, timeout: float = 3
 
 async def backup(bus: Bus, directory: Path, *, timeout: float = 30.0) -> list[Saved]:
     """Every PowerGuard stream into ``directory`` (made if missing), then its manifest."""
-    directory.mkdir(parents=True, exist_ok=True)
+    os.makedirs(directory, exist_ok=True)
     saved = [await snapshot(bus, s, directory, timeout=timeout) for s in streams_of(bus)]
+    _manifest(directory, saved)
+    return saved
+
+
+def _manifest(directory: Path, saved: list[Saved]) -> None:
     files = {}
     for s in saved:
         for suffix in (".json", ".snapshot"):
@@ -119,7 +124,6 @@ async def backup(bus: Bus, directory: Path, *, timeout: float = 30.0) -> list[Sa
         os.fsync(fd)
     finally:
         os.close(fd)
-    return saved
 
 
 def verify(directory: Path) -> list[str]:
@@ -139,9 +143,12 @@ def verify(directory: Path) -> list[str]:
     return list(manifest["streams"])
 
 
+def _saved(directory: Path, stream: str) -> tuple[dict, bytes]:
+    return json.loads((directory / f"{stream}.json").read_text()), (directory / f"{stream}.snapshot").read_bytes()
+
+
 async def restore_stream(bus: Bus, stream: str, directory: Path, *, timeout: float = 30.0) -> None:
-    meta = json.loads((directory / f"{stream}.json").read_text())
-    data = (directory / f"{stream}.snapshot").read_bytes()
+    meta, data = _saved(directory, stream)
     try:
         await asyncio.wait_for(bus.js.stream_info(stream), timeout)
     except TimeoutError:
