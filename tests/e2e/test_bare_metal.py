@@ -180,6 +180,7 @@ def site_file(host: Host, nut: NutServer, bmcs: dict[str, PyghmiBmc], **extra_no
             "tick_s": 0.2,
             "shutdown_timeout_s": 60,
             "restore_timeout_s": 120,
+            "max_on_battery_s": 12,
         },
         "power_control": {
             "soft_off_timeout_s": 3,
@@ -337,10 +338,9 @@ async def test_the_guide_from_an_empty_host_to_a_drilled_site(tmp_path):
         host.step("drill", timeout=300)
 
         # a real outage: the UPS on battery, the job checkpoints and trains on (checkpoint-at-stop);
-        # the runtime estimate drops near the shutdown reserve: a final checkpoint, the nodes go down
-        nut.feed(on_battery=True, charge_pct=60, runtime_s=400, load_pct=40, low=False)
+        # at the site's hold limit a final checkpoint of the current step, then the nodes go down
+        nut.feed(on_battery=True, charge_pct=60, runtime_s=900, load_pct=40, low=False)
         host.wait_saga("holding")
-        nut.feed(on_battery=True, charge_pct=40, runtime_s=140, load_pct=40, low=False)
         saga = host.wait_saga("down")
         assert saga["lost_steps"] == 0, saga
         assert saga["jobs"][JOB]["final_checkpoint"].startswith("committed at step"), saga["jobs"]

@@ -122,21 +122,17 @@ async def drivers(site: SiteConfig, found: list[Finding] = ()) -> list[Finding]:
     except PowerGuardError as exc:
         out.append(problem("job adapter", str(exc)))
     devices = Devices(site, control)
+    # (what, name, where its secrets sit in the file, how power-control builds its driver)
+    built = [("pdu", p.name, f"pdus[{p.name}]", devices.pdu) for p in site.pdus]
+    built += [("bmc", n.name, f"nodes[{n.name}].bmc", devices.bmc) for n in site.nodes]
     try:
-        for pdu in site.pdus:
-            if _bad_secret(found, f"pdus[{pdu.name}]"):
+        for what, name, secrets_at, make in built:
+            if _bad_secret(found, secrets_at):
                 continue
             try:
-                devices.pdu(pdu.name)
+                make(name)
             except (PowerControlError, PowerGuardError, ValueError) as exc:
-                out.append(problem(f"pdu {pdu.name}", str(exc)))
-        for node in site.nodes:
-            if _bad_secret(found, f"nodes[{node.name}].bmc"):
-                continue
-            try:
-                devices.bmc(node.name)
-            except (PowerControlError, PowerGuardError, ValueError) as exc:
-                out.append(problem(f"bmc {node.name}", str(exc).removeprefix(f"node {node.name}: ")))
+                out.append(problem(f"{what} {name}", str(exc).removeprefix(f"node {name}: ")))
     finally:
         await devices.close()
     return out
