@@ -130,6 +130,7 @@ class Bus:
         reconnected = [asyncio.Event()]  # set (and replaced) at every reconnect
         # the first connect retries quietly until connect_timeout; its last error becomes the cause
         first: list[BaseException | None] = [None]
+        refused: list[BaseException | None] = [None]  # an authorization error outranks what follows it
         connected = [False]
         from .connect_checks import cause, check_files, credential_name
 
@@ -140,6 +141,8 @@ class Bus:
         async def on_error(exc: Exception) -> None:
             if not connected[0]:
                 first[0] = exc
+                if "authoriz" in str(exc).lower() or "authentication" in str(exc).lower():
+                    refused[0] = exc  # the server then drops the socket: a reset would hide the cause
                 log.debug("nats (connecting): %s", exc or type(exc).__name__)
                 return
             (log.debug if closing[0] else log.warning)("nats: %s", exc or type(exc).__name__)
@@ -186,7 +189,7 @@ class Bus:
         try:
             nc = await asyncio.wait_for(nats.connect(**options), connect_timeout)
         except (TimeoutError, OSError, nats.errors.Error) as exc:
-            last = first[0] if first[0] is not None or isinstance(exc, TimeoutError) else exc
+            last = refused[0] or (first[0] if first[0] is not None or isinstance(exc, TimeoutError) else exc)
             raise ConnectError(
                 f"cannot connect to NATS at {', '.join(redact(s) for s in servers)} "
                 f"(tried for {connect_timeout:g}s): {cause(last)}"
