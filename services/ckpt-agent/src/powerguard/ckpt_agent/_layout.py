@@ -296,11 +296,11 @@ def verify_files(
     ``threads`` > 1 several files are read at once (a disk reads faster with a few streams)."""
     if threads > 1 and len(names) > 1:
         with ThreadPoolExecutor(min(threads, len(names)), thread_name_prefix="pg-ckpt-verify") as pool:
-            problems = list(pool.map(lambda n: _problem(fs, directory, n, files[n], key), names))
+            problems = list(pool.map(lambda n: file_problem(fs, directory, n, files[n], key), names))
     else:
         problems = []
         for name in names:  # one at a time: stop at the first bad one
-            problems.append(_problem(fs, directory, name, files[name], key))
+            problems.append(file_problem(fs, directory, name, files[name], key))
             if problems[-1]:
                 break
     for problem in problems:
@@ -308,7 +308,7 @@ def verify_files(
             raise CorruptCheckpoint(problem)
 
 
-def _problem(fs, directory: str, name: str, want: dict[str, Any], key: bytes | None) -> str | None:
+def file_problem(fs, directory: str, name: str, want: dict[str, Any], key: bytes | None) -> str | None:
     """What is wrong with one file of a checkpoint, or None."""
     try:
         size, digest, keyed = hash_file(fs, f"{directory}/{name}", key)

@@ -12,11 +12,13 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 
 from powerguard.schemas import JobData, JobResumed
 
 from . import _layout as L
 from . import _spans
+from ._loading import VerifyingReader, precheck_sizes
 from ._metadata import SafeFileSystemReader, SafeFsspecReader, check_metadata
 from ._ranks import Ranks
 from ._state import TrainingState
@@ -155,14 +157,28 @@ class Restorer:
             candidates = [c for c in candidates if c[0] == "remote"]
         for tier, url, _step, committed in candidates:
             fs, path = L.fs_for(url)
-            reason = self._verify(fs, path)
-            if reason:
+            # verified while loaded (file N+1 read and checked while file N loads), unless a fresh
+            # start is allowed: a file failing half-way leaves the model part loaded, which only a
+            # load of another checkpoint (every tensor again) or stopping may follow
+            pipelined = L.is_local(fs) and not self.allow_fresh_start
+            reason, files = self._verify(fs, path, contents=not pipelined)
+            loaded = None
+            if not reason and pipelined:
+                try:
+                    reader = VerifyingReader(path, fs=fs, files=files, key=self.key)
+                    loaded, seconds = load(self.state, reader, self.ranks)
+                except CheckpointException as exc:
+                    reason = corrupt_reason(exc)
+                    if reason is None:
+                        raise
+            elif not reason:
+                reader = SafeFileSystemReader(path, threads=self.readers) if L.is_local(fs) else SafeFsspecReader(url)
+                loaded, seconds = load(self.state, reader, self.ranks)
+            if reason or loaded is None:
                 log.warning("rank %d: skipping %s checkpoint %s: %s", rank, tier, url, reason)
                 if committed:
                     refused.append(f"{url}: {reason}")
                 continue
-            reader = SafeFileSystemReader(path, threads=self.readers) if L.is_local(fs) else SafeFsspecReader(url)
-            loaded, seconds = load(self.state, reader, self.ranks)
             log.info("rank %d: restored step %d from the %s tier (%s)", rank, loaded, tier, url)
             if self.key is None and rank == 0:
                 log.info(
@@ -191,25 +207,41 @@ class Restorer:
                 out.append(("remote", d if "://" in d else f"{proto}://{d}", s, _committed(rfs, d)))
         return out
 
-    def _verify(self, fs, path: str) -> str | None:
-        """Every rank checks a share of the files; all agree. Returns the reason it is bad, or None.
-        With a site key, COMMIT's signature is checked first: an unsigned checkpoint is not read."""
+    def _verify(self, fs, path: str, *, contents: bool) -> tuple[str | None, dict[str, dict[str, Any]]]:
+        """Every rank checks a share of the files; all agree. Returns (the reason it is bad or
+        None, the files the manifests list). With a site key, COMMIT's signature is checked
+        first: an unsigned checkpoint is not read. Without ``contents`` the files are checked by
+        size here and in full as they are loaded (:class:`VerifyingReader`)."""
         rank, world = self.ranks.rank, self.ranks.world_size
-        reason = None
+        reason, files = None, {}
         try:
             commit = L.read_commit(fs, path)
             L.authenticate(commit, self.key, path)
             check_world(commit, world_size=world, reshard=self.reshard, rank=rank)
             files = L.manifest_files(fs, path, commit, self.key)
             names = sorted(files)[rank::world]
-            L.verify_files(fs, path, files, names, self.key, threads=self.readers)
+            if contents:
+                L.verify_files(fs, path, files, names, self.key, threads=self.readers)
+            else:
+                precheck_sizes(path, {n: files[n] for n in names})
             if rank == 0:
                 L.verify_metadata(fs, path, commit, self.key)
                 check_metadata(fs, path)  # without a site key a forger recomputes the checksum
         except (CorruptCheckpoint, OSError, KeyError, ValueError) as exc:
             reason = str(exc)
         reasons = [r for r in self.ranks.gather(reason) if r]
-        return "; ".join(reasons) if reasons else None
+        return ("; ".join(reasons) if reasons else None), files
+
+
+def corrupt_reason(exc: CheckpointException) -> str | None:
+    """What DCP's load failure says was wrong with the checkpoint's files (every rank's
+    :class:`CorruptCheckpoint`), or None when no rank found its files bad (another failure)."""
+    found = []
+    for failure in exc.failures.values():
+        cause = failure[0] if isinstance(failure, tuple) else failure
+        if isinstance(cause, CorruptCheckpoint):
+            found.append(str(cause))
+    return "; ".join(found) if found else None
 
 
 def resumed(
