@@ -1,7 +1,8 @@
-"""The restore verifies each file as it loads it (file N+1 read and checked while file N loads):
-tensors read straight into their targets stay bit-exact, a file that fails half-way through the
-load is caught and named, the restore then loads an older checkpoint in full (nothing of the
-failed one stays), and a fresh start (``allow_fresh_start``) never starts from a part-loaded model."""
+"""The restore verifies each file in the one pass that loads it: tensors read straight into their
+targets stay bit-exact, a file is checked in full even where only part of it is loaded, a file
+that fails after others were loaded is caught and named, the restore then loads an older
+checkpoint in full (nothing of the failed one stays), and a fresh start (``allow_fresh_start``)
+never starts from a part-loaded model."""
 
 from __future__ import annotations
 
@@ -54,8 +55,7 @@ def test_tensors_read_straight_into_their_targets_are_bit_exact(tmp_path):
     files = _saved(tmp_path, want)
     got = {k: torch.zeros_like(v) if isinstance(v, torch.Tensor) else None for k, v in want.items()}
     got["obj"] = {"epoch": None, "names": None}
-    fs, _ = L.fs_for(str(tmp_path))
-    reader = VerifyingReader(tmp_path, fs=fs, files=files, key=None)
+    reader = VerifyingReader(tmp_path, files=files, key=None)
     dcp.load(got, storage_reader=reader)
     for k, v in want.items():
         if isinstance(v, torch.Tensor):
@@ -70,25 +70,39 @@ def test_a_file_that_fails_after_others_loaded_is_named(tmp_path):
     assert len(files) == 4
     last = sorted(files)[-1]
     _flip(tmp_path / last)
-    fs, _ = L.fs_for(str(tmp_path))
     got = {k: torch.zeros_like(v) for k, v in want.items()}
     with pytest.raises(CheckpointException) as caught:
-        dcp.load(got, storage_reader=VerifyingReader(tmp_path, fs=fs, files=files, key=None))
+        dcp.load(got, storage_reader=VerifyingReader(tmp_path, files=files, key=None))
     reason = corrupt_reason(caught.value)
     assert reason is not None and last in reason and "checksum mismatch" in reason
     # the files before it were loaded: why only a full load of another checkpoint may follow
     assert any(torch.equal(got[k], want[k]) for k in want)
 
 
+def test_a_file_is_checked_in_full_where_only_part_of_it_is_loaded(tmp_path):
+    want = {f"w{i}": torch.full((256, 256), float(i + 1)) for i in range(4)}
+    files = _saved(tmp_path, want, threads=1)
+    (name,) = files
+    half = {"w0": torch.zeros(256, 256), "w1": torch.zeros(256, 256)}
+    reader = VerifyingReader(tmp_path, files=files, key=None)
+    dcp.load(half, storage_reader=reader, planner=dcp.DefaultLoadPlanner(allow_partial_load=True))
+    assert torch.equal(half["w0"], want["w0"]) and torch.equal(half["w1"], want["w1"]) and reader.direct == 2
+    _flip(tmp_path / name, at=0.9)  # inside w3, which nothing loads
+    half = {"w0": torch.zeros(256, 256), "w1": torch.zeros(256, 256)}
+    with pytest.raises(CheckpointException) as caught:
+        reader = VerifyingReader(tmp_path, files=files, key=None)
+        dcp.load(half, storage_reader=reader, planner=dcp.DefaultLoadPlanner(allow_partial_load=True))
+    assert name in (corrupt_reason(caught.value) or "")
+
+
 def test_a_file_no_manifest_lists_is_refused_before_it_is_read(tmp_path):
     files = _saved(tmp_path, _state())
     dropped = sorted(files)[0]
     listed = {k: v for k, v in files.items() if k != dropped}
-    fs, _ = L.fs_for(str(tmp_path))
     got = {k: torch.zeros_like(v) for k, v in _state().items() if isinstance(v, torch.Tensor)}
     got["obj"] = {"epoch": None, "names": None}
     with pytest.raises(CheckpointException) as caught:
-        dcp.load(got, storage_reader=VerifyingReader(tmp_path, fs=fs, files=listed, key=None))
+        dcp.load(got, storage_reader=VerifyingReader(tmp_path, files=listed, key=None))
     assert "no manifest lists" in (corrupt_reason(caught.value) or "")
 
 

@@ -314,12 +314,19 @@ def file_problem(fs, directory: str, name: str, want: dict[str, Any], key: bytes
         size, digest, keyed = hash_file(fs, f"{directory}/{name}", key)
     except FileNotFoundError:
         return f"{directory}/{name}: missing"
+    return digest_problem(f"{directory}/{name}", size, digest, keyed, want, key)
+
+
+def digest_problem(
+    where: str, size: int, digest: str, keyed: str | None, want: dict[str, Any], key: bytes | None
+) -> str | None:
+    """What a file's size and digests (as read) say against its manifest entry, or None."""
     if size != want["size"]:
-        return f"{directory}/{name}: {size} bytes, manifest says {want['size']}"
+        return f"{where}: {size} bytes, manifest says {want['size']}"
     if digest != want["xxh3"]:
-        return f"{directory}/{name}: checksum mismatch (xxh3 {digest} != {want['xxh3']})"
+        return f"{where}: checksum mismatch (xxh3 {digest} != {want['xxh3']})"
     if key is not None and not hmac.compare_digest(str(want.get(KEYED, "")), keyed or "-"):
-        return f"{directory}/{name}: keyed digest mismatch"
+        return f"{where}: keyed digest mismatch"
     return None
 
 

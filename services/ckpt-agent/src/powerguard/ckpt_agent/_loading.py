@@ -1,27 +1,29 @@
-"""The restore's load, verified file by file and pipelined: while file N is loaded into the
-training's tensors, file N+1 is read and checked against its manifest entry.
+"""The restore's load, verified as it reads: each file this rank loads is read once, in order,
+and every byte of it is hashed (xxh3-128, and the keyed digest with a site key) as it lands; a
+tensor stored as its target's bytes lands straight in the target (``preadv``: one copy from the
+disk's page cache, no tensor allocated, no second read). A file whose digest does not match its
+manifest entry raises :class:`CorruptCheckpoint` naming it, once it has been read; DCP hands the
+failure to every rank and the restore moves on to the next checkpoint (whose load writes every
+tensor again) or stops (``Restorer``: a fresh start verifies first instead, so it never starts
+from a part-loaded model). Files are read in parallel (``threads``), each by one thread.
 
-One thread reads the files this rank loads in order, each in one sequential pass, and hashes them
-(xxh3-128, and the keyed digest with a site key); the calling thread loads a file's items only
-once that file checked out, from the page cache the check just filled. A file that fails raises
-:class:`CorruptCheckpoint` naming it; DCP hands the failure to every rank and the restore moves on
-to the next checkpoint (which loads every tensor again), or stops. Files no rank of this job loads
-(a reshard leaves some) are checked by size only; COMMIT, the manifests and ``.metadata`` are
-checked before anything is loaded (:meth:`Restorer._precheck`).
-
-A tensor item whose stored bytes are the target's bytes (same dtype, both contiguous, the narrowed
-range contiguous in the stored tensor) is read straight into the target with ``preadv``: one copy
-from the page cache, no new tensor allocated. The stored tensor's layout comes from its
-``torch.save`` archive loaded onto the ``meta`` device (``weights_only``: no code runs, no data is
-read); anything else takes DCP's own path (``torch.load`` + ``copy_``)."""
+A tensor item goes straight to its target when its stored bytes are the target's bytes: same
+dtype, both contiguous, the range the item asks for contiguous in the stored tensor. The stored
+tensor's layout is read from its ``torch.save`` archive loaded onto the ``meta`` device
+(``weights_only``: no code runs, no data is read). Everything else (bytes, other layouts) takes
+DCP's own path (``torch.load`` + ``copy_``) after its file checked out, from the page cache the
+check filled. Files no rank of this job loads (a reshard leaves some) are checked by size only;
+COMMIT, the manifests and ``.metadata`` are checked before anything is loaded
+(``Restorer._verify``)."""
 
 from __future__ import annotations
 
 import os
-from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, NamedTuple
 
 import torch
+import xxhash
 from torch.distributed.checkpoint.filesystem import _create_file_view
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner, ReadItem
 
@@ -29,18 +31,30 @@ from . import _layout as L
 from ._metadata import SafeFileSystemReader
 from .errors import CorruptCheckpoint
 
-_READ = 16 << 20
+_CHUNK = 8 << 20  # read and hashed at a time (hashed while still in the CPU's cache)
+
+
+class _Direct(NamedTuple):
+    start: int  # the item's tensor bytes in the file: [start, end)
+    end: int
+    target: torch.Tensor
+    req: ReadItem
 
 
 class VerifyingReader(SafeFileSystemReader):
-    """DCP's file system reader (metadata read without running code) that checks each file
-    in full against ``files`` (the manifests' entries) before any of its bytes reach a tensor."""
+    """DCP's file system reader (metadata read without running code) that hashes every byte of
+    each file it loads against ``files`` (the manifests' entries) in the same pass."""
 
     def __init__(
-        self, path: str | os.PathLike, *, fs: Any, files: dict[str, dict[str, Any]], key: bytes | None
+        self,
+        path: str | os.PathLike,
+        *,
+        files: dict[str, dict[str, Any]],
+        key: bytes | None,
+        threads: int = 1,
     ) -> None:
         super().__init__(path)
-        self.files, self.key, self._fs = files, key, fs
+        self.files, self.key, self.threads = files, key, threads
         self.direct = 0  # tensor items read straight into their target (the rest: DCP's torch.load)
 
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> torch.futures.Future[None]:
@@ -51,41 +65,88 @@ class VerifyingReader(SafeFileSystemReader):
         unlisted = [n for n in names if n not in self.files]
         if unlisted:
             raise CorruptCheckpoint(f"{self.path}/{unlisted[0]}: DCP's metadata names a file no manifest lists")
-        with ThreadPoolExecutor(1, thread_name_prefix="pg-ckpt-verify") as pool:
-            checks: list[Future] = [pool.submit(self._check, n) for n in names]
-            try:
-                for name, check in zip(names, checks, strict=True):
-                    problem = check.result()
-                    if problem:
-                        raise CorruptCheckpoint(problem)
-                    self._load_file(name, per_file[name], planner)
-            finally:
-                for check in checks:
-                    check.cancel()
+        if self.threads > 1 and len(names) > 1:
+            with ThreadPoolExecutor(min(self.threads, len(names)), thread_name_prefix="pg-ckpt-load") as pool:
+                done = [pool.submit(self._load_file, n, per_file[n], planner) for n in names]
+                problems = [d.exception() for d in done]  # every file finished (none still writing)
+            for problem in problems:
+                if problem is not None:
+                    raise problem
+        else:
+            for name in names:
+                self._load_file(name, per_file[name], planner)
         fut: torch.futures.Future = torch.futures.Future()
         fut.set_result(None)
         return fut
 
-    def _check(self, name: str) -> str | None:
-        return L.file_problem(self._fs, str(self.path), name, self.files[name], self.key)
-
     def _load_file(self, name: str, items: list[ReadItem], planner: LoadPlanner) -> None:
-        path = os.path.join(self.path, name)
-        rest: list[ReadItem] = []
-        with open(path, "rb", buffering=0) as f:
+        where = f"{self.path}/{name}"
+        try:
+            f = open(os.path.join(self.path, name), "rb", buffering=0)  # closed below (with f)
+        except FileNotFoundError:
+            raise CorruptCheckpoint(f"{where}: missing") from None
+        with f:
+            size = os.fstat(f.fileno()).st_size
+            want = self.files[name]
+            if size != want["size"]:
+                raise CorruptCheckpoint(f"{where}: {size} bytes, manifest says {want['size']}")
+            direct: list[_Direct] = []
+            rest: list[ReadItem] = []
             for req in sorted(items, key=lambda r: self.storage_data[r.storage_index].offset):
-                if req.type == LoadItemType.TENSOR and self._direct(f, req, planner):
-                    self.direct += 1
+                got = self._direct(f, req, planner) if req.type == LoadItemType.TENSOR else None
+                if got is not None and (not direct or got.start >= direct[-1].end) and got.end <= size:
+                    direct.append(got)
                 else:
                     rest.append(req)
-        if rest:  # DCP's own reading of them (bytes, and tensors stored another way)
+            digest, keyed = self._read(f, where, size, direct)
+        problem = L.digest_problem(where, size, digest, keyed, want, self.key)
+        if problem:
+            raise CorruptCheckpoint(problem)
+        for d in direct:
+            planner.commit_tensor(d.req, d.target)
+        self.direct += len(direct)
+        if rest:  # DCP's own reading of them, from the page cache this pass filled
             super().read_data(LoadPlan(rest), planner).wait()
 
-    def _direct(self, f: Any, req: ReadItem, planner: LoadPlanner) -> bool:
-        """Read one tensor item straight into its target; False: it needs DCP's path."""
+    def _read(self, f: Any, where: str, size: int, direct: list[_Direct]) -> tuple[str, str | None]:
+        """One pass over the file: the direct items' bytes into their targets, the rest into a
+        scratch buffer; every byte hashed. (xxh3, keyed digest or None)."""
+        hasher = xxhash.xxh3_128()
+        keyed = L.keyed_hasher(self.key) if self.key is not None else None
+        scratch = memoryview(bytearray(min(_CHUNK, size) or 1))
+        fd, pos = f.fileno(), 0
+
+        def into(dst: memoryview, offset: int) -> None:
+            done = 0
+            while done < len(dst):
+                got = os.preadv(fd, [dst[done : done + _CHUNK]], offset + done)
+                if got <= 0:
+                    raise CorruptCheckpoint(f"{where}: ended at {offset + done} bytes while read")
+                part = dst[done : done + got]
+                hasher.update(part)
+                if keyed is not None:
+                    keyed.update(part)
+                done += got
+
+        for d in direct:
+            while pos < d.start:
+                n = min(len(scratch), d.start - pos)
+                into(scratch[:n], pos)
+                pos += n
+            if d.end > d.start:
+                into(memoryview(d.target.view(-1).view(torch.uint8).numpy()), d.start)
+            pos = d.end
+        while pos < size:
+            n = min(len(scratch), size - pos)
+            into(scratch[:n], pos)
+            pos += n
+        return hasher.hexdigest(), keyed.hexdigest() if keyed is not None else None
+
+    def _direct(self, f: Any, req: ReadItem, planner: LoadPlanner) -> _Direct | None:
+        """Where a tensor item's bytes lie in the file when they are its target's bytes, else None."""
         info = self.storage_data[req.storage_index]
         if info.transform_descriptors:
-            return False
+            return None
         view = _create_file_view(f, info.offset, info.length)
         try:
             stored = torch.load(view, map_location="meta", weights_only=True)
@@ -93,33 +154,30 @@ class VerifyingReader(SafeFileSystemReader):
             archive = torch._C.PyTorchFileReader(view)
             records = [r for r in archive.get_all_records() if r.startswith("data/") or "/data/" in r]
             if len(records) != 1:
-                return False
+                return None
             record_offset = archive.get_record_offset(records[0])
             record_size = archive.get_record_size(records[0])
         except Exception:  # not a plain torch.save archive: DCP's own path says what is wrong
-            return False
+            return None
         if not isinstance(stored, torch.Tensor) or not stored.is_contiguous():
-            return False
-        start, count = _contiguous_range(stored, req.storage_offsets, req.lengths)
-        if start is None:
-            return False
+            return None
+        first, count = _contiguous_range(stored, req.storage_offsets, req.lengths)
+        if first is None:
+            return None
         target = planner.resolve_tensor(req).detach()
         size = stored.element_size()
+        start = info.offset + record_offset + (stored.storage_offset() + first) * size
         if (
             target.dtype != stored.dtype
             or target.device.type != "cpu"
             or not target.is_contiguous()
             or target.numel() != count
             or tuple(target.shape) != tuple(req.lengths)
-            or (stored.storage_offset() + start + count) * size > record_size
+            or (stored.storage_offset() + first + count) * size > record_size
             or record_offset + record_size > info.length
         ):
-            return False
-        if count:
-            dst = memoryview(target.view(-1).view(torch.uint8).numpy())
-            _pread_exactly(f.fileno(), dst, info.offset + record_offset + (stored.storage_offset() + start) * size)
-        planner.commit_tensor(req, target)
-        return True
+            return None
+        return _Direct(start, start + count * size, target, req)
 
 
 def _contiguous_range(stored: torch.Tensor, offsets: Any, lengths: Any) -> tuple[int | None, int]:
@@ -141,15 +199,6 @@ def _contiguous_range(stored: torch.Tensor, offsets: Any, lengths: Any) -> tuple
     for s in shape[1:]:
         row *= s
     return offsets[0] * row, lengths[0] * row
-
-
-def _pread_exactly(fd: int, dst: memoryview, offset: int) -> None:
-    done = 0
-    while done < len(dst):
-        got = os.preadv(fd, [dst[done : done + _READ]], offset + done)
-        if got <= 0:
-            raise CorruptCheckpoint(f"file ended {len(dst) - done} bytes early")
-        done += got
 
 
 def precheck_sizes(path: str, files: dict[str, dict[str, Any]]) -> None:

@@ -157,7 +157,7 @@ class Restorer:
             candidates = [c for c in candidates if c[0] == "remote"]
         for tier, url, _step, committed in candidates:
             fs, path = L.fs_for(url)
-            # verified while loaded (file N+1 read and checked while file N loads), unless a fresh
+            # verified while loaded (each file hashed in the one pass that loads it), unless a fresh
             # start is allowed: a file failing half-way leaves the model part loaded, which only a
             # load of another checkpoint (every tensor again) or stopping may follow
             pipelined = L.is_local(fs) and not self.allow_fresh_start
@@ -165,7 +165,7 @@ class Restorer:
             loaded = None
             if not reason and pipelined:
                 try:
-                    reader = VerifyingReader(path, fs=fs, files=files, key=self.key)
+                    reader = VerifyingReader(path, files=files, key=self.key, threads=self.readers)
                     loaded, seconds = load(self.state, reader, self.ranks)
                 except CheckpointException as exc:
                     reason = corrupt_reason(exc)

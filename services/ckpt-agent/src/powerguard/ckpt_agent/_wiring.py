@@ -28,7 +28,7 @@ from ._retainer import Retainer
 from ._saver import Saver
 from ._state import TrainingState
 from ._tiers import SharedTier
-from ._writers import RANK_WRITERS
+from ._writers import reader_threads
 
 
 @dataclass(frozen=True)
@@ -144,7 +144,7 @@ def wire(cfg: AgentConfig, training: TrainingParts, *, node: str | None, bus: Bu
         reshard=cfg.reshard,
         nodes=nodes,
         allow_fresh_start=cfg.allow_fresh_start,
-        readers=RANK_WRITERS,  # files each rank verifies and loads at once
+        readers=reader_threads(_local_ranks()),  # files each rank verifies and loads at once
     )
     frameworks = FrameworkSaves(ranks, acks, framework=cfg.framework, key=cfg.key) if cfg.framework else None
     remote = None
@@ -202,3 +202,11 @@ def connect(cfg: AgentConfig, opts: BusOptions, *, node: str, rank: int, world_s
 
         http = bus.run(serve_trigger(bus, port=opts.http_port))
     return bus, http
+
+
+def _local_ranks() -> int:
+    """Ranks on this node (torchrun's ``LOCAL_WORLD_SIZE``; 1 when it is not set or not a number)."""
+    try:
+        return max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    except ValueError:
+        return 1
