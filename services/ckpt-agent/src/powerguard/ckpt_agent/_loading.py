@@ -18,13 +18,14 @@ COMMIT, the manifests and ``.metadata`` are checked before anything is loaded
 
 from __future__ import annotations
 
+import io
 import os
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import ExitStack
 from typing import Any, NamedTuple
 
 import torch
 import xxhash
-from torch.distributed.checkpoint.filesystem import _create_file_view
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner, ReadItem
 
 from . import _layout as L
@@ -32,6 +33,7 @@ from ._metadata import SafeFileSystemReader
 from .errors import CorruptCheckpoint
 
 _CHUNK = 8 << 20  # read and hashed at a time (hashed while still in the CPU's cache)
+_PARSERS = 8  # tensor items whose layout is read at once (small reads: at the disk's latency)
 
 
 class _Direct(NamedTuple):
@@ -39,6 +41,44 @@ class _Direct(NamedTuple):
     end: int
     target: torch.Tensor
     req: ReadItem
+
+
+class _File(NamedTuple):
+    name: str
+    fd: int
+    items: list[ReadItem]  # in the file's order
+    layouts: list[Future | None]  # each tensor item's _Direct (or None), being read
+
+
+class _PreadView(io.RawIOBase):
+    """A read-only window [offset, offset + length) of a file, read with ``pread`` (threads can
+    share the descriptor: no shared file position)."""
+
+    def __init__(self, fd: int, offset: int, length: int) -> None:
+        self._fd, self._offset, self._length, self._pos = fd, offset, length, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, pos: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._length}[whence]
+        self._pos = max(0, base + pos)
+        return self._pos
+
+    def readinto(self, b: Any) -> int:
+        mv = memoryview(b).cast("B")
+        n = max(0, min(len(mv), self._length - self._pos))
+        if n == 0:
+            return 0
+        got = os.preadv(self._fd, [mv[:n]], self._offset + self._pos)
+        self._pos += got
+        return got
 
 
 class VerifyingReader(SafeFileSystemReader):
@@ -65,40 +105,48 @@ class VerifyingReader(SafeFileSystemReader):
         unlisted = [n for n in names if n not in self.files]
         if unlisted:
             raise CorruptCheckpoint(f"{self.path}/{unlisted[0]}: DCP's metadata names a file no manifest lists")
-        if self.threads > 1 and len(names) > 1:
-            with ThreadPoolExecutor(min(self.threads, len(names)), thread_name_prefix="pg-ckpt-load") as pool:
-                done = [pool.submit(self._load_file, n, per_file[n], planner) for n in names]
-                problems = [d.exception() for d in done]  # every file finished (none still writing)
-            for problem in problems:
-                if problem is not None:
-                    raise problem
-        else:
-            for name in names:
-                self._load_file(name, per_file[name], planner)
+        with ExitStack() as open_files, ThreadPoolExecutor(_PARSERS, thread_name_prefix="pg-ckpt-parse") as parse:
+            files: dict[str, _File] = {}
+            for name in names:  # every item's layout read at once (small reads), while files load
+                try:
+                    f = open_files.enter_context(open(os.path.join(self.path, name), "rb", buffering=0))
+                except FileNotFoundError:
+                    raise CorruptCheckpoint(f"{self.path}/{name}: missing") from None
+                items = sorted(per_file[name], key=lambda r: self.storage_data[r.storage_index].offset)
+                layouts = [
+                    parse.submit(self._direct, f.fileno(), r, planner) if r.type == LoadItemType.TENSOR else None
+                    for r in items
+                ]
+                files[name] = _File(name, f.fileno(), items, layouts)
+            if self.threads > 1 and len(names) > 1:
+                with ThreadPoolExecutor(min(self.threads, len(names)), thread_name_prefix="pg-ckpt-load") as pool:
+                    done = [pool.submit(self._load_file, files[n], planner) for n in names]
+                    problems = [d.exception() for d in done]  # every file finished (none still writing)
+                for problem in problems:
+                    if problem is not None:
+                        raise problem
+            else:
+                for name in names:
+                    self._load_file(files[name], planner)
         fut: torch.futures.Future = torch.futures.Future()
         fut.set_result(None)
         return fut
 
-    def _load_file(self, name: str, items: list[ReadItem], planner: LoadPlanner) -> None:
-        where = f"{self.path}/{name}"
-        try:
-            f = open(os.path.join(self.path, name), "rb", buffering=0)  # closed below (with f)
-        except FileNotFoundError:
-            raise CorruptCheckpoint(f"{where}: missing") from None
-        with f:
-            size = os.fstat(f.fileno()).st_size
-            want = self.files[name]
-            if size != want["size"]:
-                raise CorruptCheckpoint(f"{where}: {size} bytes, manifest says {want['size']}")
-            direct: list[_Direct] = []
-            rest: list[ReadItem] = []
-            for req in sorted(items, key=lambda r: self.storage_data[r.storage_index].offset):
-                got = self._direct(f, req, planner) if req.type == LoadItemType.TENSOR else None
-                if got is not None and (not direct or got.start >= direct[-1].end) and got.end <= size:
-                    direct.append(got)
-                else:
-                    rest.append(req)
-            digest, keyed = self._read(f, where, size, direct)
+    def _load_file(self, file: _File, planner: LoadPlanner) -> None:
+        where = f"{self.path}/{file.name}"
+        size = os.fstat(file.fd).st_size
+        want = self.files[file.name]
+        if size != want["size"]:
+            raise CorruptCheckpoint(f"{where}: {size} bytes, manifest says {want['size']}")
+        direct: list[_Direct] = []
+        rest: list[ReadItem] = []
+        for req, layout in zip(file.items, file.layouts, strict=True):
+            got = layout.result() if layout is not None else None
+            if got is not None and (not direct or got.start >= direct[-1].end) and got.end <= size:
+                direct.append(got)
+            else:
+                rest.append(req)
+        digest, keyed = self._read(file.fd, where, size, direct)
         problem = L.digest_problem(where, size, digest, keyed, want, self.key)
         if problem:
             raise CorruptCheckpoint(problem)
@@ -108,13 +156,13 @@ class VerifyingReader(SafeFileSystemReader):
         if rest:  # DCP's own reading of them, from the page cache this pass filled
             super().read_data(LoadPlan(rest), planner).wait()
 
-    def _read(self, f: Any, where: str, size: int, direct: list[_Direct]) -> tuple[str, str | None]:
+    def _read(self, fd: int, where: str, size: int, direct: list[_Direct]) -> tuple[str, str | None]:
         """One pass over the file: the direct items' bytes into their targets, the rest into a
         scratch buffer; every byte hashed. (xxh3, keyed digest or None)."""
         hasher = xxhash.xxh3_128()
         keyed = L.keyed_hasher(self.key) if self.key is not None else None
         scratch = memoryview(bytearray(min(_CHUNK, size) or 1))
-        fd, pos = f.fileno(), 0
+        pos = 0
 
         def into(dst: memoryview, offset: int) -> None:
             done = 0
@@ -142,12 +190,12 @@ class VerifyingReader(SafeFileSystemReader):
             pos += n
         return hasher.hexdigest(), keyed.hexdigest() if keyed is not None else None
 
-    def _direct(self, f: Any, req: ReadItem, planner: LoadPlanner) -> _Direct | None:
+    def _direct(self, fd: int, req: ReadItem, planner: LoadPlanner) -> _Direct | None:
         """Where a tensor item's bytes lie in the file when they are its target's bytes, else None."""
         info = self.storage_data[req.storage_index]
         if info.transform_descriptors:
             return None
-        view = _create_file_view(f, info.offset, info.length)
+        view = _PreadView(fd, info.offset, info.length)
         try:
             stored = torch.load(view, map_location="meta", weights_only=True)
             view.seek(0)
