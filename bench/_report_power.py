@@ -4,35 +4,56 @@ from __future__ import annotations
 
 PROFILE = """
 **Where the time of a power checkpoint goes** (cProfile of `CheckpointAgent.save`, 1 rank, 1 GB of
-model + AdamW state on this machine's disk, before the change): 3.09 s in all, of which 2.41 s in
-the `write` calls of DCP's single writer thread (the kernel taking one stream's dirty pages at
-the disk's writeback pace), 0.34 s in the 8 fsyncs, 0.04 s hashing (xxh3, inline), 4 ms
-building the state dict, under 10 ms planning and collectives, 2 ms manifest and `COMMIT`. The
-time is the disk's, reached through one stream: DCP's default `thread_count=1`. With 4 ranks per
-node each rank writes a quarter through its own stream, and the agreement and gathers add a few
-ms. The restore, 1 GB cold: 0.56 s verifying (4 files read by 4 threads) then 0.87 s loading
-(DCP reading the now cached files one after the other: 0.65 s in `readinto`).
+model + AdamW state on this machine's disk, before the first change): 3.09 s in all, of which
+2.41 s in the `write` calls of DCP's single writer thread (the kernel taking one stream's dirty
+pages at the disk's writeback pace), 0.34 s in the 8 fsyncs, 0.04 s hashing (xxh3, inline), 4 ms
+building the state dict, under 10 ms planning and collectives, 2 ms manifest and `COMMIT`. Now
+(timed per phase, 1 rank, 1 GB, alternated with plain DCP): the agent's save is DCP's save
+through the hashing writer plus 1-5 ms (directory, manifest and `COMMIT` about 1 ms each on
+this disk, the gathers): agent 1.07-1.27 s, `HashingWriter` with 4 threads 1.08-1.20 s, plain
+`FileSystemWriter` with 4 threads 1.01-1.62 s; the disk's write pace decides (`dd conv=fsync`
+0.46-0.55 GB/s in these runs). With 4 ranks per node each rank writes a quarter through its own
+4 streams, and the agreement and gathers add a few ms.
+
+**Where the time of a restore goes** (1 GB, page cache dropped, timed per phase): before, 1 rank
+0.71-0.93 s = verifying 0.29-0.38 s (4 files read cold by 4 threads, each byte copied once into
+a hashing buffer) + loading 0.42-0.55 s (DCP reading the now cached files again, `torch.load`
+of every item into a freshly allocated tensor, then `copy_` into the model's); `dd` read the
+same files in 0.29-0.52 s. Now one pass per file: 0.33-0.38 s at 1 rank (`dd` 0.28-0.31 s in
+the same runs). At 4 ranks per node 0.61-0.94 s against `dd` 0.37-0.52 s: with nothing to read
+from the disk (page cache warm) the same restore takes 0.31 s, the 4 processes copying and
+hashing their 256 MB each on this machine's 2 cores (0.25 s per rank, against 0.12 s for the
+whole GB in one process); that CPU time, not the disk, is what the 4-rank restore waits for here.
 
 **What changed**: the synchronous save writes through parallel writers, DCP's `thread_count`,
 chosen by the agent: 4 per rank, and no file under 64 MiB (`_writers.writer_threads`;
 `writer_threads=` overrides; a first rule, a budget of 4 per node shared by its ranks, left the
 4-rank case at 0.61 of the best plain DCP, which was 4 per rank); each thread writes its
 own file and fsyncs it once, then the manifest, `COMMIT` and the directory fsyncs as before
-(the power-cut campaign's checks are unchanged). The restore verifies several files at once and
-loads the files in parallel, one reader thread per file (`SafeFileSystemReader(threads=)`).
-Hashing stays inline: it is 1-2 % of the time.
+(the power-cut campaign's checks are unchanged). Hashing stays inline: it is 1-2 % of the time.
+The restore (`_loading.VerifyingReader`) reads each file once, in order, and hashes every byte as
+it lands: a tensor stored as its target's bytes (same dtype, both contiguous, the range asked
+for contiguous in the stored tensor) is read with `preadv` straight into the model's tensor; its
+layout comes from its `torch.save` archive loaded onto the `meta` device (`weights_only`, no
+data), the archives' small reads issued by 8 threads at once. Anything else DCP parses (bytes,
+other layouts) waits until its file checked out and reads it from the page cache. A file that
+fails stops the load on every rank (DCP gathers the failure); the Restorer then loads an older
+checkpoint in full (every tensor again) or stops: nothing of a bad checkpoint is trained on.
+With `allow_fresh_start=True` every file is verified before anything is loaded, so a fresh
+start never begins from a part-loaded model. Reader threads are shared by the node's ranks
+(4 per node: `LOCAL_WORLD_SIZE`): at 4 ranks, 4 readers each were slower than 1.
 
-**What is left**: at 1 GB the power checkpoint reaches 0.81-0.82 of the best plain `dcp.save`
-(target 0.9): the rest is the agent's own work per checkpoint (directory preparation with its
-fsyncs, the gathers of two small collectives, per-rank manifests, `COMMIT` and the directory
-fsyncs, inline hashing) on a 0.6 s save; a fixed cost, so the ratio grows with the state (4 GB,
-1 rank: 0.97; 4 ranks: 0.84). The restore reaches 0.52-0.62 of `dd` reading the same files with
-1 rank and 0.76-0.95 with 4 (target 0.8): it reads each file twice, once cold to verify it and
-once from the page cache to load it. Loading
-a file while the next one is verified would overlap them, but a corrupt file found after others
-were loaded leaves a half-overwritten state, so it was not done. Reading each file once into
-memory and verifying it before use was tried and was slower here: fresh memory costs as much as
-the read on this VM (0.2 s per 256 MB), on top of `torch.load`'s own buffers.
+**Tried and not kept**: starting the writeback early during a save (`sync_file_range
+(SYNC_FILE_RANGE_WRITE)` every 8, 32 or 128 MiB, the fsync kept): 1.18-1.27 s against 1.12-1.28 s
+without, no gain on this disk. Asking the kernel to read ahead (`posix_fadvise(WILLNEED)`, the
+whole files or 8 MiB ahead of each read): no gain or slower (the disk's read-ahead is 8 MiB
+already). Reading each file into fresh memory and verifying it before use (an earlier round):
+slower, fresh memory costs as much as the read on this VM.
+
+**What is left**: the ratios move with this disk's noise (the same code gave 0.81-1.0 over the
+best DCP at 1 GB in different runs; the best of four noisy DCP settings is a low bar to hold).
+The 4-rank restore is bound by the 2 cores here; with more cores per rank (a GPU node) the
+copy and the hash of each rank run on their own core.
 """
 
 
