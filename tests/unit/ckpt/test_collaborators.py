@@ -136,6 +136,18 @@ def test_parallel_writers_by_size_and_small_states_stay_one_file():
     assert local_bytes(state) == 16 * 4 + 2 * 8
 
 
+def test_restore_readers_are_shared_by_the_ranks_of_a_node(monkeypatch):
+    from powerguard.ckpt_agent._wiring import _local_ranks
+    from powerguard.ckpt_agent._writers import reader_threads
+
+    assert [reader_threads(n) for n in (1, 2, 4, 8)] == [4, 2, 1, 1]
+    for env, want in (("4", 4), ("", 1), ("x", 1), ("0", 1)):
+        monkeypatch.setenv("LOCAL_WORLD_SIZE", env)
+        assert _local_ranks() == want
+    monkeypatch.delenv("LOCAL_WORLD_SIZE")
+    assert _local_ranks() == 1
+
+
 def test_parallel_verification_names_the_first_bad_file(tmp_path):
     from powerguard.ckpt_agent.errors import CorruptCheckpoint
 
