@@ -37,6 +37,7 @@ from .names import BusNames, StreamLimits
 from .tracing import inject_headers, messaging_attributes, tracer
 
 log = logging.getLogger(__name__)
+PUBLISH_ATTEMPT_S = 5.0  # the longest one publish attempt waits for its ack before it is sent again
 
 
 class _SslEofNotice(logging.Filter):
@@ -406,7 +407,10 @@ class Bus:
                 remaining = deadline - time.monotonic()
                 attempts += 1
                 try:
-                    ack = await self._publish_once(subject, payload, hdrs, max(0.2, remaining))
+                    # each attempt waits at most PUBLISH_ATTEMPT_S: a stream without a leader (its
+                    # host just died) answers nothing, and one attempt must not wait out the whole
+                    # timeout while the new leader is elected (the retry is deduplicated by id)
+                    ack = await self._publish_once(subject, payload, hdrs, max(0.2, min(remaining, PUBLISH_ATTEMPT_S)))
                 except (nats.errors.Error, TimeoutError, OSError) as exc:
                     log.debug("publish attempt failed after %.3fs: %r", time.monotonic() - deadline + timeout, exc)
                     if time.monotonic() + delay >= deadline or self.nc.is_closed:
