@@ -7,7 +7,7 @@ import asyncio
 import pytest
 from opentelemetry.trace import SpanKind
 
-from powerguard.bus import Bus, BusNames, CasConflict, ConnectError, EmbeddedNats
+from powerguard.bus import Bus, BusNames, CasConflict, ConnectError, EmbeddedNats, ReadError
 from powerguard.schemas import (
     DeadLetter,
     Envelope,
@@ -339,3 +339,18 @@ async def test_the_agent_watch_never_takes_a_record_stored_before_it_started_for
         assert seen[2:] == [("j.n1.0", 3, False)], seen
     finally:
         await watch.stop()
+
+
+async def test_last_tells_a_failed_read_from_no_event_when_asked_to(make_bus):
+    """``last`` answers None when the subject holds no event; a read nobody answers (here: the
+    stream is gone) is None too, or, with ``strict``, a ReadError naming the subject."""
+    bus = await make_bus("power-control")
+    event = OnBattery(source="/powerguard/test", data=power())
+    subject = event.nats_subject(bus.subjects)
+    assert await bus.last(subject, strict=True) is None  # no event: not an error
+    ack = await bus.publish(event)
+    assert (await bus.last(subject, strict=True)).sequence == ack.seq
+    await bus.js.delete_stream(bus.names.stream)
+    with pytest.raises(ReadError, match=subject):
+        await bus.last(subject, strict=True)
+    assert await bus.last(subject) is None

@@ -12,7 +12,7 @@ from powerguard.bus.roles import durable_names
 from powerguard.schemas import NodeState, PowerActionDone, PowerActionFailed
 from tests.waiting import processed
 
-from .helpers import Recorder, creds, power_on, service, shutdown, site
+from .helpers import Recorder, announce_saga, creds, power_on, service, shutdown, site
 
 pytestmark = pytest.mark.integration
 
@@ -375,5 +375,43 @@ async def test_dead_bmcs_never_hold_up_the_healthy_nodes_power_on(make_bus, make
         timeline = sorted((e.time, e.data.node, getattr(e.data, "state", None) or e.data.action) for e in rec.events)
         assert max(ready) < min(gave_up), f"a healthy node waited for a dead BMC: {timeline}"
         assert ipmi_sim.power == "on" and bmcs["n3"].power == "on"
+    finally:
+        await pc.stop()
+
+
+async def test_a_saga_state_read_answered_before_the_state_arrived_is_read_again_not_refused(
+    make_bus, make_bmc, monkeypatch
+):
+    """In a cluster the direct get of a saga's newest state may be answered by a replica a
+    moment behind the leader: no state yet, for a command the coordinator sent after
+    announcing it. Here the state is stored only once power-control's first read has been
+    answered "none" (the test watches the read and its reply on the server): the command is
+    not refused as "never announced"; a read again finds the state and the node goes off."""
+    cred = creds(monkeypatch)
+    bmc = make_bmc("n1", soft_off_delay=0.1)
+    bus = await make_bus("power-control")
+    watcher = await make_bus("test")
+    rec = await Recorder().start(bus)
+    pc = await service(bus, site([bmc_node("n1", bmc, cred)]), sagas=())
+    reads: set[str] = set()  # reply subjects of power-control's reads of the saga's state
+    none_yet = asyncio.Event()
+
+    async def on_read(msg) -> None:
+        reads.add(msg.reply)
+
+    async def on_reply(msg) -> None:
+        if msg.subject in reads and (msg.headers or {}).get("Status") == "404":
+            none_yet.set()
+
+    saga_subject = bus.subjects.saga("saga-late")
+    await watcher.nc.subscribe(f"$JS.API.DIRECT.GET.{bus.names.stream}.{saga_subject}", cb=on_read)
+    await watcher.nc.subscribe("_INBOX.>", cb=on_reply)
+    await watcher.nc.flush()
+    try:
+        await bus.publish(shutdown("n1", saga="saga-late"))
+        await asyncio.wait_for(none_yet.wait(), 10)
+        await announce_saga(watcher, "saga-late")  # the state reaches "the replica" after the first read
+        await rec.wait(lambda: "off" in rec.states("n1"), what="n1 off")
+        assert not rec.of(PowerActionFailed) and len(bmc.events("command soft-off")) == 1
     finally:
         await pc.stop()

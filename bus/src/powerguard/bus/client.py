@@ -31,7 +31,7 @@ from .consumer import (
     decode_on,
     durable_config,
 )
-from .errors import ConnectError, PublishError, SetupError
+from .errors import ConnectError, PublishError, ReadError, SetupError
 from .kv import Kv
 from .names import BusNames, StreamLimits
 from .tracing import inject_headers, messaging_attributes, tracer
@@ -490,15 +490,23 @@ class Bus:
 
         return Listener(self, types, subject=subject)
 
-    async def last(self, subject: str) -> Received | None:
+    async def last(self, subject: str, *, strict: bool = False) -> Received | None:
         """The newest stored event on ``subject`` (a direct get: a read permission on that
-        subject only), or None. Undecodable or misplaced messages count as none."""
+        subject only), or None when there is none. Undecodable or misplaced messages count as
+        none. In a cluster any current replica may answer, and one a moment behind the leader
+        answers with what it has (nats-server gives direct gets no read-after-write).
+
+        A read that fails (no answer, refused) is logged and taken as none; with ``strict`` it
+        raises :class:`ReadError` instead (for a caller that must not take "not read" for "not
+        there")."""
 
         try:
             msg = await self.js.get_last_msg(self.names.stream, subject, direct=True)
-        except (js_errors.NotFoundError, js_errors.APIError):
+        except js_errors.NotFoundError:
             return None
-        except (nats.errors.Error, TimeoutError) as exc:
+        except (js_errors.APIError, nats.errors.Error, TimeoutError) as exc:
+            if strict:
+                raise ReadError(f"last event on {subject} not read: {type(exc).__name__}: {exc}") from exc
             log.warning("last event on %s not read: %s", subject, exc)
             return None
         try:

@@ -21,6 +21,10 @@ class PublishError(BusError):
     """An event was not stored by JetStream (no ack within the timeout)."""
 
 
+class ReadError(BusError):
+    """A stored event could not be read (no answer, or the server refused the read)."""
+
+
 class CasConflict(BusError):
     """A KV update named a revision that is no longer the latest."""
 

@@ -239,7 +239,9 @@ class Coordinator:
             for sid in list(self._resend):
                 if sid in self.open:
                     self._resend.discard(sid)
-                    await self._publish(self.open[sid], saga.pending(self.open[sid], self.policy), resend=True)
+                    rec = self.open[sid]  # its newest state again (deduplicated by id), then its pending commands
+                    newest = max(len(rec.history) - 1, 0)
+                    await self._publish(rec, saga.pending(rec, self.policy), newest, resend=True)
             await self._commit(self.core.tick(time.time()))
 
     # ------------------------------------------------------------------ output
@@ -314,16 +316,16 @@ class Coordinator:
     async def _publish(
         self, rec: SagaRecord, cmds: list[Command], state_from: int | None = None, *, resend: bool = False
     ) -> None:
-        """Publish state events and commands (stored in the record first). A first publish that
-        JetStream reports as a duplicate was squatted: alarm, and publish it again under a fresh
-        id (receivers deduplicate by idempotency key)."""
-        events: list[Envelope] = []
-        if state_from is not None:
-            events += state_events(rec, state_from)
-        events += [command_event(rec, c) for c in cmds]
+        """Publish state events, then commands (stored in the record first). The states go
+        first: power-control checks a command against its saga's newest announced state (a
+        UPS's output is cut only while the saga is ``down``), so a state is stored before any
+        command it issued. A first publish that JetStream reports as a duplicate was squatted:
+        alarm, and publish it again under a fresh id (receivers deduplicate by idempotency key)."""
+        states: list[Envelope] = state_events(rec, state_from) if state_from is not None else []
+        commands: list[Envelope] = [command_event(rec, c) for c in cmds]
         for c in cmds:
             metrics.COMMANDS.labels(c.kind).inc()
-        if not events:
+        if not states and not commands:
             return
         token = otel_context.attach(root_context(rec))
         try:
@@ -343,9 +345,12 @@ class Coordinator:
                         )
                         await self.bus.publish(ev.model_copy(update={"id": new_id()}))
 
-            results = await asyncio.gather(*(one(e) for e in events), return_exceptions=True)
+            results = await asyncio.gather(*(one(e) for e in states), return_exceptions=True)
+            if not any(isinstance(r, BaseException) for r in results):  # else: the next tick re-sends
+                results += await asyncio.gather(*(one(e) for e in commands), return_exceptions=True)
         finally:
             otel_context.detach(token)
+        events = states + commands
         failed = [r for r in results if isinstance(r, BaseException)]
         if failed:
             # the record is stored; the next tick re-sends what is pending (receivers deduplicate)

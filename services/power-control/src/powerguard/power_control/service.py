@@ -18,7 +18,7 @@ from typing import Any
 
 from opentelemetry import trace
 
-from powerguard.bus import Bus, ServiceContext
+from powerguard.bus import Bus, ReadError, ServiceContext
 from powerguard.bus.roles import durable_filters, durable_names
 from powerguard.schemas import (
     ConfigError,
@@ -173,13 +173,40 @@ class PowerControl:
 
     async def _refusal(self, event: Envelope) -> str | None:
         """Why this command must not run (None: run it): admission.py's rule over the state
-        its saga was last announced in (a direct get of the newest ``pg.saga.<id>`` event)."""
-        saga = None
-        if self.settings.require_saga:
-            saga_id = event.data.saga_id
-            got = await self.bus.last(self.bus.subjects.saga(saga_id)) if saga_id else None
-            ok = got is not None and isinstance(got.event, SagaStateChanged) and got.event.data.saga_id == saga_id
-            saga = got.event.data.state if ok else NO_SAGA
+        its saga was last announced in (a direct get of the newest ``pg.saga.<id>`` event).
+
+        In a cluster the read may be answered by a replica a moment behind the leader: an
+        older state, or none yet, for a command the coordinator sent after announcing its
+        state. So a refusal that rests on the saga's state is read again (:data:`REREAD_S`)
+        before it stands, and a read that keeps failing raises (the command is delivered again):
+        "not read" is never taken for "never announced"."""
+        if why := self._admit(event, None):  # too old, not in the site file: no read changes that
+            return why
+        saga_id = event.data.saga_id
+        if not self.settings.require_saga:
+            return None
+        if not saga_id:
+            return self._admit(event, NO_SAGA)
+        subject = self.bus.subjects.saga(saga_id)
+        why, failure = None, None
+        for pause in (*REREAD_S, None):
+            try:
+                got = await self.bus.last(subject, strict=True)
+                failure = None
+            except ReadError as exc:
+                failure = exc
+            else:
+                ok = got is not None and isinstance(got.event, SagaStateChanged) and got.event.data.saga_id == saga_id
+                why = self._admit(event, got.event.data.state if ok else NO_SAGA)
+                if why is None:
+                    return None
+            if pause is not None:
+                await asyncio.sleep(pause)
+        if failure is not None:
+            raise failure
+        return why
+
+    def _admit(self, event: Envelope, saga: str | None) -> str | None:
         return refusal(
             event,
             now=time.time(),
@@ -427,6 +454,7 @@ class PowerControl:
 
 
 DEGRADED_RECHECK_S = 5.0
+REREAD_S = (0.1, 0.3, 0.6)  # a saga-state refusal is read again after these pauses before it stands
 
 
 def _attrs(order: Order) -> dict[str, Any]:
