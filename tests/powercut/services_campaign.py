@@ -183,11 +183,13 @@ async def services_cut(root: Path, seed: int, *, sync: str = "always", servers: 
     path = _site_file(work / "site.yaml", names, bmcs)
     brokers = Brokers(work, servers, sync)
     procs: list[CoordinatorProcess] = []
+    every: list[CoordinatorProcess] = []  # before and after the cut: their logs kept in ``work``
     bus: Bus | None = None
 
     async def start_services() -> str | None:
         procs.append(await CoordinatorProcess(path, brokers.url, "c1").start())
         procs.append(await PowerControlProcess(path, brokers.url, "p1").start())
+        every.extend(procs[-2:])
         for _ in range(600):
             if procs[-2].said("leads site"):
                 return None
@@ -237,12 +239,21 @@ async def services_cut(root: Path, seed: int, *, sync: str = "always", servers: 
                 out.append(f"{tag}: {n} powered {powered} (once off and once on expected)")
             if json.loads(b.state.read_text())["power"] != "on":
                 out.append(f"{tag}: {n} left off")
+        if out:  # what the saga went through, for the post-mortem (the services' logs are in ``work``)
+            recs = await SagaStore(await bus.sagas()).load()
+            if recs:
+                out.append(
+                    f"{tag}: saga history " + "; ".join(f"{t.state.value}: {t.reason}" for t in recs[0][0].history)
+                )
         return out
     except Exception as exc:  # a service or the broker not coming back: a violation
         return [f"{tag}: {type(exc).__name__}: {exc}"]
     finally:
         for p in procs:
             await p.kill()
+        for i, p in enumerate(every):  # what each service said, for the violation's post-mortem
+            lines = "".join(json.dumps(line) + "\n" for line in p.lines)
+            (work / f"{i}-{p.module.rsplit('.', 1)[-1]}.log").write_text(lines)
         if bus is not None and bus.nc.is_connected:
             await bus.close()
         brokers.stop()

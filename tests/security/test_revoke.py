@@ -27,15 +27,22 @@ async def test_a_revoked_job_credential_is_refused_and_the_others_still_work(tmp
         assert name == "agent.jobA"
         os.kill(dep.server.pid, signal.SIGHUP)  # the server reloads auth/resolver.conf
 
+        seen: list[str] = []  # what each try got, for the failure's message
+
         async def refused() -> bool:
             try:
                 bus = await Bus.connect(dep.url, service="old", creds_file=old, setup=False, connect_timeout=1)
             except ConnectError as exc:
+                seen.append(str(exc))
                 return "refused the credential" in str(exc)
+            seen.append("connected")
             await bus.close()
             return False
 
-        await eventually(refused, timeout=15, what="the revoked credential refused", every=0.5)
+        try:
+            await eventually(refused, timeout=15, what="the revoked credential refused", every=0.5)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; the last tries got {seen[-3:]}") from None
         for path in (fresh, dep.creds_of("agent", job="jobB"), dep.creds_of("ups-monitor")):
             bus = await Bus.connect(dep.url, service="ok", creds_file=path, setup=False, connect_timeout=5)
             await bus.close()
