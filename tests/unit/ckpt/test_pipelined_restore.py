@@ -189,3 +189,22 @@ def test_corrupt_reason_ignores_failures_that_are_not_the_files(tmp_path):
     assert corrupt_reason(exc) is None
     exc = CheckpointException("x", {1: (CorruptCheckpoint("f: checksum mismatch"), None)})
     assert corrupt_reason(exc) == "f: checksum mismatch"
+
+
+@pytest.mark.parametrize("threads", [1, 4])
+def test_a_node_verifies_what_it_holds_naming_the_bad_files_and_not_the_missing(tmp_path, threads):
+    """The node tier's leader checks every file its node holds (``threads`` at once): verified
+    files are held, a corrupt one is named, a missing one is only not held (a peer sends it)."""
+    from powerguard.ckpt_agent._nodes import verified_here
+
+    job = _Job(tmp_path)
+    job.save(1, 1.0)
+    directory = L.step_dir(job.root, "j", 1)
+    corrupt = job.corrupt_last_file(1)
+    gone = sorted(Path(directory).glob("*.distcp"))[0]
+    gone.unlink()
+    have, manifests, bad = verified_here(directory, L.read_commit(job.fs, directory), None, threads=threads)
+    listed = {name for files in manifests.values() for name in files}
+    assert len(listed) == 4 and corrupt in listed and gone.name in listed
+    assert have >= listed - {corrupt, gone.name} and not have & {corrupt, gone.name}
+    assert len(bad) == 1 and corrupt in bad[0] and "checksum mismatch" in bad[0]

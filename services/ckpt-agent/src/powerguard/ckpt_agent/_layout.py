@@ -317,12 +317,17 @@ def file_problem(fs, directory: str, name: str, want: dict[str, Any], key: bytes
     return digest_problem(f"{directory}/{name}", size, digest, keyed, want, key)
 
 
+def size_problem(where: str, size: int, want: dict[str, Any]) -> str | None:
+    """What a file's size says against its manifest entry, or None."""
+    return f"{where}: {size} bytes, manifest says {want['size']}" if size != want["size"] else None
+
+
 def digest_problem(
     where: str, size: int, digest: str, keyed: str | None, want: dict[str, Any], key: bytes | None
 ) -> str | None:
     """What a file's size and digests (as read) say against its manifest entry, or None."""
-    if size != want["size"]:
-        return f"{where}: {size} bytes, manifest says {want['size']}"
+    if problem := size_problem(where, size, want):
+        return problem
     if digest != want["xxh3"]:
         return f"{where}: checksum mismatch (xxh3 {digest} != {want['xxh3']})"
     if key is not None and not hmac.compare_digest(str(want.get(KEYED, "")), keyed or "-"):

@@ -29,7 +29,7 @@ import xxhash
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner, ReadItem
 
 from . import _layout as L
-from ._metadata import SafeFileSystemReader
+from ._metadata import SafeFileSystemReader, completed, each_file, items_by_file
 from .errors import CorruptCheckpoint
 
 _CHUNK = 8 << 20  # read and hashed at a time (hashed while still in the CPU's cache)
@@ -98,9 +98,7 @@ class VerifyingReader(SafeFileSystemReader):
         self.direct = 0  # tensor items read straight into their target (the rest: DCP's torch.load)
 
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> torch.futures.Future[None]:
-        per_file: dict[str, list[ReadItem]] = {}
-        for item in plan.items:
-            per_file.setdefault(self.storage_data[item.storage_index].relative_path, []).append(item)
+        per_file = items_by_file(self.storage_data, plan)
         names = sorted(per_file)
         unlisted = [n for n in names if n not in self.files]
         if unlisted:
@@ -118,26 +116,15 @@ class VerifyingReader(SafeFileSystemReader):
                     for r in items
                 ]
                 files[name] = _File(name, f.fileno(), items, layouts)
-            if self.threads > 1 and len(names) > 1:
-                with ThreadPoolExecutor(min(self.threads, len(names)), thread_name_prefix="pg-ckpt-load") as pool:
-                    done = [pool.submit(self._load_file, files[n], planner) for n in names]
-                    problems = [d.exception() for d in done]  # every file finished (none still writing)
-                for problem in problems:
-                    if problem is not None:
-                        raise problem
-            else:
-                for name in names:
-                    self._load_file(files[name], planner)
-        fut: torch.futures.Future = torch.futures.Future()
-        fut.set_result(None)
-        return fut
+            each_file(names, lambda n: self._load_file(files[n], planner), self.threads)
+        return completed()
 
     def _load_file(self, file: _File, planner: LoadPlanner) -> None:
         where = f"{self.path}/{file.name}"
         size = os.fstat(file.fd).st_size
         want = self.files[file.name]
-        if size != want["size"]:
-            raise CorruptCheckpoint(f"{where}: {size} bytes, manifest says {want['size']}")
+        if problem := L.size_problem(where, size, want):
+            raise CorruptCheckpoint(problem)
         direct: list[_Direct] = []
         rest: list[ReadItem] = []
         for req, layout in zip(file.items, file.layouts, strict=True):
@@ -256,5 +243,5 @@ def precheck_sizes(path: str, files: dict[str, dict[str, Any]]) -> None:
             size = os.stat(os.path.join(path, name)).st_size
         except FileNotFoundError:
             raise CorruptCheckpoint(f"{path}/{name}: missing") from None
-        if size != want["size"]:
-            raise CorruptCheckpoint(f"{path}/{name}: {size} bytes, manifest says {want['size']}")
+        if problem := L.size_problem(f"{path}/{name}", size, want):
+            raise CorruptCheckpoint(problem)

@@ -16,6 +16,7 @@ import enum
 import io
 import os
 import pickle
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any
@@ -24,7 +25,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import metadata as dcp_metadata
 from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
-from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner
+from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner, ReadItem
 
 from .errors import CorruptCheckpoint
 
@@ -124,18 +125,43 @@ class SafeFileSystemReader(dcp.FileSystemReader):
         return _read(self, kwargs)
 
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> torch.futures.Future[None]:
-        per_file: dict[str, list] = {}
-        for item in plan.items:
-            per_file.setdefault(self.storage_data[item.storage_index].relative_path, []).append(item)
+        per_file = items_by_file(self.storage_data, plan)
         if self.threads <= 1 or len(per_file) <= 1:
             return super().read_data(plan, planner)
         read_one = super().read_data  # one file's items: DCP's own reading of them
-        with ThreadPoolExecutor(min(self.threads, len(per_file)), thread_name_prefix="pg-ckpt-load") as pool:
-            for done in [pool.submit(read_one, replace(plan, items=items), planner) for items in per_file.values()]:
-                done.result().wait()  # a failed file raises here
-        fut: torch.futures.Future = torch.futures.Future()
-        fut.set_result(None)
-        return fut
+        each_file(list(per_file), lambda n: read_one(replace(plan, items=per_file[n]), planner).wait(), self.threads)
+        return completed()
+
+
+def items_by_file(storage_data: dict[Any, Any], plan: LoadPlan) -> dict[str, list[ReadItem]]:
+    """A load plan's items by the file that holds them (DCP's storage data names it)."""
+    per_file: dict[str, list[ReadItem]] = {}
+    for item in plan.items:
+        per_file.setdefault(storage_data[item.storage_index].relative_path, []).append(item)
+    return per_file
+
+
+def each_file(names: list[str], work: Callable[[str], Any], threads: int) -> None:
+    """``work(name)`` for every file, ``threads`` files at once, each by one thread. With
+    threads, every file finishes (none is still writing into the state) before the first
+    failure is raised; without, the first failure stops the rest."""
+    if threads <= 1 or len(names) <= 1:
+        for name in names:
+            work(name)
+        return
+    with ThreadPoolExecutor(min(threads, len(names)), thread_name_prefix="pg-ckpt-load") as pool:
+        done = [pool.submit(work, name) for name in names]
+        problems = [d.exception() for d in done]
+    for problem in problems:
+        if problem is not None:
+            raise problem
+
+
+def completed() -> torch.futures.Future[None]:
+    """A future already done: what ``read_data`` returns once every file has been read."""
+    fut: torch.futures.Future = torch.futures.Future()
+    fut.set_result(None)
+    return fut
 
 
 class SafeFsspecReader(FsspecReader):

@@ -47,8 +47,11 @@ class NodeTier:
         reshard: bool,
         retainer: Retainer,
         on_replicated: Callable[[int, list[tuple[int, str, int]], str, str], None] | None = None,
+        readers: int = 1,
     ) -> None:
         self.ranks, self.fs, self.state, self._topo, self.node = ranks, fs, state, topo, node
+        self.readers = readers  # files each rank loads at once; the leader verifies its node's with all
+        self._node_readers = readers * len(topo.ranks(node))  # the leader alone verifies the node's files
         self.job, self.root, self.key, self.replicas, self.reshard = job, root, key, replicas, reshard
         self.retainer = retainer
         # (step, [(rank, manifest digest, bytes) of this node's ranks], level, directory) once this
@@ -268,7 +271,7 @@ class NodeTier:
                 if "no node has its COMMIT" not in reason:  # some node committed it
                     refused.append(f"{directory}: {reason}")
                 continue
-            loaded, seconds = load(self.state, SafeFileSystemReader(directory), self.ranks)
+            loaded, seconds = load(self.state, SafeFileSystemReader(directory, threads=self.readers), self.ranks)
             source = f"peer ({fetched})" if fetched else "local"
             log.info(
                 "rank %d: restored step %d from the node-local tier, %s (%s)", self.rank, loaded, source, directory
@@ -305,7 +308,9 @@ class NodeTier:
         commit, commit_raw, why = self._reference_commit(directory)
         if commit is None:
             return why, ""
-        have, manifests, bad = verified_here(directory, commit, self.key) if self.leader else (set(), {}, [])
+        have, manifests, bad = (
+            verified_here(directory, commit, self.key, threads=self._node_readers) if self.leader else (set(), {}, [])
+        )
         for b in bad:  # a copy that does not verify is never a source; another node's copy is used
             log.warning("rank %d: node %s's copy skipped: %s", self.rank, self.node, b)
         # the small files (COMMIT, manifests, .metadata) from the first node that has each

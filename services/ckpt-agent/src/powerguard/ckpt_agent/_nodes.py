@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -68,11 +69,12 @@ def node_files(topo: Topology, node: str, manifests: dict[int, dict[str, Any]]) 
 
 
 def verified_here(
-    directory: str, commit: dict[str, Any], key: bytes | None
+    directory: str, commit: dict[str, Any], key: bytes | None, *, threads: int = 1
 ) -> tuple[set[str], dict[int, dict], list[str]]:
     """What this node holds of a checkpoint, checked against ``commit``: the names of the verified
     files (manifests, ``.metadata``, data files), the manifests' file lists by rank, and what is
-    present but bad (with the reason)."""
+    present but bad (with the reason). ``threads`` data files are read at once (the node's
+    disk reads faster with a few streams)."""
     fs = L.fs_for(directory)[0]
     have: set[str] = set()
     bad: list[str] = []
@@ -96,16 +98,21 @@ def verified_here(
         pass
     except (CorruptCheckpoint, OSError) as exc:
         bad.append(f"{directory}/.metadata: {exc}")
-    for files in manifests.values():
-        for name in files:
-            try:
-                L.verify_files(fs, directory, files, [name], key)
+
+    def check(item: tuple[str, dict[str, Any]]) -> str | None:
+        name, want = item
+        try:
+            return L.file_problem(fs, directory, name, want, key)
+        except OSError as exc:
+            return f"{directory}/{name}: {exc}"
+
+    items = [(name, want) for files in manifests.values() for name, want in files.items()]
+    with ThreadPoolExecutor(max(1, min(threads, len(items))), thread_name_prefix="pg-ckpt-verify") as pool:
+        for (name, _), problem in zip(items, pool.map(check, items), strict=True):
+            if problem is None:
                 have.add(name)
-            except CorruptCheckpoint as exc:
-                if not str(exc).endswith(": missing"):
-                    bad.append(str(exc))
-            except OSError as exc:
-                bad.append(f"{directory}/{name}: {exc}")
+            elif not problem.endswith(": missing"):
+                bad.append(problem)
     return have, manifests, bad
 
 

@@ -112,6 +112,7 @@ def wire(cfg: AgentConfig, training: TrainingParts, *, node: str | None, bus: Bu
             reshard=cfg.reshard,
             retainer=retainer,
             on_replicated=acks.replicated,
+            readers=reader_threads(_local_ranks()),
         )
     saver = Saver(
         ranks,
