@@ -10,9 +10,10 @@ import pytest
 
 from powerguard.bus.roles import durable_names
 from powerguard.schemas import NodeState, PowerActionDone, PowerActionFailed
-from tests.waiting import processed
+from tests.waiting import eventually, processed
 
 from .helpers import Recorder, announce_saga, creds, power_on, service, shutdown, site
+from .peers import free_udp_port
 
 pytestmark = pytest.mark.integration
 
@@ -413,5 +414,29 @@ async def test_a_saga_state_read_answered_before_the_state_arrived_is_read_again
         await announce_saga(watcher, "saga-late")  # the state reaches "the replica" after the first read
         await rec.wait(lambda: "off" in rec.states("n1"), what="n1 off")
         assert not rec.of(PowerActionFailed) and len(bmc.events("command soft-off")) == 1
+    finally:
+        await pc.stop()
+
+
+async def test_a_device_check_waiting_on_a_dead_bmc_never_holds_up_a_power_action(make_bus, make_bmc, monkeypatch):
+    """The device checks run every ``device_check_s``, outages or not. With one IPMI request at
+    a time allowed, a check waiting on a dead BMC's timeout must not hold the slot a healthy
+    node's shutdown needs: the node is off while that check still waits."""
+    cred = creds(monkeypatch)
+    bmc = make_bmc("n1", soft_off_delay=0.1)
+    dead = {"name": "n2", "bmc": {"driver": "ipmi", "host": "127.0.0.1", "port": free_udp_port(), **cred}}
+    cfg = site([bmc_node("n1", bmc, cred), dead], device_timeout_s=5.0, max_parallel_per_driver={"ipmi": 1})
+    bus = await make_bus("power-control")
+    rec = await Recorder().start(bus)
+    pc = await service(bus, cfg)
+    try:
+        check = asyncio.create_task(pc.check_devices())
+        # the check holds its one IPMI slot (n1's quick read, then n2's wait, or n2 first)
+        await eventually(lambda: pc.checked_devices._slots.get("ipmi") and pc.checked_devices._slots["ipmi"].locked())
+        await bus.publish(shutdown("n1"))
+        await rec.wait(lambda: "off" in rec.states("n1"), what="n1 off")
+        assert not check.done(), "the shutdown waited for the device check"
+        health = await check
+        assert sorted(health.problems) == ["n2"]
     finally:
         await pc.stop()

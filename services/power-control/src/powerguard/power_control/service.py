@@ -78,6 +78,9 @@ class PowerControl:
         self.settings = settings or load_settings(site)
         self.instance = instance
         self.devices = Devices(site, self.settings)
+        # the device checks' own drivers and slots: a check waiting on a dead BMC never holds a
+        # slot a power action needs (the checks run every device_check_s, outages or not)
+        self.checked_devices = Devices(site, self.settings)
         self.scheduler = make_scheduler(self.settings.scheduler)
         self.seq = Sequencer(self.devices, self.scheduler, self.settings, self._emit, self._job_stopped)
         dry_jobs = DryRunScheduler(self.scheduler.kind)  # a drill names the adapter the site runs
@@ -146,7 +149,14 @@ class PowerControl:
             for t in pending:  # still running in the ledger: the next start resumes them
                 t.cancel()
         await self.devices.close()
+        await self.checked_devices.close()
         await self.scheduler.close()
+
+    async def check_devices(self) -> device_health.DeviceHealth:
+        """Can every node be acted on now (its BMC and outlets answer)? With the checks' own
+        drivers: a power action never waits for a check."""
+        nodes = [n.name for n in self.site.nodes]
+        return await device_health.check(self.checked_devices, self.site.site, nodes, self.settings.device_timeout_s)
 
     async def idle(self) -> None:
         """Wait until every started sequence has finished (tests, drills)."""
@@ -483,9 +493,8 @@ async def main(ctx: ServiceContext) -> None:
         await ctx.stopping.wait()
     else:
         said = ""
-        nodes = [n.name for n in ctx.site.nodes]
         while not ctx.stopping.is_set():
-            health = await device_health.check(service.devices, ctx.site.site, nodes, service.settings.device_timeout_s)
+            health = await service.check_devices()
             ready, reason = health.verdict()
             ctx.set_ready(ready, reason)
             if reason != said:
