@@ -13,7 +13,7 @@ from .embedded import EmbeddedNats, embedded_cluster, find_nats_server, free_por
 from .errors import BusError, CasConflict, ConnectError, EmbeddedServerError, PublishError, ReadError, SetupError
 from .kv import Kv, KvEntry
 from .names import BusNames, StreamLimits
-from .runner import ServiceContext, run_service, service_main
+from .runner import ReadyLog, ServiceContext, run_service, service_main
 
 __all__ = [
     "BatchConsumer",
@@ -33,6 +33,7 @@ __all__ = [
     "KvEntry",
     "PublishError",
     "ReadError",
+    "ReadyLog",
     "Received",
     "ServiceContext",
     "SetupError",

@@ -43,6 +43,27 @@ class ServiceContext:
         return self._ready, self._reason
 
 
+@dataclass
+class ReadyLog:
+    """A service's readiness as it says it: handed to ``set_ready`` (the health server's
+    /readyz) every time, and one log line whenever the reason changes (INFO ready, ERROR not):
+    ``<who> ready<where>: <reason>``."""
+
+    who: str
+    set_ready: Callable[[bool, str], None] | None = None
+    where: str = ""  # e.g. " for site dc1"
+    logger: logging.Logger = log
+    said: str = ""
+
+    def __call__(self, ready: bool, reason: str) -> None:
+        if self.set_ready is not None:
+            self.set_ready(ready, reason)
+        if reason != self.said:
+            say = self.logger.info if ready else self.logger.error
+            say("%s %s%s: %s", self.who, "ready" if ready else "NOT ready", self.where, reason)
+            self.said = reason
+
+
 Main = Callable[[ServiceContext], Awaitable[None]]
 
 

@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 from opentelemetry import context as otel_context
 
-from powerguard.bus import Bus, CasConflict, Received, ServiceContext
+from powerguard.bus import Bus, CasConflict, ReadyLog, Received, ServiceContext
 from powerguard.bus.agents import AgentWatch
 from powerguard.bus.roles import durable_filters, durable_names
 from powerguard.bus.tracing import parse_traceparent
@@ -113,7 +113,7 @@ class Coordinator:
             self.site.site,
             self.policy.lease_ttl_s,
         )
-        said = ""
+        say = ReadyLog(f"coordinator {self.instance}", on_ready, where=f" for site {self.site.site}", logger=log)
         renew_every = self.policy.lease_ttl_s / 3
         last_renew = 0.0
         try:
@@ -127,17 +127,7 @@ class Coordinator:
                         log.warning("lease check failed: %s", exc)
                         held = False
                         state = (False, f"cannot read or renew the lease in {self.bus.names.leases}: {exc!r}")
-                    if on_ready:
-                        on_ready(*state)
-                    if state[1] != said:
-                        (log.info if state[0] else log.error)(
-                            "coordinator %s %s for site %s: %s",
-                            self.instance,
-                            "ready" if state[0] else "NOT ready",
-                            self.site.site,
-                            state[1],
-                        )
-                        said = state[1]
+                    say(*state)
                     if held and not self.leader:
                         await self._lead()
                     elif not held and self.leader:

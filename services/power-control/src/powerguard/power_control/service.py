@@ -18,7 +18,7 @@ from typing import Any
 
 from opentelemetry import trace
 
-from powerguard.bus import Bus, ReadError, ServiceContext
+from powerguard.bus import Bus, ReadError, ReadyLog, ServiceContext
 from powerguard.bus.roles import durable_filters, durable_names
 from powerguard.schemas import (
     ConfigError,
@@ -485,21 +485,14 @@ async def main(ctx: ServiceContext) -> None:
         service.scheduler.kind,
     )
     every = service.settings.device_check_s
+    say = ReadyLog("power-control", ctx.set_ready, logger=log)
     if service.settings.dry_run or every == 0:
-        ctx.set_ready(
-            True, "ok (dry-run: no device is checked)" if service.settings.dry_run else "ok (devices not checked)"
-        )
-        log.info("power-control ready")
+        say(True, "ok (dry-run: no device is checked)" if service.settings.dry_run else "ok (devices not checked)")
         await ctx.stopping.wait()
     else:
-        said = ""
         while not ctx.stopping.is_set():
-            health = await service.check_devices()
-            ready, reason = health.verdict()
-            ctx.set_ready(ready, reason)
-            if reason != said:
-                (log.info if ready else log.error)("power-control %s", "ready" if ready else f"NOT ready: {reason}")
-                said = reason
+            ready, reason = (await service.check_devices()).verdict()
+            say(ready, reason)
             with contextlib.suppress(TimeoutError):  # degraded: look again soon (a BMC still booting)
                 await asyncio.wait_for(ctx.stopping.wait(), every if ready else min(every, DEGRADED_RECHECK_S))
     await service.stop()

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from powerguard.bus import Bus, CasConflict, ServiceContext
+from powerguard.bus import Bus, CasConflict, ReadyLog, ServiceContext
 from powerguard.schemas import (
     CommLost,
     CommRestored,
@@ -389,14 +389,10 @@ async def main(ctx: ServiceContext) -> None:
     # ready once every UPS was read and the server stored what this credential published; /readyz
     # says what is missing (a UPS that cannot be watched or read, events the server refuses)
     ctx.set_ready(False, monitor.readiness.verdict()[1])
-    said = [""]
+    say = ReadyLog("ups-monitor", ctx.set_ready, logger=log)
 
     def after_poll(readiness: Readiness) -> None:
-        ready, reason = readiness.verdict()
-        ctx.set_ready(ready, reason)
-        if reason != said[0]:
-            (log.info if ready else log.error)("ups-monitor %s", "ready" if ready else f"NOT ready: {reason}")
-            said[0] = reason
+        say(*readiness.verdict())
 
     log.info("ups-monitor: %d UPS(es), poll every %.1fs", len(monitor.targets), monitor.settings.poll_interval_s)
     await monitor.run(ctx.stopping, after_poll)
