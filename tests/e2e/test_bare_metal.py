@@ -373,9 +373,12 @@ async def test_the_guide_from_an_empty_host_to_a_drilled_site(tmp_path):
         host.step("revoke")
         assert not host.steps, f"steps of the guide the test did not run: {list(host.steps)}"
     finally:
-        if (pid := job_pid(host)) is not None:
-            with contextlib.suppress(OSError):
-                os.killpg(pid, signal.SIGKILL)
+        if (pid := job_pid(host)) is not None:  # the job and its ranks (torchrun gives each its own session)
+            from powerguard.power_control.schedulers.process import job_tree
+
+            for p in job_tree(pid):
+                with contextlib.suppress(OSError):
+                    os.kill(p, signal.SIGKILL)
         host.stop_all()
         for b in bmcs.values():
             b.stop()

@@ -240,3 +240,44 @@ async def test_failing_hook_is_reported_and_the_node_still_goes_down(make_bus, m
     finally:
         await pc.stop()
     assert os.environ.get("POWERGUARD_JOB") is None  # hooks get their env, ours is untouched
+
+
+LAUNCHER = """
+import signal, subprocess, sys, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a launcher that does not stop in time
+worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
+open(sys.argv[1], "w").write(str(worker.pid))
+time.sleep(600)
+"""
+
+
+@pytest.mark.parametrize("adopted", [False, True])
+async def test_a_job_killed_after_its_stop_timeout_leaves_no_worker_behind(tmp_path, adopted):
+    """A launcher that does not stop on SIGTERM is killed after ``stop_timeout_s``; its workers
+    in their own sessions (torchrun starts every rank so) are killed with it, not left training
+    on orphaned. Both for a job this power-control started and one it adopted from a pid file."""
+    worker_file = tmp_path / "worker.pid"
+    argv = [sys.executable, "-c", LAUNCHER, str(worker_file)]
+    state = tmp_path / "jobs"
+    launched = None
+    if adopted:
+        state.mkdir()
+        launched = subprocess.Popen(argv, start_new_session=True)  # noqa: ASYNC220 (a previous launcher)
+        (state / "train.pid").write_text(f"{launched.pid}\n")
+        sched = ProcessScheduler({"stop_timeout_s": 1, "state_dir": str(state)})
+    else:
+        sched = ProcessScheduler({"stop_timeout_s": 1, "jobs": {"train": {"argv": argv}}})
+        await sched.start_job("train", nodes=["n1"], saga_id="s")
+    worker = None
+    try:
+        pid = await eventually(lambda: worker_file.exists() and worker_file.read_text().strip(), what="the worker")
+        worker = psutil.Process(int(pid))
+        said = await sched.stop_job("train", nodes=["n1"], saga_id="s")
+        assert said.startswith("killed job train"), said
+        worker.wait(10)  # gone (psutil.TimeoutExpired if it still runs)
+    finally:
+        if worker is not None and worker.is_running():
+            worker.kill()
+        if launched is not None:
+            launched.kill()
+            launched.wait()

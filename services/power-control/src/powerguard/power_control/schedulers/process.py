@@ -86,7 +86,9 @@ class ProcessScheduler(Scheduler):
             await asyncio.wait_for(asyncio.to_thread(p.wait), self.opts.stop_timeout_s)
             return f"stopped job {job} (exit {p.returncode})"
         except TimeoutError:
+            stray = job_tree(p.pid)  # before the kill: a killed launcher's workers lose their parent
             _signal_group(p, signal.SIGKILL)
+            _kill(stray)
             await asyncio.to_thread(p.wait)
             return f"killed job {job} after {self.opts.stop_timeout_s:.0f}s"
 
@@ -102,8 +104,10 @@ class ProcessScheduler(Scheduler):
             if not group_alive(pgid):
                 return f"stopped job {job} (process group {pgid})"
             await asyncio.sleep(0.1)
+        stray = job_tree(pgid)
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pgid, signal.SIGKILL)
+        _kill(stray)
         return f"killed job {job} (process group {pgid}) after {self.opts.stop_timeout_s:.0f}s"
 
     async def close(self) -> None:
@@ -137,6 +141,41 @@ def group_alive(pgid: int, proc: Path = Path("/proc")) -> bool:
         if group == pgid and state not in ("Z", "X"):
             return True
     return False
+
+
+def job_tree(pgid: int, proc: Path = Path("/proc")) -> set[int]:
+    """The live processes of group ``pgid`` and every descendant of one, wherever its group: a
+    launcher's workers may have their own (``torchrun`` starts each rank with
+    ``start_new_session``), so killing the job's group alone leaves them training on, orphaned.
+    Reads ``/proc/<pid>/stat``; without a /proc, none (the group's kill is all there is)."""
+    table: dict[int, tuple[str, int, int]] = {}  # pid -> (state, ppid, pgrp)
+    try:
+        entries = [int(e) for e in os.listdir(proc) if e.isdigit()]
+    except OSError:
+        return set()
+    for pid in entries:
+        try:
+            fields = (proc / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()
+            table[pid] = (fields[0], int(fields[1]), int(fields[2]))
+        except (OSError, IndexError, ValueError):
+            continue  # gone meanwhile
+    children: dict[int, list[int]] = {}
+    for pid, (_, ppid, _) in table.items():
+        children.setdefault(ppid, []).append(pid)
+    found: set[int] = set()
+    todo = [pid for pid, (_, _, group) in table.items() if group == pgid]
+    while todo:
+        pid = todo.pop()
+        if pid not in found:
+            found.add(pid)
+            todo.extend(children.get(pid, ()))
+    return {pid for pid in found if table[pid][0] not in ("Z", "X")}
+
+
+def _kill(pids: set[int]) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
 
 
 def _write_pid(state_dir: Path, job: str, pid: int) -> None:
