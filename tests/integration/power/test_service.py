@@ -418,6 +418,36 @@ async def test_a_saga_state_read_answered_before_the_state_arrived_is_read_again
         await pc.stop()
 
 
+async def test_a_shutdown_of_a_saga_that_moved_on_is_refused_after_one_read(make_bus, make_bmc, monkeypatch):
+    """A replica behind the leader only ever shows an older state, so a shutdown refused
+    because its saga is already restoring stands at once: one read of the saga's state (the
+    test counts power-control's direct gets on the server), no re-reads holding the consumer."""
+    cred = creds(monkeypatch)
+    bmc = make_bmc("n1", soft_off_delay=0.1)
+    bus = await make_bus("power-control")
+    watcher = await make_bus("test")
+    rec = await Recorder().start(bus)
+    await announce_saga(watcher, "saga-on", state="restoring")
+    pc = await service(bus, site([bmc_node("n1", bmc, cred)]), sagas=())
+    reads: list[str] = []
+
+    async def on_read(msg) -> None:
+        reads.append(msg.reply)
+
+    await watcher.nc.subscribe(f"$JS.API.DIRECT.GET.{bus.names.stream}.{bus.subjects.saga('saga-on')}", cb=on_read)
+    await watcher.nc.flush()
+    try:
+        await bus.publish(shutdown("n1", saga="saga-on"))
+        await rec.wait(lambda: rec.of(PowerActionFailed), what="the refusal")
+        # every read was sent before the refusal: a round trip to the server delivers them all
+        await watcher.nc.flush()
+        assert "restoring" in rec.of(PowerActionFailed)[0].data.error
+        assert len(reads) == 1, f"{len(reads)} reads of a state that only a newer announcement could change"
+        assert not bmc.events("command soft-off")
+    finally:
+        await pc.stop()
+
+
 async def test_a_device_check_waiting_on_a_dead_bmc_never_holds_up_a_power_action(make_bus, make_bmc, monkeypatch):
     """The device checks run every ``device_check_s``, outages or not. With one IPMI request at
     a time allowed, a check waiting on a dead BMC's timeout must not hold the slot a healthy

@@ -7,7 +7,7 @@ from datetime import timedelta
 
 import pytest
 
-from powerguard.power_control.admission import NO_SAGA, refusal
+from powerguard.power_control.admission import NO_SAGA, may_be_stale, refusal
 from powerguard.schemas import (
     PowerCommandData,
     PowerOnRequested,
@@ -64,3 +64,21 @@ def test_a_shutdown_after_its_sagas_shutdown_is_refused(state):
 @pytest.mark.parametrize("state", list(SagaState))
 def test_a_ups_output_is_cut_only_while_its_saga_is_down(state):
     assert (why(ups_off(), state) is None) == (state in (SagaState.DOWN, SagaState.PARTLY_DOWN))
+
+
+ORDER = list(SagaState)  # the declaration order is the order a saga moves through
+
+
+@pytest.mark.parametrize("event", [shutdown(), ups_off()], ids=["shutdown", "ups_off"])
+@pytest.mark.parametrize("shown", list(SagaState))
+def test_a_refusal_is_read_again_only_when_a_newer_state_could_admit_the_command(event, shown):
+    """A lagging replica shows an older state: read again exactly when some later state
+    (one a saga can move on to) would admit what the shown one refused."""
+    if why(event, shown) is None:
+        return
+    later = [s for s in ORDER[ORDER.index(shown) + 1 :] if not s.terminal] if not shown.terminal else []
+    assert may_be_stale(event, shown) == any(why(event, s) is None for s in later)
+
+
+def test_never_announced_is_always_read_again():
+    assert may_be_stale(shutdown(), NO_SAGA) and may_be_stale(ups_off(), NO_SAGA)

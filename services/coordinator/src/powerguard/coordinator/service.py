@@ -335,20 +335,26 @@ class Coordinator:
                         )
                         await self.bus.publish(ev.model_copy(update={"id": new_id()}))
 
-            results = await asyncio.gather(*(one(e) for e in states), return_exceptions=True)
-            if not any(isinstance(r, BaseException) for r in results):  # else: the next tick re-sends
-                results += await asyncio.gather(*(one(e) for e in commands), return_exceptions=True)
+            failed: list[BaseException] = []
+            what = "a state event"
+            for ev in states:  # one at a time, in order: the newest state is the last one stored
+                try:
+                    await one(ev)
+                except Exception as exc:
+                    failed.append(exc)
+                    break
+            if not failed:  # else: no command goes out before its state (the next tick re-sends)
+                results = await asyncio.gather(*(one(e) for e in commands), return_exceptions=True)
+                failed = [r for r in results if isinstance(r, BaseException)]
+                what = f"{len(failed)} of {len(commands)} commands"
         finally:
             otel_context.detach(token)
-        events = states + commands
-        failed = [r for r in results if isinstance(r, BaseException)]
         if failed:
             # the record is stored; the next tick re-sends what is pending (receivers deduplicate)
             log.error(
-                "saga %s: %d of %d events not stored (%s); re-sending on the next tick",
+                "saga %s: %s not stored (%s); re-sending on the next tick",
                 rec.saga_id,
-                len(failed),
-                len(events),
+                what,
                 failed[0],
             )
             self._resend.add(rec.saga_id)

@@ -57,3 +57,16 @@ def refusal(
     if isinstance(event, UpsOutputOffRequested) and not state.down:
         return f"saga {d.saga_id} is {state}: a UPS's output is cut only while its saga is down"
     return None
+
+
+def may_be_stale(event: Envelope, saga: SagaState | str) -> bool:
+    """Could a newer announcement of the saga admit ``event``, refused on ``saga``?
+
+    A replica a moment behind the leader only ever shows an *older* state, and a saga's states
+    only move forward (never back before its shutdown, never out of "down" back into it). So
+    only "never announced" and a UPS cut refused before its saga was down can be a stale
+    answer worth reading again; a shutdown refused because its saga moved on stands."""
+    if saga == NO_SAGA:
+        return True
+    state = SagaState(saga)
+    return isinstance(event, UpsOutputOffRequested) and (state.before_shutdown or state == SagaState.SHUTTING_DOWN)

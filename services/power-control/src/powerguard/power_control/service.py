@@ -43,7 +43,7 @@ from powerguard.schemas import (
 )
 
 from . import device_health, metrics
-from .admission import NO_SAGA, refusal
+from .admission import NO_SAGA, may_be_stale, refusal
 from .config import PowerControlSettings
 from .drivers import Devices
 from .errors import PowerControlError
@@ -187,14 +187,15 @@ class PowerControl:
 
         In a cluster the read may be answered by a replica a moment behind the leader: an
         older state, or none yet, for a command the coordinator sent after announcing its
-        state. So a refusal that rests on the saga's state is read again (:data:`REREAD_S`)
-        before it stands, and a read that keeps failing raises (the command is delivered again):
-        "not read" is never taken for "never announced"."""
+        state. So a refusal that such a lag can explain (:func:`.admission.may_be_stale`) is
+        read again (:data:`REREAD_S`) before it stands, and a read that keeps failing raises
+        (the command is delivered again): "not read" is never taken for "never announced".
+        Any other refusal stands at once (it never holds the consumer)."""
         if why := self._admit(event, None):  # too old, not in the site file: no read changes that
             return why
-        saga_id = event.data.saga_id
         if not self.settings.require_saga:
             return None
+        saga_id = event.data.saga_id
         if not saga_id:
             return self._admit(event, NO_SAGA)
         subject = self.bus.subjects.saga(saga_id)
@@ -207,9 +208,10 @@ class PowerControl:
                 failure = exc
             else:
                 ok = got is not None and isinstance(got.event, SagaStateChanged) and got.event.data.saga_id == saga_id
-                why = self._admit(event, got.event.data.state if ok else NO_SAGA)
-                if why is None:
-                    return None
+                state = got.event.data.state if ok else NO_SAGA
+                why = self._admit(event, state)
+                if why is None or not may_be_stale(event, state):
+                    return why
             if pause is not None:
                 await asyncio.sleep(pause)
         if failure is not None:
