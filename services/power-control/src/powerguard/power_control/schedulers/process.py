@@ -114,17 +114,34 @@ class ProcessScheduler(Scheduler):
         return None  # jobs outlive the service on purpose: a power-control restart must not stop training
 
 
+def _proc_table(proc: Path) -> dict[int, tuple[str, int, int]] | None:
+    """pid -> (state, ppid, pgrp) of every process, from ``/proc/<pid>/stat`` (None: no /proc)."""
+    try:
+        entries = [int(e) for e in os.listdir(proc) if e.isdigit()]
+    except OSError:
+        return None
+    table: dict[int, tuple[str, int, int]] = {}
+    for pid in entries:
+        try:
+            fields = (proc / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()
+            table[pid] = (fields[0], int(fields[1]), int(fields[2]))
+        except (OSError, IndexError, ValueError):
+            continue  # gone meanwhile
+    return table
+
+
+def _dead(state: str) -> bool:
+    return state in ("Z", "X")  # a zombie or dying: nothing left to stop
+
+
 def group_alive(pgid: int, proc: Path = Path("/proc")) -> bool:
     """Whether a process of group ``pgid`` still runs. Zombies do not count: an adopted job's
     exited leader stays a zombie until its parent reaps it (a PID 1 that never reaps, in a
     container without an init, or the process that launched it and is busy), and ``killpg(pgid,
     0)`` answers for zombies as for the living, so a stop would wait out ``stop_timeout_s`` on
-    a job that exited at once. Reads ``/proc/<pid>/stat``; without a /proc, asks ``killpg``."""
-    try:
-        entries = [e for e in os.listdir(proc) if e.isdigit()]
-    except OSError:
-        entries = None
-    if entries is None:
+    a job that exited at once. Reads ``/proc``; without one, asks ``killpg``."""
+    table = _proc_table(proc)
+    if table is None:
         try:
             os.killpg(pgid, 0)
         except ProcessLookupError:
@@ -132,33 +149,15 @@ def group_alive(pgid: int, proc: Path = Path("/proc")) -> bool:
         except PermissionError:
             return True
         return True
-    for pid in entries:
-        try:
-            fields = (proc / pid / "stat").read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue  # gone meanwhile
-        state, group = fields[0], int(fields[2])  # state, ppid, pgrp, ...
-        if group == pgid and state not in ("Z", "X"):
-            return True
-    return False
+    return any(group == pgid and not _dead(state) for state, _, group in table.values())
 
 
 def job_tree(pgid: int, proc: Path = Path("/proc")) -> set[int]:
     """The live processes of group ``pgid`` and every descendant of one, wherever its group: a
     launcher's workers may have their own (``torchrun`` starts each rank with
     ``start_new_session``), so killing the job's group alone leaves them training on, orphaned.
-    Reads ``/proc/<pid>/stat``; without a /proc, none (the group's kill is all there is)."""
-    table: dict[int, tuple[str, int, int]] = {}  # pid -> (state, ppid, pgrp)
-    try:
-        entries = [int(e) for e in os.listdir(proc) if e.isdigit()]
-    except OSError:
-        return set()
-    for pid in entries:
-        try:
-            fields = (proc / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()
-            table[pid] = (fields[0], int(fields[1]), int(fields[2]))
-        except (OSError, IndexError, ValueError):
-            continue  # gone meanwhile
+    Reads ``/proc``; without one, none (the group's kill is all there is)."""
+    table = _proc_table(proc) or {}
     children: dict[int, list[int]] = {}
     for pid, (_, ppid, _) in table.items():
         children.setdefault(ppid, []).append(pid)
@@ -169,7 +168,7 @@ def job_tree(pgid: int, proc: Path = Path("/proc")) -> set[int]:
         if pid not in found:
             found.add(pid)
             todo.extend(children.get(pid, ()))
-    return {pid for pid in found if table[pid][0] not in ("Z", "X")}
+    return {pid for pid in found if not _dead(table[pid][0])}
 
 
 def _kill(pids: set[int]) -> None:
