@@ -11,7 +11,7 @@ import typer
 
 from powerguard.bus import BusNames
 from powerguard.bus.env import PRECEDENCE, connection
-from powerguard.schemas import ConfigError, SiteConfig, load_site
+from powerguard.schemas import SiteConfig, load_site
 
 CONFIG = typer.Option(
     None, "--config", "-c", help="Site YAML: its nats: section (URL, names, credential, CA) and the site's name"
@@ -33,24 +33,12 @@ class Target:
     names: BusNames
     site: SiteConfig | None
 
-    @property
-    def credential(self) -> str | None:
-        """The name inside the credential (``observer``, ``agent.<job>``, ...), None without one."""
-        from powerguard.bus.connect_checks import credential_name
-
-        creds = self.auth.get("creds_file")
-        return credential_name(creds) if creds else None
-
     def require(self, *roles: str, command: str) -> None:
         """Refuse, in words, a credential that is not one of ``roles`` (the server would answer the
         first request it may not make with a timeout)."""
-        name = self.credential
-        if name is not None and name not in roles:
-            who = f"a training job's ({name})" if name.startswith("agent.") else f"the {name} credential"
-            raise ConfigError(
-                f"`{command}` needs the {' or '.join(roles)} credential; {self.auth['creds_file']} is {who}: "
-                f"give --creds creds/{roles[0]}.creds (or NATS_CREDS)"
-            )
+        from powerguard.bus.connect_checks import require_credential
+
+        require_credential(self.auth.get("creds_file"), *roles, command=command)
 
 
 def target(config: Path | None, url: str | None, creds: Path | None, ca: Path | None) -> Target:

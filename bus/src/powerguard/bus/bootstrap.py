@@ -11,7 +11,7 @@ import logging
 import os
 import sys
 
-from powerguard.schemas import ConfigError, PowerGuardError, load_site
+from powerguard.schemas import PowerGuardError, load_site
 
 from .client import Bus
 from .env import PRECEDENCE, connection
@@ -34,15 +34,9 @@ async def bootstrap(
     """Create what is missing (``update``: also change the stream to this configuration). A
     credential other than the admin's is refused in words before anything is asked of the server
     (which would answer the first JetStream request it may not make with a timeout)."""
-    if auth.get("creds_file"):
-        from .connect_checks import credential_name
+    from .connect_checks import require_credential
 
-        who = credential_name(auth["creds_file"])
-        if who != "admin":
-            raise ConfigError(
-                f"bootstrap needs the admin credential; {auth['creds_file']} is the {who or 'unnamed'} credential: "
-                "give --creds creds/admin.creds (or NATS_CREDS)"
-            )
+    require_credential(auth.get("creds_file"), "admin", command="powerguard bootstrap")
     bus = await Bus.connect(
         url,
         service="admin",

@@ -9,10 +9,28 @@ from pathlib import Path
 
 import nkeys
 
+from powerguard.schemas import ConfigError
+
 from .errors import ConnectError
 from .jwt import decode_claims, read_creds_jwt
 
 FIX_CREDS = "give the service's own file with --creds or NATS_CREDS (made by `powerguard creds init|issue`)"
+
+
+def require_credential(creds_file: str | Path | None, *parties: str, command: str) -> None:
+    """Refuse, in words, a credential that is not one of ``parties`` (:class:`ConfigError`);
+    the server would answer the first request it may not make with a timeout. No file: the
+    connection has no credential to check (a server without auth)."""
+    if creds_file is None:
+        return
+    name = credential_name(creds_file)
+    if name in parties:
+        return
+    who = f"a training job's ({name})" if name.startswith("agent.") else f"the {name or 'unnamed'} credential"
+    raise ConfigError(
+        f"`{command}` needs the {' or '.join(parties)} credential; {creds_file} is {who}: "
+        f"give --creds creds/{parties[0]}.creds (or NATS_CREDS)"
+    )
 
 
 def credential_name(creds_file: str | Path) -> str:
