@@ -59,6 +59,7 @@ def check(
     each UPS once and reach each node's BMC and PDU outlets. Run it as the services' user, on the
     host they run on. Exit 0: no problem; 1: a line per problem, each naming what and where."""
     from powerguard.ops import live_check, site_check
+    from powerguard.ops.findings import failed
 
     given = _given(creds_for)
 
@@ -71,20 +72,9 @@ def check(
             for p in site_check.PARTIES
             if p in given or (creds_dir is not None and (creds_dir / f"{p}.creds").exists())
         }
-        bad_parties = {
-            f.where.removeprefix("credential ") for f in found if not f.ok and f.where.startswith("credential ")
-        }
-        parties = {p: path for p, path in parties.items() if p not in bad_parties}
-        skip_ups = {
-            u.name
-            for u in cfg.ups
-            if any(not f.ok and f.where.startswith((f"ups {u.name}", f"secret ups[{u.name}]")) for f in found)
-        }
-        skip_nodes = {
-            n.name
-            for n in cfg.nodes
-            if any(not f.ok and f.where.startswith((f"bmc {n.name}", f"secret nodes[{n.name}]")) for f in found)
-        }
+        parties = {p: path for p, path in parties.items() if p not in failed(found, "credential")}
+        skip_ups = failed(found, "ups")
+        skip_nodes = failed(found, "node")
         found += await live_check.nats(cfg, parties, url=url, ca=ca, timeout_s=timeout_s)
         found += await live_check.ups(cfg, skip_ups)
         found += await live_check.devices(cfg, skip_nodes)

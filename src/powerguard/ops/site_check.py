@@ -6,6 +6,7 @@ reading files."""
 from __future__ import annotations
 
 import json
+import re
 import stat
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,7 +16,7 @@ from pydantic import BaseModel
 from powerguard.bus.connect_checks import credential_name
 from powerguard.schemas import PowerGuardError, SecretRef, SiteConfig, load_site
 
-from .findings import Finding, ok, problem
+from .findings import Finding, failed, ok, problem
 
 SERVICES = ("ups-monitor", "coordinator", "power-control")
 # the parties whose credential the check looks for in --creds-dir (absent ones: only a note)
@@ -83,14 +84,20 @@ def secrets(site: SiteConfig) -> list[Finding]:
         try:
             ref.resolve()
         except PowerGuardError as exc:
-            out.append(problem(f"secret {path}", f"{ref}: {exc}"))
+            out.append(problem(f"secret {path}", f"{ref}: {exc}", _owner(path)))
         else:
-            out.append(ok(f"secret {path}", f"{ref} resolves"))
+            out.append(ok(f"secret {path}", f"{ref} resolves", _owner(path)))
     return out
 
 
-def _bad_secret(found: list[Finding], prefix: str) -> bool:
-    return any(not f.ok and f.where.startswith(f"secret {prefix}") for f in found)
+_OWNERS = {"ups": "ups", "nodes": "node", "pdus": "pdu"}
+
+
+def _owner(path: str) -> tuple[str, str] | None:
+    """The UPS, node or PDU a secret's place in the site file belongs to (``nodes[n1].bmc...``)."""
+    if m := re.match(r"(ups|nodes|pdus)\[([^\]]+)\]", path):
+        return _OWNERS[m[1]], m[2]
+    return None
 
 
 async def drivers(site: SiteConfig, found: list[Finding] = ()) -> list[Finding]:
@@ -108,13 +115,14 @@ async def drivers(site: SiteConfig, found: list[Finding] = ()) -> list[Finding]:
         control = load_settings(site)
     except PowerGuardError:
         return out  # reported by sections()
+    bad = {kind: failed(found, kind) for kind in ("ups", "node", "pdu")}
     for ups in site.ups:
-        if _bad_secret(found, f"ups[{ups.name}]"):
+        if ups.name in bad["ups"]:
             continue
         try:
             await make_driver(ups, monitor).close()
         except (PowerGuardError, ValueError) as exc:
-            out.append(problem(f"ups {ups.name}", str(exc).removeprefix(f"ups {ups.name}: ")))
+            out.append(problem(f"ups {ups.name}", str(exc).removeprefix(f"ups {ups.name}: "), ("ups", ups.name)))
     from powerguard.power_control.schedulers import make_scheduler
 
     try:
@@ -122,17 +130,17 @@ async def drivers(site: SiteConfig, found: list[Finding] = ()) -> list[Finding]:
     except PowerGuardError as exc:
         out.append(problem("job adapter", str(exc)))
     devices = Devices(site, control)
-    # (what, name, where its secrets sit in the file, how power-control builds its driver)
-    built = [("pdu", p.name, f"pdus[{p.name}]", devices.pdu) for p in site.pdus]
-    built += [("bmc", n.name, f"nodes[{n.name}].bmc", devices.bmc) for n in site.nodes]
+    # (what, the site's thing it belongs to, name, how power-control builds its driver)
+    built = [("pdu", "pdu", p.name, devices.pdu) for p in site.pdus]
+    built += [("bmc", "node", n.name, devices.bmc) for n in site.nodes]
     try:
-        for what, name, secrets_at, make in built:
-            if _bad_secret(found, secrets_at):
+        for what, kind, name, make in built:
+            if name in bad[kind]:
                 continue
             try:
                 make(name)
             except (PowerControlError, PowerGuardError, ValueError) as exc:
-                out.append(problem(f"{what} {name}", str(exc).removeprefix(f"node {name}: ")))
+                out.append(problem(f"{what} {name}", str(exc).removeprefix(f"node {name}: "), (kind, name)))
     finally:
         await devices.close()
     return out
@@ -166,25 +174,27 @@ def credentials(site: SiteConfig, creds_dir: Path | None, given: dict[str, Path]
         path = given.get(party) or (creds_dir / f"{party}.creds" if creds_dir is not None else None)
         if path is None:
             continue
-        where = f"credential {party}"
+        where, about = f"credential {party}", ("credential", party)
         if not path.exists():
             if party in SERVICES or party in given:
                 out.append(
-                    problem(where, f"{path} does not exist (`powerguard creds init` or `creds issue --role {party}`)")
+                    problem(
+                        where, f"{path} does not exist (`powerguard creds init` or `creds issue --role {party}`)", about
+                    )
                 )
             continue
         try:
             name = credential_name(path)
         except PowerGuardError as exc:
-            out.append(problem(where, str(exc)))
+            out.append(problem(where, str(exc), about))
             continue
         if name != party:
-            out.append(problem(where, f"{path} is the {name or 'unnamed'} credential, not {party}'s"))
+            out.append(problem(where, f"{path} is the {name or 'unnamed'} credential, not {party}'s", about))
             continue
         if (why := _private(path)) is not None:
-            out.append(problem(where, f"{path}: {why}"))
+            out.append(problem(where, f"{path}: {why}", about))
             continue
-        out.append(ok(where, f"{path}: {party}'s"))
+        out.append(ok(where, f"{path}: {party}'s", about))
     nats = site.nats
     for field in ("creds_file", "nkey_seed_file", "tls_ca", "tls_cert", "tls_key"):
         value = getattr(nats, field)
