@@ -19,11 +19,16 @@ this disk, the gathers): agent 1.07-1.27 s, `HashingWriter` with 4 threads 1.08-
 0.71-0.93 s = verifying 0.29-0.38 s (4 files read cold by 4 threads, each byte copied once into
 a hashing buffer) + loading 0.42-0.55 s (DCP reading the now cached files again, `torch.load`
 of every item into a freshly allocated tensor, then `copy_` into the model's); `dd` read the
-same files in 0.29-0.52 s. Now one pass per file: 0.33-0.38 s at 1 rank (`dd` 0.28-0.31 s in
-the same runs). At 4 ranks per node 0.61-0.94 s against `dd` 0.37-0.52 s: with nothing to read
-from the disk (page cache warm) the same restore takes 0.31 s, the 4 processes copying and
-hashing their 256 MB each on this machine's 2 cores (0.25 s per rank, against 0.12 s for the
-whole GB in one process); that CPU time, not the disk, is what the 4-rank restore waits for here.
+same files in 0.29-0.52 s. Then one pass per file: 0.33-0.38 s at 1 rank (`dd` 0.28-0.31 s in
+the same runs). At 4 ranks per node it stayed at 0.61-0.94 s (`dd` 0.37-0.52 s), and at 4 GB
+0.70 of `dd`'s read. A cProfile of rank 0 of that 4-rank, 4 GB restore found why: 3.9 s of its
+4.2 s in `preadv` and xxh3 over **all 16 files** of the checkpoint, not its own 4. DCP stores a
+replicated tensor (the optimizer's `step` counters) once, in one rank's file, and every rank
+loads it; a rank that loaded one such item from a file hashed the whole file, so each of the 4
+ranks read and hashed the whole 4 GB (16 GB of copies and hashing on 2 cores). Now every file is
+hashed once per restore, by the rank that loads most of it (chosen in DCP's global plan); the
+others read just their items: rank 0 makes 210 `preadv` calls instead of 602 and hashes 1 GB
+instead of 4; the restore went from 3.5-4.2 s to 1.7-3.3 s against `dd`'s 3.9 s in that run.
 
 **What changed**: the synchronous save writes through parallel writers, DCP's `thread_count`,
 chosen by the agent: 4 per rank, and no file under 64 MiB (`_writers.writer_threads`;
@@ -36,7 +41,9 @@ it lands: a tensor stored as its target's bytes (same dtype, both contiguous, th
 for contiguous in the stored tensor) is read with `preadv` straight into the model's tensor; its
 layout comes from its `torch.save` archive loaded onto the `meta` device (`weights_only`, no
 data), the archives' small reads issued by 8 threads at once. Anything else DCP parses (bytes,
-other layouts) waits until its file checked out and reads it from the page cache. A file that
+other layouts) waits until its file checked out and reads it from the page cache. Each file
+is hashed whole by one rank, the one that loads most of it (`_loading.verifiers`, in DCP's
+global plan); a rank that loads a few items of another's file reads just those. A file that
 fails stops the load on every rank (DCP gathers the failure); the Restorer then loads an older
 checkpoint in full (every tensor again) or stops: nothing of a bad checkpoint is trained on.
 With `allow_fresh_start=True` every file is verified before anything is loaded, so a fresh
@@ -52,8 +59,7 @@ slower, fresh memory costs as much as the read on this VM.
 
 **What is left**: the ratios move with this disk's noise (the same code gave 0.81-1.0 over the
 best DCP at 1 GB in different runs; the best of four noisy DCP settings is a low bar to hold).
-The 4-rank restore is bound by the 2 cores here; with more cores per rank (a GPU node) the
-copy and the hash of each rank run on their own core.
+With more cores per rank (a GPU node) the copy and the hash of each rank run on their own core.
 """
 
 

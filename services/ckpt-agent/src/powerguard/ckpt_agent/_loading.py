@@ -1,11 +1,16 @@
-"""The restore's load, verified as it reads: each file this rank loads is read once, in order,
-and every byte of it is hashed (xxh3-128, and the keyed digest with a site key) as it lands; a
+"""The restore's load, verified as it reads: each file the job loads is read once, in order, by
+the one rank that loads most of its bytes (:func:`verifiers`, decided in DCP's global plan), and
+every byte of it is hashed (xxh3-128, and the keyed digest with a site key) as it lands; a
 tensor stored as its target's bytes lands straight in the target (``preadv``: one copy from the
 disk's page cache, no tensor allocated, no second read). A file whose digest does not match its
 manifest entry raises :class:`CorruptCheckpoint` naming it, once it has been read; DCP hands the
-failure to every rank and the restore moves on to the next checkpoint (whose load writes every
-tensor again) or stops (``Restorer``: a fresh start verifies first instead, so it never starts
-from a part-loaded model). Files are read in parallel (``threads``), each by one thread.
+failure to every rank (its all-gather of the reads), so the other ranks that loaded a few items
+of that file (a replicated item DCP stored once, a reshard) read just those items and rely on
+that verdict: every file is hashed once per job, not once per rank that touches it (4 ranks each
+loading one step counter from every other rank's files hashed the whole checkpoint 4 times).
+The restore then moves on to the next checkpoint (whose load writes every tensor again) or stops
+(``Restorer``: a fresh start verifies first instead, so it never starts from a part-loaded
+model). Files are read in parallel (``threads``), each by one thread.
 
 A tensor item goes straight to its target when its stored bytes are the target's bytes: same
 dtype, both contiguous, the range the item asks for contiguous in the stored tensor. The stored
@@ -18,6 +23,7 @@ COMMIT, the manifests and ``.metadata`` are checked before anything is loaded
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import os
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -81,9 +87,31 @@ class _PreadView(io.RawIOBase):
         return got
 
 
+@dataclasses.dataclass(frozen=True)
+class Verify:
+    """A rank's load plan's ``storage_data``: the files it hashes whole."""
+
+    files: frozenset[str]
+
+
+def verifiers(storage_data: dict[Any, Any], plans: list[LoadPlan]) -> list[frozenset[str]]:
+    """The files each rank (``plans[rank]``) hashes whole: every file some rank loads, by the
+    rank that loads most of its stored bytes (the lowest such rank on a tie)."""
+    loads: dict[str, dict[int, int]] = {}
+    for rank, plan in enumerate(plans):
+        for item in plan.items:
+            info = storage_data[item.storage_index]
+            by_rank = loads.setdefault(info.relative_path, {})
+            by_rank[rank] = by_rank.get(rank, 0) + info.length
+    mine: list[set[str]] = [set() for _ in plans]
+    for name, by_rank in loads.items():
+        mine[min(by_rank, key=lambda r: (-by_rank[r], r))].add(name)
+    return [frozenset(m) for m in mine]
+
+
 class VerifyingReader(SafeFileSystemReader):
     """DCP's file system reader (metadata read without running code) that hashes every byte of
-    each file it loads against ``files`` (the manifests' entries) in the same pass."""
+    each file it verifies against ``files`` (the manifests' entries) in the pass that loads it."""
 
     def __init__(
         self,
@@ -96,10 +124,19 @@ class VerifyingReader(SafeFileSystemReader):
         super().__init__(path)
         self.files, self.key, self.threads = files, key, threads
         self.direct = 0  # tensor items read straight into their target (the rest: DCP's torch.load)
+        self.hashed: list[str] = []  # the files this rank hashed whole (its last load)
+
+    def prepare_global_plan(self, plans: list[LoadPlan]) -> list[LoadPlan]:
+        plans = super().prepare_global_plan(plans)
+        mine = verifiers(self.storage_data, plans)
+        return [dataclasses.replace(p, storage_data=Verify(m)) for p, m in zip(plans, mine, strict=True)]
 
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> torch.futures.Future[None]:
         per_file = items_by_file(self.storage_data, plan)
         names = sorted(per_file)
+        # without a global plan of this reader's (DCP's rank-local path): every file it loads
+        whole = plan.storage_data.files if isinstance(plan.storage_data, Verify) else frozenset(names)
+        self.hashed = []
         unlisted = [n for n in names if n not in self.files]
         if unlisted:
             raise CorruptCheckpoint(f"{self.path}/{unlisted[0]}: DCP's metadata names a file no manifest lists")
@@ -116,10 +153,10 @@ class VerifyingReader(SafeFileSystemReader):
                     for r in items
                 ]
                 files[name] = _File(name, f.fileno(), items, layouts)
-            each_file(names, lambda n: self._load_file(files[n], planner), self.threads)
+            each_file(names, lambda n: self._load_file(files[n], planner, n in whole), self.threads)
         return completed()
 
-    def _load_file(self, file: _File, planner: LoadPlanner) -> None:
+    def _load_file(self, file: _File, planner: LoadPlanner, whole: bool) -> None:
         where = f"{self.path}/{file.name}"
         size = os.fstat(file.fd).st_size
         want = self.files[file.name]
@@ -133,14 +170,18 @@ class VerifyingReader(SafeFileSystemReader):
                 direct.append(got)
             else:
                 rest.append(req)
-        digest, keyed = self._read(file.fd, where, size, direct)
-        problem = L.digest_problem(where, size, digest, keyed, want, self.key)
-        if problem:
-            raise CorruptCheckpoint(problem)
+        if whole:
+            self.hashed.append(file.name)
+            digest, keyed = self._read(file.fd, where, size, direct)
+            if problem := L.digest_problem(where, size, digest, keyed, want, self.key):
+                raise CorruptCheckpoint(problem)
+        else:  # its verifier hashes it whole; a mismatch there fails this load on every rank
+            for d in direct:
+                _pread_into(file.fd, where, memoryview(d.target.view(-1).view(torch.uint8).numpy()), d.start)
         for d in direct:
             planner.commit_tensor(d.req, d.target)
         self.direct += len(direct)
-        if rest:  # DCP's own reading of them, from the page cache this pass filled
+        if rest:  # DCP's own reading of them (from the page cache, where this pass filled it)
             super().read_data(LoadPlan(rest), planner).wait()
 
     def _read(self, fd: int, where: str, size: int, direct: list[_Direct]) -> tuple[str, str | None]:
@@ -150,18 +191,10 @@ class VerifyingReader(SafeFileSystemReader):
         keyed = L.keyed_hasher(self.key) if self.key is not None else None
         scratch = memoryview(bytearray(min(_CHUNK, size) or 1))
         pos = 0
+        hashers = (hasher,) if keyed is None else (hasher, keyed)
 
         def into(dst: memoryview, offset: int) -> None:
-            done = 0
-            while done < len(dst):
-                got = os.preadv(fd, [dst[done : done + _CHUNK]], offset + done)
-                if got <= 0:
-                    raise CorruptCheckpoint(f"{where}: ended at {offset + done} bytes while read")
-                part = dst[done : done + got]
-                hasher.update(part)
-                if keyed is not None:
-                    keyed.update(part)
-                done += got
+            _pread_into(fd, where, dst, offset, hashers)
 
         for d in direct:
             while pos < d.start:
@@ -213,6 +246,19 @@ class VerifyingReader(SafeFileSystemReader):
         ):
             return None
         return _Direct(start, start + count * size, target, req)
+
+
+def _pread_into(fd: int, where: str, dst: memoryview, offset: int, hashers: tuple[Any, ...] = ()) -> None:
+    """Fill ``dst`` from the file at ``offset``, a chunk at a time, each chunk hashed by
+    ``hashers`` while still in the CPU's cache."""
+    done = 0
+    while done < len(dst):
+        got = os.preadv(fd, [dst[done : done + _CHUNK]], offset + done)
+        if got <= 0:
+            raise CorruptCheckpoint(f"{where}: ended at {offset + done} bytes while read")
+        for h in hashers:
+            h.update(dst[done : done + got])
+        done += got
 
 
 def _contiguous_range(stored: torch.Tensor, offsets: Any, lengths: Any) -> tuple[int | None, int]:
