@@ -12,7 +12,8 @@ the ranks: each rank writes its own shards), in alternated repetitions (this dis
     train (``guard.step()`` every ~10 ms); its time is the slowest rank's save from the agreed step
     to ``COMMIT`` (each ack carries it); request -> every rank's ``ckpt.durable`` received (the
     paced step agreement and the acks included) is reported beside it
-  * the restore (verify + load) of that checkpoint, page cache dropped first
+  * the restore (verify + load) of that checkpoint, page cache dropped first, and dd's read of
+    its files: which of the two goes first alternates with the repetitions
 
 Medians per setting; ratios: ``over_best_dcp`` (best plain DCP's time over the power
 checkpoint's: >= 0.9 is the target), ``over_dd`` (dd's over the power checkpoint's: >= 0.8),
@@ -242,11 +243,15 @@ def worker(args: argparse.Namespace) -> None:
                     if old.name != f"step-{guard.last_committed_step}":
                         shutil.rmtree(old, ignore_errors=True)
                 os.sync()
-        seconds, was_cold = restore()
-        cold = cold and was_cold
-        runs["restore_s"].append(seconds)
         newest = Path(guard.local_root) / job / f"step-{guard.last_committed_step}"
-        runs["dd_read_s"].append(dd_read(newest))
+        for read in ("restore", "dd_read") if rep % 2 == 0 else ("dd_read", "restore"):  # alternated too
+            if read == "restore":
+                seconds, was_cold = restore()
+                cold = cold and was_cold
+                runs["restore_s"].append(seconds)
+            else:
+                runs["dd_read_s"].append(dd_read(newest))
+                dist.barrier(group)
     if requester is not None:
         requester.close()
         med = {k: statistics.median(v) for k, v in runs.items()}

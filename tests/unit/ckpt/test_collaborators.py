@@ -128,7 +128,9 @@ def test_parallel_writers_by_size_and_small_states_stay_one_file():
     from powerguard.ckpt_agent._writers import local_bytes, writer_threads
 
     mib = 1 << 20
-    assert writer_threads(1024 * mib) == 4  # the rank's 4 writers
+    assert writer_threads(1024 * mib) == writer_threads(2048 * mib) == 4  # the rank's 4 writers
+    assert writer_threads(3072 * mib) == 6 and writer_threads(4096 * mib) == 8  # one per 512 MiB
+    assert writer_threads(64 << 30) == 8  # at most 8
     assert writer_threads(200 * mib) == 3  # one per 64 MiB at least
     assert writer_threads(100 * mib) == 1  # no file under 64 MiB
     assert writer_threads(0) == 1

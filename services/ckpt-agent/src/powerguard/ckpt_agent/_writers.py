@@ -3,9 +3,10 @@
 Measured (docs/performance.md, ``bench/power_checkpoint.py``, 1 GB of state): one writer leaves
 the disk half idle while the kernel throttles the single stream of dirty pages; a few files per
 rank, each written and fsynced once by its own thread, keep it busy: 4 per rank was the best
-setting of plain DCP at 1 and at 4 ranks per node (8 per rank and a budget of 4 per node shared
-by the ranks were slower). No file is smaller than ``min_file_bytes``: a small state gains
-nothing from splitting."""
+setting of plain DCP at 1 and at 4 ranks per node with 1 GB per rank (8 per rank and a budget of
+4 per node shared by the ranks were slower), 8 with 4 GB in one rank (in two runs). So one
+writer per ``bytes_per_writer`` of the rank's state, at least 4 and at most 8; no file is
+smaller than ``min_file_bytes``: a small state gains nothing from splitting."""
 
 from __future__ import annotations
 
@@ -14,13 +15,23 @@ from typing import Any
 
 import torch
 
-RANK_WRITERS = 4  # writer threads (files) per rank
+RANK_WRITERS = 4  # writer threads (files) per rank, at least (and a node's reader threads)
+MOST_RANK_WRITERS = 8
+BYTES_PER_WRITER = 512 << 20
 MIN_FILE_BYTES = 64 << 20
 
 
-def writer_threads(rank_bytes: int, *, most: int = RANK_WRITERS, min_file_bytes: int = MIN_FILE_BYTES) -> int:
+def writer_threads(
+    rank_bytes: int,
+    *,
+    least: int = RANK_WRITERS,
+    most: int = MOST_RANK_WRITERS,
+    bytes_per_writer: int = BYTES_PER_WRITER,
+    min_file_bytes: int = MIN_FILE_BYTES,
+) -> int:
     """DCP ``thread_count`` for a rank that writes ``rank_bytes``."""
-    return max(1, min(most, rank_bytes // max(1, min_file_bytes)))
+    wanted = min(most, max(least, rank_bytes // max(1, bytes_per_writer)))
+    return max(1, min(wanted, rank_bytes // max(1, min_file_bytes)))
 
 
 def reader_threads(local_ranks: int, *, node_streams: int = RANK_WRITERS) -> int:
