@@ -1,6 +1,7 @@
 """Each file of a checkpoint is hashed once per restore, by the rank that loads most of it, not
-by every rank that loads an item from it (2 real gloo ranks): DCP stores a replicated tensor once,
-in one rank's file, and every rank loads it; the other rank reads just that item. A flipped byte
+by every rank that loads an item from it (2 real gloo ranks): DCP stores a replicated tensor or
+value once, in one rank's file, and every rank loads it; the other rank reads just that item
+(a value through the restore's planner, which runs no code). A flipped byte
 in either file still fails the load on both ranks, naming the file (the verifier's failure
 reaches every rank through DCP's all-gather of the reads)."""
 

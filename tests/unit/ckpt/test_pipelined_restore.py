@@ -16,7 +16,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 from powerguard.ckpt_agent import _layout as L
 from powerguard.ckpt_agent._hashing import HashingWriter
-from powerguard.ckpt_agent._loading import VerifyingReader
+from powerguard.ckpt_agent._loading import SafeLoadPlanner, VerifyingReader
 from powerguard.ckpt_agent._ranks import Ranks
 from powerguard.ckpt_agent._restore import Restorer, corrupt_reason
 from powerguard.ckpt_agent._retainer import Retainer
@@ -208,3 +208,37 @@ def test_a_node_verifies_what_it_holds_naming_the_bad_files_and_not_the_missing(
     assert len(listed) == 4 and corrupt in listed and gone.name in listed
     assert have >= listed - {corrupt, gone.name} and not have & {corrupt, gone.name}
     assert len(bad) == 1 and corrupt in bad[0] and "checksum mismatch" in bad[0]
+
+
+class _RunsCode:
+    """A pickle that, loaded, creates a file (a stand-in for any code)."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def test_a_bytes_item_that_would_run_code_is_refused_and_runs_nothing(tmp_path):
+    """A forger who can write the tier and recompute unkeyed checksums stores a pickle as a
+    state's non-tensor value: the restore's planner refuses it by name and runs nothing (DCP's
+    default planner, the restore's before, runs it)."""
+    marker = tmp_path / "code-ran"
+    ckpt = tmp_path / "ckpt"
+    files = _saved(ckpt, {"w": torch.ones(4), "lr": _RunsCode(str(marker))})
+    got = {"w": torch.zeros(4), "lr": 0.1}
+    with pytest.raises(CheckpointException) as err:
+        dcp.load(got, storage_reader=VerifyingReader(ckpt, files=files, key=None), planner=SafeLoadPlanner())
+    assert "lr: not tensors and plain values, not loaded" in corrupt_reason(err.value)
+    assert not marker.exists(), "a restore ran code"
+    dcp.load(got, storage_reader=VerifyingReader(ckpt, files=files, key=None))  # DCP's own planner
+    assert marker.exists()  # what the restore's planner keeps from running
+
+
+def test_plain_values_load_through_the_restores_planner(tmp_path):
+    want = {"w": torch.arange(6.0), "hp": {"lr": 0.5, "betas": (0.9, 0.99), "fused": None, "name": "adamw"}}
+    files = _saved(tmp_path, want)
+    got = {"w": torch.zeros(6), "hp": {"lr": 0.0, "betas": (0.0, 0.0), "fused": True, "name": ""}}
+    dcp.load(got, storage_reader=VerifyingReader(tmp_path, files=files, key=None), planner=SafeLoadPlanner())
+    assert torch.equal(got["w"], want["w"]) and got["hp"] == want["hp"]

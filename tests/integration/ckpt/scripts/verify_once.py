@@ -17,7 +17,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.tensor import Shard, distribute_tensor, init_device_mesh
 
 from powerguard.ckpt_agent._hashing import HashingWriter
-from powerguard.ckpt_agent._loading import VerifyingReader
+from powerguard.ckpt_agent._loading import SafeLoadPlanner, VerifyingReader
 
 
 def state(mesh, fill: float | None) -> dict:
@@ -28,6 +28,7 @@ def state(mesh, fill: float | None) -> dict:
     if fill is not None:
         for t in out.values():
             (t.to_local() if hasattr(t, "to_local") else t).fill_(fill)
+    out |= {f"hp{i}": {"lr": 0.5 if fill is None else 0.0, "betas": (0.9, 0.99)} for i in range(4)}  # bytes items
     return out
 
 
@@ -44,9 +45,12 @@ def main() -> None:
         got = state(mesh, 0.0)
         reader = VerifyingReader(directory, files=manifest, key=None)
         try:
-            dcp.load(got, storage_reader=reader)
+            dcp.load(got, storage_reader=reader, planner=SafeLoadPlanner())
             want = state(mesh, None)
-            exact = all(torch.equal(_local(got[k]), _local(want[k])) for k in want)
+            exact = all(
+                torch.equal(_local(got[k]), _local(v)) if isinstance(v, torch.Tensor) else got[k] == v
+                for k, v in want.items()
+            )
             outcome = "exact" if exact else "differs"
         except CheckpointException as exc:  # DCP's (a BaseException): every rank's failures
             outcome = f"failed: {exc}"

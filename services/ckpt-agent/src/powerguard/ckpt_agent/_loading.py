@@ -26,12 +26,15 @@ from __future__ import annotations
 import dataclasses
 import io
 import os
+import pickle
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import ExitStack
 from typing import Any, NamedTuple
 
 import torch
 import xxhash
+from torch.distributed.checkpoint._traverse import set_element
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner, ReadItem
 
 from . import _layout as L
@@ -85,6 +88,29 @@ class _PreadView(io.RawIOBase):
         got = os.preadv(self._fd, [mv[:n]], self._offset + self._pos)
         self._pos += got
         return got
+
+
+class SafeLoadPlanner(DefaultLoadPlanner):
+    """DCP's default load planner whose bytes items (a state's non-tensor values: the optimizer's
+    hyperparameters, the agent's step) are read with ``torch.load(weights_only=True)``: tensors
+    and plain values only, no code. DCP's own reads them with ``weights_only=False`` (any pickle
+    runs): a forged data file ran code wherever it was parsed before it was verified (a rank
+    loading a replicated value from a file another rank verifies) and everywhere without a site
+    key (a forger recomputes the checksums). Anything else is refused, named."""
+
+    def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
+        try:
+            obj = torch.load(value, weights_only=True)
+        except pickle.UnpicklingError as exc:
+            reason = str(exc).strip().splitlines()
+            raise CorruptCheckpoint(
+                f"{read_item.dest_index.fqn}: not tensors and plain values, not loaded "
+                f"({reason[-1] if reason else type(exc).__name__})"
+            ) from None
+        if self.flatten_state_dict:
+            set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], obj)
+        else:
+            self.state_dict[read_item.dest_index.fqn] = obj
 
 
 @dataclasses.dataclass(frozen=True)

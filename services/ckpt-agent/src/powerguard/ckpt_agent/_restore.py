@@ -18,7 +18,7 @@ from powerguard.schemas import JobData, JobResumed
 
 from . import _layout as L
 from . import _spans
-from ._loading import VerifyingReader, precheck_sizes
+from ._loading import SafeLoadPlanner, VerifyingReader, precheck_sizes
 from ._metadata import SafeFileSystemReader, SafeFsspecReader, check_metadata
 from ._ranks import Ranks
 from ._state import TrainingState
@@ -70,7 +70,7 @@ def load(state: TrainingState, reader: Any, ranks: Ranks) -> tuple[int, float]:
     """DCP-load a verified checkpoint into the training's objects: (its step, seconds)."""
     sd = state.state_dict(0)
     t0 = time.perf_counter()
-    dcp.load(sd, storage_reader=reader, process_group=ranks.save_group)
+    dcp.load(sd, storage_reader=reader, planner=SafeLoadPlanner(), process_group=ranks.save_group)
     return state.apply(sd), time.perf_counter() - t0
 
 
