@@ -16,8 +16,9 @@ A tensor item goes straight to its target when its stored bytes are the target's
 dtype, both contiguous, the range the item asks for contiguous in the stored tensor. The stored
 tensor's layout is read from its ``torch.save`` archive loaded onto the ``meta`` device
 (``weights_only``: no code runs, no data is read). Everything else (bytes, other layouts) takes
-DCP's own path (``torch.load`` + ``copy_``) after its file checked out, from the page cache the
-check filled. Files no rank of this job loads (a reshard leaves some) are checked by size only;
+DCP's own path (``torch.load`` + ``copy_``), after its file checked out where this rank verifies
+it, from the page cache the check filled; bytes through :class:`SafeLoadPlanner` (no code runs,
+verified or not). Files no rank of this job loads (a reshard leaves some) are checked by size only;
 COMMIT, the manifests and ``.metadata`` are checked before anything is loaded
 (``Restorer._verify``)."""
 
