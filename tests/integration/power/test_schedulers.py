@@ -22,7 +22,7 @@ from powerguard.schemas import (
 )
 from tests.waiting import eventually
 
-from .helpers import Recorder, creds, job_cmd, power_on, service, shutdown, site
+from .helpers import Recorder, announce_saga, creds, job_cmd, power_on, service, shutdown, site
 
 pytestmark = pytest.mark.integration
 
@@ -155,6 +155,38 @@ async def test_process_launcher_stops_and_restarts_a_job(make_bus, make_bmc, tmp
         assert await until(lambda: len(pids.read_text().split()) == 2)
         second = int(pids.read_text().split()[1])
         assert psutil.pid_exists(second) and second != first
+    finally:
+        await pc.scheduler.stop_job("train", nodes=["n1"], saga_id="end")
+        await pc.stop()
+
+
+async def test_a_job_stop_delivered_after_its_saga_restarted_the_job_is_refused(make_bus, tmp_path):
+    """A power-control killed mid-shutdown never acks the saga's job stop; the node shutdowns
+    stop the job themselves, the saga restores and restarts it, and the stop comes again once
+    the ack wait is over (the chaos campaign's seed 7: the restarted training was killed 2.4 s
+    after it resumed, and never finished). The late stop is refused by name; the job runs on."""
+    pids = tmp_path / "pids"
+    script = f"import os, time; open({str(pids)!r}, 'a').write(f'{{os.getpid()}}\\n'); time.sleep(600)"
+    cfg = site(
+        [{"name": "n1"}],
+        scheduler={"kind": "process", "options": {"jobs": {"train": {"argv": [sys.executable, "-c", script]}}}},
+    )
+    bus = await make_bus("power-control")
+    rec = await Recorder().start(bus)
+    pc = await service(bus, cfg, sagas=())
+    await announce_saga(bus, "saga-back", state="done")
+    try:
+        await pc.scheduler.start_job("train", nodes=["n1"], saga_id="saga-back")
+        assert await until(lambda: pids.exists() and pids.read_text().strip())
+        await bus.publish(job_cmd(JobStopRequested, "train", ["n1"], saga="saga-back"))
+        await rec.wait(
+            lambda: rec.of(PowerActionFailed, action="job_stop") or rec.of(JobStopped, job="train"),
+            what="the late stop handled",
+        )
+        assert not rec.of(JobStopped, job="train"), "a stop of a saga that had moved on stopped the job"
+        assert "saga-back is done: its stop of job train is over" in rec.of(PowerActionFailed)[0].data.error
+        pid = int(pids.read_text().split()[0])
+        assert pc.scheduler.running("train") and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     finally:
         await pc.scheduler.stop_job("train", nodes=["n1"], saga_id="end")
         await pc.stop()

@@ -9,6 +9,9 @@ import pytest
 
 from powerguard.power_control.admission import NO_SAGA, may_be_stale, refusal
 from powerguard.schemas import (
+    JobData,
+    JobRestartRequested,
+    JobStopRequested,
     PowerCommandData,
     PowerOnRequested,
     SagaState,
@@ -24,6 +27,17 @@ NOW = utcnow()
 def shutdown(node: str = "n1", age_s: float = 0.0) -> ShutdownRequested:
     data = PowerCommandData(saga_id="s1", node=node, idempotency_key=f"s1/{node}/shutdown")
     return ShutdownRequested(time=NOW - timedelta(seconds=age_s), data=data)
+
+
+def job_stop(job: str = "train") -> JobStopRequested:
+    return JobStopRequested(
+        time=NOW, data=JobData(job=job, saga_id="s1", nodes=["n1"], idempotency_key=f"s1/{job}/stop")
+    )
+
+
+def job_restart(job: str = "train") -> JobRestartRequested:
+    data = JobData(job=job, saga_id="s1", nodes=["n1"], idempotency_key=f"s1/{job}/restart")
+    return JobRestartRequested(time=NOW, data=data)
 
 
 def ups_off(ups: str = "ups-a") -> UpsOutputOffRequested:
@@ -62,6 +76,21 @@ def test_a_shutdown_after_its_sagas_shutdown_is_refused(state):
 
 
 @pytest.mark.parametrize("state", list(SagaState))
+def test_a_job_stop_runs_until_its_sagas_shutdown_is_over(state):
+    """A stop delivered again after the ack wait (the power-control that took it first died)
+    must not kill the job the saga has restarted since."""
+    expected = f"saga s1 is {state}: its stop of job train is over (the job may be running again)"
+    assert why(job_stop(), state) == (expected if state.after_shutdown else None)
+
+
+@pytest.mark.parametrize("state", list(SagaState))
+def test_a_job_restart_is_refused_once_its_saga_resumed_its_jobs_or_ended_without_a_restore(state):
+    late = state in (SagaState.RESUMED, SagaState.DONE, SagaState.CANCELLED)
+    expected = f"saga s1 is {state}: it restarts no job any more (a late restart of train)"
+    assert why(job_restart(), state) == (expected if late else None)
+
+
+@pytest.mark.parametrize("state", list(SagaState))
 def test_a_ups_output_is_cut_only_while_its_saga_is_down(state):
     assert (why(ups_off(), state) is None) == (state in (SagaState.DOWN, SagaState.PARTLY_DOWN))
 
@@ -69,7 +98,9 @@ def test_a_ups_output_is_cut_only_while_its_saga_is_down(state):
 ORDER = list(SagaState)  # the declaration order is the order a saga moves through
 
 
-@pytest.mark.parametrize("event", [shutdown(), ups_off()], ids=["shutdown", "ups_off"])
+@pytest.mark.parametrize(
+    "event", [shutdown(), job_stop(), job_restart(), ups_off()], ids=["shutdown", "job_stop", "job_restart", "ups_off"]
+)
 @pytest.mark.parametrize("shown", list(SagaState))
 def test_a_refusal_is_read_again_only_when_a_newer_state_could_admit_the_command(event, shown):
     """A lagging replica shows an older state: read again exactly when some later state

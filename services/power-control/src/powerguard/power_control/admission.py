@@ -4,8 +4,11 @@ last said of its saga, and the clock.
 Only the coordinator may publish on the command subjects (server permissions) and the
 consumer checked each command's subject; this refuses what a valid command can still be
 wrong about: a replay or a backlog (too old), a node or UPS not in the site file, a saga the
-coordinator never announced, a shutdown whose saga has moved on (a command left running by
-a previous power-control, resumed at start), a UPS's output cut outside the saga's "down".
+coordinator never announced, a shutdown or a job stop whose saga has moved on (a command left
+running by a previous power-control, resumed at start, or one it never acked, delivered again
+after the ack wait: a stop that late would kill the job the saga just restarted), a job
+restart once its saga has resumed its jobs or ended without a restore, a UPS's output cut
+outside the saga's "down".
 
 The saga's state is the one on its newest ``saga.state_changed`` event (``pg.saga.<id>``,
 which only the coordinator may publish): the services meet on the bus, never in each
@@ -18,11 +21,17 @@ from collections.abc import Container
 
 from powerguard.schemas import (
     Envelope,
+    JobRestartRequested,
+    JobStopRequested,
     PowerOnRequested,
     SagaState,
     ShutdownRequested,
     UpsOutputOffRequested,
 )
+
+# A saga in these states restarts nothing: it resumed every job (resumed, done) or ended
+# before any shutdown (cancelled). Not "failed": a restore can time out with a restart in flight.
+_RESTARTED_OR_NONE = (SagaState.RESUMED, SagaState.DONE, SagaState.CANCELLED)
 
 NO_SAGA = "no-saga"  # ``saga`` when the coordinator never announced the command's saga
 
@@ -54,6 +63,10 @@ def refusal(
     state = SagaState(saga)
     if isinstance(event, ShutdownRequested) and state.after_shutdown:
         return f"saga {d.saga_id} is {state}: a shutdown of {d.node} is over"
+    if isinstance(event, JobStopRequested) and state.after_shutdown:
+        return f"saga {d.saga_id} is {state}: its stop of job {d.job} is over (the job may be running again)"
+    if isinstance(event, JobRestartRequested) and state in _RESTARTED_OR_NONE:
+        return f"saga {d.saga_id} is {state}: it restarts no job any more (a late restart of {d.job})"
     if isinstance(event, UpsOutputOffRequested) and not state.down:
         return f"saga {d.saga_id} is {state}: a UPS's output is cut only while its saga is down"
     return None
