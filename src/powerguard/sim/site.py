@@ -15,6 +15,7 @@ PDU's outlets on, each BMC by its restore policy, the broker on what it kept) an
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -617,13 +618,10 @@ class SimSite:
             p = self.procs[name]
             if p.poll() is None:
                 os.killpg(p.pid, signal.SIGTERM)
-        deadline = time.monotonic() + 15
-        for p in self.procs.values():
-            try:
-                p.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
+        # waited for off the event loop: a service exports its last spans on the way out to the
+        # OTLP receiver, which runs on this loop (a blocked loop held each export for its 10 s
+        # timeout, and lost the spans)
+        await asyncio.to_thread(self._reap, list(self.procs.values()), 15.0)
         for a in self.agents:
             a.stop()
         self._feeding.clear()
@@ -635,6 +633,17 @@ class SimSite:
         self._unmount_ckpt_disk()
         for d in self.disks:
             d.stop()
+
+    @staticmethod
+    def _reap(procs: list[subprocess.Popen], within_s: float) -> None:
+        """Wait for ``procs`` (told to stop) together for ``within_s``; SIGKILL what is left."""
+        deadline = time.monotonic() + within_s
+        for p in procs:
+            try:
+                p.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
 
     def _unmount_ckpt_disk(self) -> None:
         if self.opts.ckpt_disk_mb > 0:
