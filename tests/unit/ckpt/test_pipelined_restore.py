@@ -242,3 +242,30 @@ def test_plain_values_load_through_the_restores_planner(tmp_path):
     got = {"w": torch.zeros(6), "hp": {"lr": 0.0, "betas": (0.0, 0.0), "fused": True, "name": ""}}
     dcp.load(got, storage_reader=VerifyingReader(tmp_path, files=files, key=None), planner=SafeLoadPlanner())
     assert torch.equal(got["w"], want["w"]) and got["hp"] == want["hp"]
+
+
+def test_check_resumes_comparison_reads_a_forged_value_without_running_it(tmp_path):
+    """``powerguard check-resume`` compares two checkpoints by rebuilding their whole state
+    from the metadata: its loads parse values as the restore does (it used DCP's own
+    rebuild-everything planner, which runs a pickle stored as a value)."""
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
+
+    from powerguard.ckpt_agent._compare import entries
+
+    marker = tmp_path / "code-ran"
+    ckpt = tmp_path / "ckpt"
+    _saved(ckpt, {"w": torch.ones(4), "lr": _RunsCode(str(marker))})
+    with pytest.raises(CheckpointException) as err:
+        entries(str(ckpt))
+    assert "lr: not tensors and plain values, not loaded" in corrupt_reason(err.value)
+    assert not marker.exists(), "the comparison ran code"
+    _load_state_dict_from_keys(checkpoint_id=str(ckpt))  # DCP's own planner, the comparison's before
+    assert marker.exists()
+
+
+def test_check_resumes_comparison_reads_plain_values(tmp_path):
+    from powerguard.ckpt_agent._compare import entries
+
+    _saved(tmp_path, {"w": torch.arange(3.0), "hp": {"lr": 0.5, "name": "adamw"}})
+    got = entries(str(tmp_path))
+    assert torch.equal(got["w"], torch.arange(3.0)) and got["hp.lr"] == 0.5 and got["hp.name"] == "adamw"

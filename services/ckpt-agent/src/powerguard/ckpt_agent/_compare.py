@@ -4,13 +4,13 @@ tensors (sharded ones assembled) through the reader that unpickles nothing arbit
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from ._loading import SafeEmptyLoadPlanner
 from ._metadata import SafeFileSystemReader
 
 # what usually makes an entry differ after a resume, by where it is
@@ -27,11 +27,11 @@ CAUSES = {
 
 def entries(directory: str) -> dict[str, Any]:
     """Every entry of the checkpoint in ``directory``, flattened (``model.0.weight``, ...)."""
-    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
-    with warnings.catch_warnings():  # "assuming ... a single process": it is one, on purpose
-        warnings.filterwarnings("ignore", message="torch.distributed is unavailable or uninitialized")
-        return dict(_flat(_load_state_dict_from_keys(storage_reader=SafeFileSystemReader(directory))))
+    state: dict[str, Any] = {}  # one process, on purpose: the planner rebuilds it from the metadata
+    _load_state_dict(state, SafeFileSystemReader(directory), no_dist=True, planner=SafeEmptyLoadPlanner())
+    return dict(_flat(state))
 
 
 def _flat(d: dict, prefix: str = "") -> Iterator[tuple[str, Any]]:

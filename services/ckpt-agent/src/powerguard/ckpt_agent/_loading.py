@@ -35,7 +35,7 @@ from typing import Any, NamedTuple
 import torch
 import xxhash
 from torch.distributed.checkpoint._traverse import set_element
-from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner, _EmptyStateDictLoadPlanner
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner, ReadItem
 
 from . import _layout as L
@@ -112,6 +112,14 @@ class SafeLoadPlanner(DefaultLoadPlanner):
             set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], obj)
         else:
             self.state_dict[read_item.dest_index.fqn] = obj
+
+
+class SafeEmptyLoadPlanner(_EmptyStateDictLoadPlanner):
+    """DCP's planner that rebuilds a whole state dict from a checkpoint's metadata (what
+    ``powerguard check-resume`` compares), its values read as :class:`SafeLoadPlanner` reads
+    them: every DCP load the agent makes parses non-tensor values with ``weights_only=True``."""
+
+    load_bytes = SafeLoadPlanner.load_bytes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -204,7 +212,7 @@ class VerifyingReader(SafeFileSystemReader):
                 raise CorruptCheckpoint(problem)
         else:  # its verifier hashes it whole; a mismatch there fails this load on every rank
             for d in direct:
-                _pread_into(file.fd, where, memoryview(d.target.view(-1).view(torch.uint8).numpy()), d.start)
+                _pread_into(file.fd, where, _bytes_of(d.target), d.start)
         for d in direct:
             planner.commit_tensor(d.req, d.target)
         self.direct += len(direct)
@@ -229,7 +237,7 @@ class VerifyingReader(SafeFileSystemReader):
                 into(scratch[:n], pos)
                 pos += n
             if d.end > d.start:
-                into(memoryview(d.target.view(-1).view(torch.uint8).numpy()), d.start)
+                into(_bytes_of(d.target), d.start)
             pos = d.end
         while pos < size:
             n = min(len(scratch), size - pos)
@@ -273,6 +281,11 @@ class VerifyingReader(SafeFileSystemReader):
         ):
             return None
         return _Direct(start, start + count * size, target, req)
+
+
+def _bytes_of(tensor: torch.Tensor) -> memoryview:
+    """A contiguous CPU tensor's own bytes, writable in place (what a read fills)."""
+    return memoryview(tensor.view(-1).view(torch.uint8).numpy())
 
 
 def _pread_into(fd: int, where: str, dst: memoryview, offset: int, hashers: tuple[Any, ...] = ()) -> None:
