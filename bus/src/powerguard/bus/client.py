@@ -87,9 +87,6 @@ class Bus:
         self.tracer = tracer(tracer_provider)
         self._kv: dict[str, Kv] = {}
         self._consumers: list[Any] = []
-        # the event iterators handed out, until stopped: one abandoned by a cancelled reader is
-        # still subscribed on the connection (which holds its subscription), so drain() stops it
-        self._subscriptions: set[Subscription] = set()
         self._closing = [False]
         self._reconnected = [asyncio.Event()]
 
@@ -149,8 +146,7 @@ class Bus:
                     refused[0] = exc  # the server then drops the socket: a reset would hide the cause
                 log.debug("nats (connecting): %s", exc or type(exc).__name__)
                 return
-            quiet = closing[0] and not isinstance(exc, nats.errors.DrainTimeoutError)  # a drain cut short says so
-            (log.debug if quiet else log.warning)("nats: %s", exc or type(exc).__name__)
+            (log.debug if closing[0] else log.warning)("nats: %s", exc or type(exc).__name__)
 
         async def on_disconnect() -> None:
             if not closing[0]:
@@ -229,16 +225,8 @@ class Bus:
         await self._reconnected[0].wait()
 
     async def drain(self) -> None:
-        """Stop consumers, flush what is pending, close.
-
-        The pull subscriptions of the event iterators (:meth:`subscribe`) go first: nobody
-        acts on what they still hold (their consumers ack nothing), and one whose reader was
-        cancelled can hold a message nats-py took off its queue but never marked done (a fetch
-        cut off by its timeout or a cancel), which held nats-py's drain for its whole 30 s
-        timeout (every drill's end)."""
+        """Stop consumers, flush what is pending, close."""
         self._closing[0] = True
-        for sub in list(self._subscriptions):
-            await sub.stop()
         for consumer in list(self._consumers):
             await consumer.stop()
         if not self.nc.is_closed:
@@ -493,9 +481,7 @@ class Bus:
         ``last``. Undecodable messages are logged (or passed to ``on_error``) and skipped.
         """
 
-        sub = Subscription(self, types, subject=subject, deliver=deliver, on_error=on_error)
-        self._subscriptions.add(sub)  # forgotten when it stops
-        return sub
+        return Subscription(self, types, subject=subject, deliver=deliver, on_error=on_error)
 
     def listen(self, *types: type[Envelope], subject: str):
         """Live events on ``subject`` through a plain (core NATS) subscription: no JetStream
@@ -608,4 +594,3 @@ class Bus:
     def _forget(self, consumer: Any) -> None:
         if consumer in self._consumers:
             self._consumers.remove(consumer)
-        self._subscriptions.discard(consumer)

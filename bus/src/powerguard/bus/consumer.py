@@ -532,15 +532,9 @@ class Subscription(_PullLoop):
                 sequence=msg.metadata.sequence.stream,
             )
 
-    async def stop(self) -> None:
-        """Stop reading: the pull subscription goes (iteration ends); the ephemeral consumer
-        lapses on the server by its inactive threshold. :meth:`aclose` also deletes it."""
+    async def aclose(self) -> None:
         self._stopping = True
         await self._unbind()
-        self.bus._forget(self)
-
-    async def aclose(self) -> None:
-        await self.stop()
         if not self.name:
             return
         try:
