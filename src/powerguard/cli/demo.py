@@ -121,7 +121,10 @@ async def run_demo(
         report["seed"] = seed
         report["framework"] = framework or "torch"
         if scenario != "blackout":  # a blackout's drill closed this one when the broker lost power
-            await bus.drain()
+            # closed, not drained (as `powerguard try` does): an observer has nothing to flush
+            # (its publishes were acknowledged), and nats-py's drain waited its whole 30 s timeout
+            # on the pull subscription of the drill's cancelled event watcher
+            await bus.close()
         bus = None
         await site.stop()  # the services flush their spans on the way out
         await asyncio.sleep(0.5)
