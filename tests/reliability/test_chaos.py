@@ -1,11 +1,11 @@
 """A few fixed seeds of the randomized fault campaign (bench/chaos.py runs a hundred): the
-outage drill with a service SIGKILLed mid-shutdown, the broker restarted mid-hold, on a
-3-node cluster the stream leader's node killed mid-hold, and the whole site's power cut (the
-broker's store and the checkpoints on the power-cut filesystem): in the power checkpoint, in the
-final checkpoint, and when the UPS cuts its output at the end of an outage longer than the
-battery, checked against the campaign's invariants. (The two cuts in a checkpoint failed before
-the coordinator restarted jobs not heard from after power returned: the saga ended cancelled
-and the training stayed dead.)"""
+outage drill with power-control SIGKILLed mid-shutdown, on a 3-node cluster the stream
+leader's node killed mid-hold, and the whole site's power cut (the broker's store and the
+checkpoints on the power-cut filesystem): in the power checkpoint, and when the UPS cuts its
+output at the end of an outage longer than the battery, checked against the campaign's
+invariants. (The cuts in a checkpoint failed before the coordinator restarted jobs not heard
+from after power returned: the saga ended cancelled and the training stayed dead. Seed 7 failed
+in CI before power-control refused a job stop delivered again after its saga restarted the job.)"""
 
 from __future__ import annotations
 
@@ -29,19 +29,19 @@ F = chaos.Fault
 @pytest.mark.parametrize(
     ("seed", "policy", "fault"),
     [
-        (1, "checkpoint-at-stop", F("kill:coordinator", "shutdown", 0.79)),
-        (4, "checkpoint-at-stop", F("nats-restart", "hold", 2.3)),
         (7, "pause", F("kill:power-control", "shutdown", 2.13)),
         (74, "continue", F("nats-leader-loss", "hold", 1.3)),  # a 3-node cluster loses the stream leader's node
         (1, "checkpoint-at-stop", F("blackout", "ups-off", 1.14)),
         (4, "checkpoint-at-stop", F("cut-during-checkpoint", "checkpoint", 2.3, offset_s=0.287)),
-        (8, "checkpoint-at-stop", F("cut-during-checkpoint", "stop", 0.82, offset_s=0.423)),
     ],
     ids=lambda v: v.kind + "@" + v.phase if isinstance(v, chaos.Fault) else str(v),
 )
 async def test_fixed_chaos_fault_keeps_every_invariant(seed, policy, fault, tmp_path):
     """Each fault named here (the campaign's draw for the seed when it was chosen), not
-    drawn again: a change to the draw cannot turn this into a test of something else."""
+    drawn again: a change to the draw cannot turn this into a test of something else. Seeds
+    run by ``bench/chaos.py`` only (CI time): 1 (kill:coordinator in shutdown; the coordinator's
+    SIGKILL in every state is tests/integration/coordinator/test_crash.py), 4 (nats-restart in
+    the hold), 8 (a cut in the final checkpoint; the cut in the power checkpoint stays here)."""
     if fault.kind in chaos.CUTS:
         from powerguard.sim.powercut import unavailable
         from tests.conftest import IN_CI
