@@ -44,6 +44,12 @@ class SagaState(StrEnum):
         return self in (SagaState.RESTORING, SagaState.RESUMED) or self.terminal
 
     @property
+    def restarts_nothing(self) -> bool:
+        """It resumed every job (resumed, done) or ended before any shutdown (cancelled): a job
+        restart is stale. Not "failed": a restore can time out with a restart in flight."""
+        return self in (SagaState.RESUMED, SagaState.DONE, SagaState.CANCELLED)
+
+    @property
     def down(self) -> bool:
         """The shutdown ended (every off done, or some failed): the one time a UPS's output is cut."""
         return self in (SagaState.DOWN, SagaState.PARTLY_DOWN)

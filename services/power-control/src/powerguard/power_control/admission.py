@@ -29,10 +29,6 @@ from powerguard.schemas import (
     UpsOutputOffRequested,
 )
 
-# A saga in these states restarts nothing: it resumed every job (resumed, done) or ended
-# before any shutdown (cancelled). Not "failed": a restore can time out with a restart in flight.
-_RESTARTED_OR_NONE = (SagaState.RESUMED, SagaState.DONE, SagaState.CANCELLED)
-
 NO_SAGA = "no-saga"  # ``saga`` when the coordinator never announced the command's saga
 
 
@@ -65,7 +61,7 @@ def refusal(
         return f"saga {d.saga_id} is {state}: a shutdown of {d.node} is over"
     if isinstance(event, JobStopRequested) and state.after_shutdown:
         return f"saga {d.saga_id} is {state}: its stop of job {d.job} is over (the job may be running again)"
-    if isinstance(event, JobRestartRequested) and state in _RESTARTED_OR_NONE:
+    if isinstance(event, JobRestartRequested) and state.restarts_nothing:
         return f"saga {d.saga_id} is {state}: it restarts no job any more (a late restart of {d.job})"
     if isinstance(event, UpsOutputOffRequested) and not state.down:
         return f"saga {d.saga_id} is {state}: a UPS's output is cut only while its saga is down"
