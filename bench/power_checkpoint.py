@@ -7,7 +7,7 @@ the ranks: each rank writes its own shards), in alternated repetitions (this dis
   * ``dd conv=fsync`` of the same byte count (one stream), and ``dd`` reading the checkpoint's
     files back after the page cache is dropped (one stream)
   * plain ``dcp.save`` with ``FileSystemWriter(sync_files=True)``: DCP's defaults
-    (``thread_count=1``), and ``thread_count`` 2, 4 and 8 (the best of them is "best DCP")
+    (``thread_count=1``), and ``thread_count`` 2, 4, 8 and 16 (the best of them is "best DCP")
   * the power checkpoint: a ``ckpt.request`` published on a real nats-server while the ranks
     train (``guard.step()`` every ~10 ms); its time is the slowest rank's save from the agreed step
     to ``COMMIT`` (each ack carries it); request -> every rank's ``ckpt.durable`` received (the
@@ -40,7 +40,7 @@ from pathlib import Path
 
 RESULTS = Path(__file__).parent / "results" / "checkpoint.json"
 WIDTH = 4096
-THREADS = (2, 4, 8)
+THREADS = (2, 4, 8, 16)
 
 
 def drop_caches() -> bool:

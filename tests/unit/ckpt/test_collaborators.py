@@ -128,11 +128,11 @@ def test_parallel_writers_by_size_and_small_states_stay_one_file():
     from powerguard.ckpt_agent._writers import local_bytes, writer_threads
 
     mib = 1 << 20
-    assert writer_threads(1024 * mib) == writer_threads(2048 * mib) == 4  # the rank's 4 writers
-    assert writer_threads(3072 * mib) == 6 and writer_threads(4096 * mib) == 8  # one per 512 MiB
-    assert writer_threads(64 << 30) == 8  # at most 8
-    assert writer_threads(200 * mib) == 3  # one per 64 MiB at least
-    assert writer_threads(100 * mib) == 1  # no file under 64 MiB
+    assert writer_threads(256 * mib) == writer_threads(4096 * mib) == 16  # one per 16 MiB, at most 16
+    assert writer_threads(64 << 30) == 16
+    assert writer_threads(64 * mib) == 4 and writer_threads(100 * mib) == 6  # 4 at least, one per 16 MiB
+    assert writer_threads(40 * mib) == 2  # no file under 16 MiB
+    assert writer_threads(10 * mib) == 1
     assert writer_threads(0) == 1
     state = {"model": {"w": torch.zeros(4, 4)}, "optim": [torch.zeros(2, dtype=torch.float64)], "step": 3}
     assert local_bytes(state) == 16 * 4 + 2 * 8
