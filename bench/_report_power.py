@@ -114,6 +114,8 @@ Targets: power checkpoint / best plain DCP ≥ 0.9, / `dd conv=fsync` ≥ 0.8; r
 {HEADER}
 {chr(10).join(rows)}
 
+"dd read" is the faster of `dd` reading the checkpoint's files one after another and 4 at once
+(as many as a node's restore reads at once; `gb_s.dd_read_1_stream`, `dd_read_4_streams`).
 `dd` here reads `/dev/zero` and writes 16 MiB blocks: two copies per block on this VM, which
 makes it slower than a program writing from memory (DCP, the agent); the ratio over `dd` is the
 issue's anchor, the ratio over the best plain DCP is the comparison that holds on any disk.
