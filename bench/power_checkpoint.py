@@ -12,11 +12,16 @@ the ranks: each rank writes its own shards), in alternated repetitions (this dis
     train (``guard.step()`` every ~10 ms); its time is the slowest rank's save from the agreed step
     to ``COMMIT`` (each ack carries it); request -> every rank's ``ckpt.durable`` received (the
     paced step agreement and the acks included) is reported beside it
-  * the restore (verify + load) of that checkpoint, page cache dropped first, and dd's read of
-    its files, page cache dropped first: one file after another, and 4 at once (as many as a
-    node's restore reads at once); the faster of the two is "dd read" (many small files cost
-    one stream a seek each: the restore must beat dd reading them in parallel too); the three
-    alternate in order with the repetitions
+  * right after each power checkpoint: its restore (verify + load) and dd's read of its files,
+    page cache dropped before each: one file after another, and 4 at once (as many as a node's
+    restore reads at once); the faster of the two is "dd read" (many small files cost one stream
+    a seek each: the restore must beat dd reading them in parallel too); the three alternate in
+    order with the repetitions
+
+Every case starts with none of the bench's checkpoints on the disk (each is removed, and the
+removal synced, before the next case). Before, the newest power checkpoint stayed on the disk
+for the reads at the end of the repetition while plain DCP's directories were removed after
+each case: the cases did not start alike.
 
 Medians per setting; ratios: ``over_best_dcp`` (best plain DCP's time over the power
 checkpoint's: >= 0.9 is the target), ``over_dd`` (dd's over the power checkpoint's: >= 0.8),
@@ -246,22 +251,12 @@ def worker(args: argparse.Namespace) -> None:
         *[(f"dcp_threads_{n}_s", lambda n=n: timed(plain(n))) for n in THREADS],
         ("power_s", power),
     ]
-    for rep in range(args.reps):
-        order = cases[rep % len(cases) :] + cases[: rep % len(cases)]  # alternated: no case always first
-        for name, case in order:
-            os.sync()
-            dist.barrier(group)
-            runs[name].append(case())
-            if rank == 0:
-                for n in (1, *THREADS):
-                    shutil.rmtree(root / f"plain-{n}", ignore_errors=True)
-                for old in (root / "agent" / job).glob("step-*"):  # all but the newest power checkpoint
-                    if old.name != f"step-{guard.last_committed_step}":
-                        shutil.rmtree(old, ignore_errors=True)
-                os.sync()
+    def reads(rep: int) -> None:
+        """The restore of the power checkpoint just written and dd's reads of its files."""
+        nonlocal cold
         newest = Path(guard.local_root) / job / f"step-{guard.last_committed_step}"
-        reads = ["restore", 1, READ_STREAMS]
-        for read in reads[rep % 3 :] + reads[: rep % 3]:  # alternated too
+        order = ["restore", 1, READ_STREAMS]
+        for read in order[rep % 3 :] + order[: rep % 3]:  # alternated too
             if read == "restore":
                 seconds, was_cold = restore()
                 cold = cold and was_cold
@@ -270,6 +265,21 @@ def worker(args: argparse.Namespace) -> None:
                 key = "dd_read_s" if read == 1 else f"dd_read_{read}_s"
                 runs[key].append(dd_read(newest, read))
                 dist.barrier(group)
+
+    for rep in range(args.reps):
+        order = cases[rep % len(cases) :] + cases[: rep % len(cases)]  # alternated: no case always first
+        for name, case in order:
+            os.sync()
+            dist.barrier(group)
+            runs[name].append(case())
+            if name == "power_s":
+                reads(rep)
+            if rank == 0:  # every case starts with nothing of the bench's on the disk
+                for n in (1, *THREADS):
+                    shutil.rmtree(root / f"plain-{n}", ignore_errors=True)
+                for old in (root / "agent" / job).glob("step-*"):
+                    shutil.rmtree(old, ignore_errors=True)
+                os.sync()
     if requester is not None:
         requester.close()
         med = {k: statistics.median(v) for k, v in runs.items()}
