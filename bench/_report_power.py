@@ -75,8 +75,9 @@ the faster of `dd` reading the files one after another and 4 at once (one stream
 and every case starts with none of the bench's checkpoints on the disk (before, the newest power
 checkpoint stayed on the disk for the reads while plain DCP's directories were removed after
 each case; in this session's run before that change the 1 GB rows were at 0.52 and 0.60 of the
-best plain DCP, in the table's run after it at 0.90 and 0.92). At 4 GB the power checkpoint stays at 0.74-0.77 of the best plain DCP, and the 4 GB
-restores at 0.79 (1 rank) and 0.59 (4 ranks) of `dd`'s 4-stream read. An A/B in one process
+best plain DCP, in the table's run after it at 0.90 and 0.92). At 4 GB the power checkpoint
+stays at 0.74-0.77 of the best plain DCP, and the 4 GB restores at 0.79 (1 rank) and 0.59
+(4 ranks) of `dd`'s 4-stream read. An A/B in one process
 (1 rank, 4 GB, 16 writers, alternated) located the save's gap: `CheckpointAgent.save` called
 directly matches plain DCP (2.03 s against 2.09 s; the hashing writer alone 1.97 s against
 1.86 s), while the same `Saver.save` reached through a power request (`guard.step` at the agreed

@@ -251,6 +251,7 @@ def worker(args: argparse.Namespace) -> None:
         *[(f"dcp_threads_{n}_s", lambda n=n: timed(plain(n))) for n in THREADS],
         ("power_s", power),
     ]
+
     def reads(rep: int) -> None:
         """The restore of the power checkpoint just written and dd's reads of its files."""
         nonlocal cold
