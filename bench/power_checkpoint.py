@@ -46,10 +46,12 @@ import threading
 import time
 from pathlib import Path
 
+from powerguard.ckpt_agent._writers import RANK_WRITERS
+
 RESULTS = Path(__file__).parent / "results" / "checkpoint.json"
 WIDTH = 4096
 THREADS = (2, 4, 8, 16)
-READ_STREAMS = 4  # dd's parallel read: as many files at once as a node's restore reads (_writers.py)
+READ_STREAMS = RANK_WRITERS  # dd's parallel read: as many files at once as a node's restore reads
 
 
 def drop_caches() -> bool:

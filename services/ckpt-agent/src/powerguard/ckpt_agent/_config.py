@@ -61,8 +61,8 @@ ARGUMENTS_DOC = """Keyword-only arguments:
     ``restore()`` raises :class:`NoRestorableCheckpoint` naming the newest and why (default);
     True trains from step 0 over them.
   writer_threads: parallel writers (files) per rank of a synchronous save (a power checkpoint);
-    None (default): one per 16 MiB of the rank's state, at least 4 and at most 16, and at most
-    one per 16 MiB.
+    None (default): one per 16 MiB of the rank's state, at least 4 and at most 16, and never a
+    file under 16 MiB (a state under 64 MiB writes fewer files).
   checksum_key_file: the site's checkpoint key (default: env ``POWERGUARD_CKPT_KEY_FILE``):
     keyed digests on save; a restore trusts only what it signed.
   framework: ``"lightning"`` or ``"hf"``: the framework writes the checkpoints (its callback in
