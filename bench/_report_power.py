@@ -104,10 +104,12 @@ checkpoint is at 0.889 of the best plain DCP, which there was DCP's default of o
 rank (2.46 s; its 16 threads took 2.78 s, the power checkpoint 2.77 s with 16 per rank: the
 agent adds nothing, the writer count is what differs; at 4 ranks and 1 GB 16 per rank was the
 fastest, so no rule is changed on one noisy median); and at 1 rank and 4 GB the restore is at
-0.771 of `dd` reading the files 4 at once (2.12 s against 1.64 s; single reps ranged
-1.45-2.71 s and 1.28-2.50 s). Reading straight into the tensors with `O_DIRECT` (no page cache,
-no copy, no freshly handed-back pages to fault in) is the next step for the restore; it needs
-aligned reads of the records and is not built.
+0.771 of `dd` reading the files 4 at once (2.12 s against 1.64 s; single reps ranged 1.45-2.71 s
+and 1.28-2.50 s). A second full run, not in the table, put the 4-rank 4 GB save at 0.949 (that
+miss was noise) and the 1-rank 4 GB restore at 0.748 (that one is not); 8 reader threads per
+node instead of 4 made that restore no faster (0.66, 5 reps). Reading straight into the tensors
+with `O_DIRECT` (no page cache, no copy, no freshly handed-back pages to fault in) is the next
+step for the restore; it needs aligned reads of the records and is not built.
 """
 
 

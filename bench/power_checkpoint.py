@@ -18,20 +18,18 @@ the ranks: each rank writes its own shards), in alternated repetitions (this dis
     a seek each: the restore must beat dd reading them in parallel too); the three alternate in
     order with the repetitions
 
-Every case starts with none of the bench's checkpoints on the disk (each is removed, and the
-removal synced, before the next case). Before, the newest power checkpoint stayed on the disk
-for the reads at the end of the repetition while plain DCP's directories were removed after
-each case: the cases did not start alike.
-
-Every case starts as soon as the cleanup is done, the power checkpoint's too: its ranks agree at
-every step (``agree_every_s=0``, as with real steps of a second or more; the result says so),
-so its save starts within a step or two of the request. This project's machines are virtual and
-hand their free memory back to the host about a second after it is freed (virtio-balloon free
-page reporting: the page_reporting module's ``reported_kib`` grows); writing a page handed back
-costs a fault on the host. A save of 4 GB right after the previous case's files were removed
-took 1.9 s (1.0 s of kernel CPU); the same save 1.2 s later 2.2 to 3.3 s (2.8 to 4.6 s); once
-every freed page was handed back 5.6 to 6.5 s (10 s). With the default pacing (0.5 s: a request
-waits up to ~1 s for the agreement) the power checkpoint alone wrote into memory handed back.
+Every case starts alike: with none of the bench's checkpoints on the disk (each is removed, and
+the removal synced, before the next case; before, the newest power checkpoint stayed on the disk
+for the reads while plain DCP's directories were removed after each case), and as soon as that
+cleanup is done, the power checkpoint's too: its ranks agree at every step (``agree_every_s=0``,
+as with real steps of half a second or more; the result says so), so its save starts within a
+step or two of the request. This machine is virtual and hands its free memory back to the host
+about a second after it is freed (virtio-balloon free page reporting: the page_reporting
+module's ``reported_kib`` grows); writing a page handed back costs a fault on the host. A save
+of 4 GB right after the previous case's files were removed took 1.9 s (1.0 s of kernel CPU); the
+same save 1.2 s later 2.2 to 3.3 s (2.8 to 4.6 s); once every freed page was handed back 5.6 to
+6.5 s (10 s). With the default pacing (0.5 s: a request waits up to ~1 s for the agreement) the
+power checkpoint alone wrote into memory handed back.
 
 Medians per setting; ratios: ``over_best_dcp`` (best plain DCP's time over the power
 checkpoint's: >= 0.9 is the target), ``over_dd`` (dd's over the power checkpoint's: >= 0.8),
@@ -175,9 +173,9 @@ def worker(args: argparse.Namespace) -> None:
     job = "bench-power"
     # keep: the bench removes old checkpoints itself between cases (a retention running in the
     # background would compete with the next case's writes, as it never does in a real outage).
-    # agree_every_s=0: the ranks agree at every step, as with real steps (~1 s, longer than the
-    # default pacing), so the save starts right after the request as plain DCP's case starts
-    # right after the cleanup (see the module's doc: memory handed back to the host)
+    # agree_every_s=0: the ranks agree at every step (as with real steps of half a second or
+    # more), so the save starts right after the request as plain DCP's starts right after the
+    # cleanup (the module's doc: memory handed back to the host)
     guard = CheckpointAgent(
         job=job,
         model=model,
