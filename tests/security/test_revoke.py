@@ -25,7 +25,18 @@ async def test_a_revoked_job_credential_is_refused_and_the_others_still_work(tmp
 
         name, _ = creds_mod.revoke(dep.creds, old)
         assert name == "agent.jobA"
+        log = dep.server.log_file
+        before = log.read_text(errors="replace")
         os.kill(dep.server.pid, signal.SIGHUP)  # the server reloads auth/resolver.conf
+
+        def reload_said() -> list[str]:  # what the server logged about the reload: its end shows it was processed
+            lines = log.read_text(errors="replace")[len(before) :].splitlines()
+            ended = ("Reloaded server configuration", "Failed to reload")
+            done = any(mark in ln for ln in lines for mark in ended)
+            return lines if done else []
+
+        said = await eventually(reload_said, timeout=30, what="the server's log saying the reload was done")
+        assert not any("[ERR]" in ln for ln in said), f"the reload failed: {said}"
 
         seen: list[str] = []  # what each try got, for the failure's message
 
@@ -42,7 +53,7 @@ async def test_a_revoked_job_credential_is_refused_and_the_others_still_work(tmp
         try:
             await eventually(refused, timeout=30, what="the revoked credential refused", every=0.5)
         except AssertionError as exc:
-            raise AssertionError(f"{exc}; the last tries got {seen[-3:]}") from None
+            raise AssertionError(f"{exc}; the last tries got {seen[-3:]}; the server's reload: {said}") from None
         for path in (fresh, dep.creds_of("agent", job="jobB"), dep.creds_of("ups-monitor")):
             bus = await Bus.connect(dep.url, service="ok", creds_file=path, setup=False, connect_timeout=5)
             await bus.close()
