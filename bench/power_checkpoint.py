@@ -13,10 +13,12 @@ the ranks: each rank writes its own shards), in alternated repetitions (this dis
     to ``COMMIT`` (each ack carries it); request -> every rank's ``ckpt.durable`` received (the
     step agreement and the acks included) is reported beside it
   * right after each power checkpoint: its restore (verify + load) and dd's read of its files,
-    page cache dropped before each: one file after another, and 4 at once (as many as a node's
-    restore reads at once); the faster of the two is "dd read" (many small files cost one stream
-    a seek each: the restore must beat dd reading them in parallel too); the three alternate in
-    order with the repetitions
+    page cache dropped before each: one file after another, 4 at once (as many as a node's
+    restore reads at once), and 4 at once with ``iflag=nocache`` (dd drops each block from the
+    page cache once read, as the restore does with the bytes it lands in the tensors); the
+    fastest of the three is "dd read" (many small files cost one stream a seek each: the restore
+    must beat dd reading them in parallel too, and dd letting go of its pages as well); the four
+    alternate in order with the repetitions
 
 Every case starts alike: with none of the bench's checkpoints on the disk (each is removed, and
 the removal synced, before the next case; before, the newest power checkpoint stayed on the disk
@@ -234,9 +236,9 @@ def worker(args: argparse.Namespace) -> None:
         dist.barrier(group)
         return timed(guard.restore), cold
 
-    def dd_read(directory: Path, streams: int) -> float:
+    def dd_read(directory: Path, streams: int, flags: tuple[str, ...] = ()) -> float:
         """``dd`` reads the checkpoint's files, page cache dropped: ``streams`` at once, the files
-        dealt out round-robin by size (1: one after another)."""
+        dealt out round-robin by size (1: one after another); ``flags``: dd's own."""
         if rank != 0:
             return 0.0
         drop_caches()
@@ -245,7 +247,8 @@ def worker(args: argparse.Namespace) -> None:
 
         def lane(fs: list[Path]) -> None:
             for f in fs:
-                subprocess.run(["dd", f"if={f}", "of=/dev/null", "bs=16M"], check=True, capture_output=True)
+                cmd = ["dd", f"if={f}", "of=/dev/null", "bs=16M", *flags]
+                subprocess.run(cmd, check=True, capture_output=True)
 
         t0 = time.perf_counter()
         threads = [threading.Thread(target=lane, args=(fs,)) for fs in lanes if fs]
@@ -257,6 +260,7 @@ def worker(args: argparse.Namespace) -> None:
 
     runs: dict[str, list[float]] = {"dd_s": [], "dcp_default_s": [], "power_s": [], "restore_s": [], "dd_read_s": []}
     runs[f"dd_read_{READ_STREAMS}_s"] = []
+    runs[f"dd_read_{READ_STREAMS}_nocache_s"] = []
     runs["request_to_durable_s"] = []
     runs |= {f"dcp_threads_{n}_s": [] for n in THREADS}
     cold = True
@@ -271,15 +275,15 @@ def worker(args: argparse.Namespace) -> None:
         """The restore of the power checkpoint just written and dd's reads of its files."""
         nonlocal cold
         newest = Path(guard.local_root) / job / f"step-{guard.last_committed_step}"
-        order = ["restore", 1, READ_STREAMS]
-        for read in order[rep % 3 :] + order[: rep % 3]:  # alternated too
+        order = ["restore", "dd_read_s", f"dd_read_{READ_STREAMS}_s", f"dd_read_{READ_STREAMS}_nocache_s"]
+        for read in order[rep % 4 :] + order[: rep % 4]:  # alternated too
             if read == "restore":
                 seconds, was_cold = restore()
                 cold = cold and was_cold
                 runs["restore_s"].append(seconds)
             else:
-                key = "dd_read_s" if read == 1 else f"dd_read_{read}_s"
-                runs[key].append(dd_read(newest, read))
+                streams = 1 if read == "dd_read_s" else READ_STREAMS
+                runs[read].append(dd_read(newest, streams, ("iflag=nocache",) if "nocache" in read else ()))
                 dist.barrier(group)
 
     for rep in range(args.reps):
@@ -301,7 +305,8 @@ def worker(args: argparse.Namespace) -> None:
         med = {k: statistics.median(v) for k, v in runs.items()}
         best_threads = min(THREADS, key=lambda n: med[f"dcp_threads_{n}_s"])
         best = min(med["dcp_default_s"], med[f"dcp_threads_{best_threads}_s"])
-        dd_read_s = min(med["dd_read_s"], med[f"dd_read_{READ_STREAMS}_s"])  # the faster dd read
+        dd_reads = ("dd_read_s", f"dd_read_{READ_STREAMS}_s", f"dd_read_{READ_STREAMS}_nocache_s")
+        dd_read_s = min(med[k] for k in dd_reads)  # the fastest dd read
         gb = state_bytes / 1e9
         out = {
             "ranks_per_node": world,
@@ -317,6 +322,7 @@ def worker(args: argparse.Namespace) -> None:
                 "dd_read": round(gb / dd_read_s, 3),
                 "dd_read_1_stream": round(gb / med["dd_read_s"], 3),
                 f"dd_read_{READ_STREAMS}_streams": round(gb / med[f"dd_read_{READ_STREAMS}_s"], 3),
+                f"dd_read_{READ_STREAMS}_streams_nocache": round(gb / med[f"dd_read_{READ_STREAMS}_nocache_s"], 3),
             },
             "best_dcp_threads": best_threads if best < med["dcp_default_s"] else 1,
             "power_checkpoint_p50_s": round(med["power_s"], 3),

@@ -2,7 +2,12 @@
 the one rank that loads most of its bytes (:func:`verifiers`, decided in DCP's global plan), and
 every byte of it is hashed (xxh3-128, and the keyed digest with a site key) as it lands; a
 tensor stored as its target's bytes lands straight in the target (``preadv``: one copy from the
-disk's page cache, no tensor allocated, no second read). A file whose digest does not match its
+disk's page cache, no tensor allocated, no second read), and the page cache lets go of those bytes
+as soon as they are in the target (``POSIX_FADV_DONTNEED``, a chunk at a time): a restore reads
+every byte once, and caching a whole checkpoint takes the node's memory for pages no one reads
+again. On this project's virtual machine, whose free memory goes back to its host, a 1-rank 4 GB
+restore took 1.9-3.5 s (median 2.6) caching everything and 1.4-2.0 s (median 1.6) letting go, in
+7 alternated repetitions (``docs/performance.md``). A file whose digest does not match its
 manifest entry raises :class:`CorruptCheckpoint` naming it, once it has been read; DCP hands the
 failure to every rank (its all-gather of the reads), so the other ranks that loaded a few items
 of that file (a replicated item DCP stored once, a reshard) read just those items and rely on
@@ -26,6 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import mmap
 import os
 import pickle
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -212,7 +218,7 @@ class VerifyingReader(SafeFileSystemReader):
                 raise CorruptCheckpoint(problem)
         else:  # its verifier hashes it whole; a mismatch there fails this load on every rank
             for d in direct:
-                _pread_into(file.fd, where, _bytes_of(d.target), d.start)
+                _pread_into(file.fd, where, _bytes_of(d.target), d.start, drop=True)
         for d in direct:
             planner.commit_tensor(d.req, d.target)
         self.direct += len(direct)
@@ -221,15 +227,19 @@ class VerifyingReader(SafeFileSystemReader):
 
     def _read(self, fd: int, where: str, size: int, direct: list[_Direct]) -> tuple[str, str | None]:
         """One pass over the file: the direct items' bytes into their targets, the rest into a
-        scratch buffer; every byte hashed. (xxh3, keyed digest or None)."""
+        scratch buffer (the largest gap between them, at most a chunk: the archives' headers,
+        the items DCP reads itself, which stay in the page cache for it); every byte hashed.
+        (xxh3, keyed digest or None)."""
         hasher = xxhash.xxh3_128()
         keyed = L.keyed_hasher(self.key) if self.key is not None else None
-        scratch = memoryview(bytearray(min(_CHUNK, size) or 1))
+        ends = [d.start for d in direct] + [size]
+        gaps = [end - start for start, end in zip([0] + [d.end for d in direct], ends, strict=True)]
+        scratch = memoryview(bytearray(min(_CHUNK, max(gaps)) or 1))
         pos = 0
         hashers = (hasher,) if keyed is None else (hasher, keyed)
 
-        def into(dst: memoryview, offset: int) -> None:
-            _pread_into(fd, where, dst, offset, hashers)
+        def into(dst: memoryview, offset: int, *, drop: bool = False) -> None:
+            _pread_into(fd, where, dst, offset, hashers, drop=drop)
 
         for d in direct:
             while pos < d.start:
@@ -237,7 +247,7 @@ class VerifyingReader(SafeFileSystemReader):
                 into(scratch[:n], pos)
                 pos += n
             if d.end > d.start:
-                into(_bytes_of(d.target), d.start)
+                into(_bytes_of(d.target), d.start, drop=True)
             pos = d.end
         while pos < size:
             n = min(len(scratch), size - pos)
@@ -262,6 +272,12 @@ class VerifyingReader(SafeFileSystemReader):
             record_size = archive.get_record_size(records[0])
         except Exception:  # not a plain torch.save archive: DCP's own path says what is wrong
             return None
+        finally:
+            # the few pages read here leave the page cache, whole pages (no rank loads this file
+            # yet: its load waits for every layout): cached islands in the middle of a file cut the
+            # kernel's readahead of the load that follows into 4 KiB pages
+            first = info.offset - info.offset % mmap.PAGESIZE
+            _let_go(fd, first, info.offset + info.length - first + mmap.PAGESIZE - 1)
         if not isinstance(stored, torch.Tensor) or not stored.is_contiguous():
             return None
         first, count = _contiguous_range(stored, req.storage_offsets, req.lengths)
@@ -288,9 +304,12 @@ def _bytes_of(tensor: torch.Tensor) -> memoryview:
     return memoryview(tensor.view(-1).view(torch.uint8).numpy())
 
 
-def _pread_into(fd: int, where: str, dst: memoryview, offset: int, hashers: tuple[Any, ...] = ()) -> None:
+def _pread_into(
+    fd: int, where: str, dst: memoryview, offset: int, hashers: tuple[Any, ...] = (), *, drop: bool = False
+) -> None:
     """Fill ``dst`` from the file at ``offset``, a chunk at a time, each chunk hashed by
-    ``hashers`` while still in the CPU's cache."""
+    ``hashers`` while still in the CPU's cache; with ``drop``, each chunk's pages leave the page
+    cache once read (``dst`` holds them now)."""
     done = 0
     while done < len(dst):
         got = os.preadv(fd, [dst[done : done + _CHUNK]], offset + done)
@@ -298,7 +317,17 @@ def _pread_into(fd: int, where: str, dst: memoryview, offset: int, hashers: tupl
             raise CorruptCheckpoint(f"{where}: ended at {offset + done} bytes while read")
         for h in hashers:
             h.update(dst[done : done + got])
+        if drop:
+            _let_go(fd, offset + done, got)
         done += got
+
+
+def _let_go(fd: int, offset: int, length: int) -> None:
+    """The page cache may drop these bytes of the file (read once, into their target)."""
+    try:
+        os.posix_fadvise(fd, offset, length, os.POSIX_FADV_DONTNEED)
+    except OSError:  # advice: a file system without it keeps its pages, which is only slower
+        pass
 
 
 def _contiguous_range(stored: torch.Tensor, offsets: Any, lengths: Any) -> tuple[int | None, int]:
