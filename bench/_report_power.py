@@ -51,7 +51,9 @@ The restore (`_loading.VerifyingReader`) reads each file once, in order, and has
 it lands: a tensor stored as its target's bytes (same dtype, both contiguous, the range asked
 for contiguous in the stored tensor) is read with `preadv` straight into the model's tensor; its
 layout comes from its `torch.save` archive loaded onto the `meta` device (`weights_only`, no
-data), the archives' small reads issued by 8 threads at once. Anything else DCP parses (bytes,
+data), the archives' small reads issued by 8 threads at once. The page cache lets go of each
+8 MiB of a tensor once it is in the tensor, and of the pages the layouts' reads touched
+(`POSIX_FADV_DONTNEED`): a checkpoint is read once. Anything else DCP parses (bytes,
 other layouts) waits until its file checked out and reads it from the page cache. Each file
 is hashed whole by one rank, the one that loads most of it (`_loading.verifiers`, in DCP's
 global plan); a rank that loads a few items of another's file reads just those. A file that
@@ -66,7 +68,14 @@ start never begins from a part-loaded model. Reader threads are shared by the no
 without, no gain on this disk. Asking the kernel to read ahead (`posix_fadvise(WILLNEED)`, the
 whole files or 8 MiB ahead of each read): no gain or slower (the disk's read-ahead is 8 MiB
 already). Reading each file into fresh memory and verifying it before use (an earlier round):
-slower, fresh memory costs as much as the read on this VM.
+slower, fresh memory costs as much as the read on this VM. For the restore (this round, 1 rank,
+4 GB, alternated): reading with `O_DIRECT` through an aligned 8 MiB buffer, 2.5-3.4 s with 4
+threads and 2.8-3.3 s with 8, against 1.3-3.8 s through the page cache, which is bimodal
+(below): most likely one request in flight per thread, where the kernel's readahead keeps the
+next 8 MiB coming; 16 or 32 MiB reads, or
+2 or 8 readers instead of 4 (medians 1.78-2.12 s against 1.89 s, 5 reps); Python's garbage
+collector paused during the load (`perf` put `gc_collect_main` at 6 % of one restore's samples,
+but 12 alternated reps gave medians of 1.40 s paused and 1.44 s not).
 
 **The 4 GB gap was the bench, not the agent** (found this round). The previous run left the
 4 GB rows at 0.74-0.77 of the best plain DCP; an A/B in one process (1 rank, 4 GB, 16 writers,
@@ -99,17 +108,36 @@ the power checkpoint's 1.92-2.13 s (request and agreement included) and 2.07-2.5
 the agent's own work (xxh3, manifests, `COMMIT`, directory fsyncs) costs ~5 % over DCP at its
 fastest.
 
-**What is left.** In the table's run (7 reps) two cells miss: at 4 ranks and 4 GB the power
-checkpoint is at 0.889 of the best plain DCP, which there was DCP's default of one writer per
-rank (2.46 s; its 16 threads took 2.78 s, the power checkpoint 2.77 s with 16 per rank: the
-agent adds nothing, the writer count is what differs; at 4 ranks and 1 GB 16 per rank was the
-fastest, so no rule is changed on one noisy median); and at 1 rank and 4 GB the restore is at
-0.771 of `dd` reading the files 4 at once (2.12 s against 1.64 s; single reps ranged 1.45-2.71 s
-and 1.28-2.50 s). A second full run, not in the table, put the 4-rank 4 GB save at 0.949 (that
-miss was noise) and the 1-rank 4 GB restore at 0.748 (that one is not); 8 reader threads per
-node instead of 4 made that restore no faster (0.66, 5 reps). Reading straight into the tensors
-with `O_DIRECT` (no page cache, no copy, no freshly handed-back pages to fault in) is the next
-step for the restore; it needs aligned reads of the records and is not built.
+**The 1-rank 4 GB restore** (this round). It missed in the last two runs (0.771 and 0.748 of
+`dd`'s read), and its reps were bimodal: 1.45-1.72 s or 2.1-2.7 s. An A/B in one process (1 rank,
+4 GB, 16 files, page cache dropped before each case, alternated) found two causes.
+* *The page cache on this VM.* Reads that leave everything cached are bimodal here: plain
+  `preadv` of the same files into touched buffers by 4 threads took 1.2-1.4 s or 2.1-3.8 s (the
+  slow ones with 2-5 s of kernel CPU), `dd` with 4 streams 1.3-1.8 s or 2.1-4.7 s; the same
+  Python reads letting go of each 8 MiB once read (`POSIX_FADV_DONTNEED`) took 1.19-1.43 s in 6
+  reps of 6, and `dd iflag=nocache` (the same thing, dd's own flag) 1.23-1.63 s. It is the
+  save's cause again: a restore that caches 4 GB takes 4 GB of page cache from memory the VM
+  has handed back to its host.
+* *Cached islands.* Letting go of the tensors' pages brought the restore to 1.7-1.9 s, still
+  above the raw reads' 1.25 s. `perf stat` counted 231 K page-cache folios added per restore
+  against 45 K for the raw reads of the same bytes, and 167 synchronous readaheads against 19.
+  The layout parse's small reads (each item's archive head and tail) had left a few cached pages
+  at every item boundary; the kernel's readahead, meeting a cached page, falls back to 4 KiB
+  folios for the rest of its window. The parse now lets go of the whole pages it read (no rank
+  loads that file yet: its load waits for every layout).
+* The final A/B (7 alternated reps): the restore before this round 1.92-3.52 s (median 2.56),
+  after 1.35-2.02 s (1.60); `dd` 4 streams 1.27-2.78 s (1.76), `dd iflag=nocache` 4 streams
+  1.30-1.59 s (1.47), `dd` 1 stream 3.5-6.1 s (5.35).
+* The bench now reads the files with `dd iflag=nocache` too, 4 at once, and "dd read" is the
+  fastest of its three reads: the restore drops its pages, so `dd` may as well.
+
+**Where it stands.** The table's run is the first after this round's restore change, 7 reps: every
+cell meets its target. Over the best plain DCP 1.063 / 1.139 / 1.039 / 1.100 in the table's row
+order (the CRC32s the agent's writers skip and plain DCP keeps); the restore over the fastest
+`dd` read 1.252 / 1.673 / 0.967 / 1.020, where the fastest was `dd iflag=nocache` in every row.
+The 1-rank 4 GB restore, the cell that missed twice, took 1.19-1.98 s (median 1.52) against
+`dd iflag=nocache`'s 1.35-2.16 s (1.47) and plain `dd` 4 streams' 1.33-2.85 s (1.50). This
+disk stays noisy: single reps of one case spread by up to 2x within a run.
 """
 
 
@@ -154,8 +182,10 @@ Targets: power checkpoint / best plain DCP ≥ 0.9, / `dd conv=fsync` ≥ 0.8; r
 {HEADER}
 {chr(10).join(rows)}
 
-"dd read" is the faster of `dd` reading the checkpoint's files one after another and 4 at once
-(as many as a node's restore reads at once; `gb_s.dd_read_1_stream`, `dd_read_4_streams`).
+"dd read" is the fastest of `dd` reading the checkpoint's files one after another, 4 at once
+(as many as a node's restore reads at once), and 4 at once with `iflag=nocache` (dd letting go
+of each block once read, as the restore does; runs before that read have no such key:
+`gb_s.dd_read_1_stream`, `dd_read_4_streams`, `dd_read_4_streams_nocache`).
 `dd` here reads `/dev/zero` and writes 16 MiB blocks: two copies per block on this VM, which
 makes it slower than a program writing from memory (DCP, the agent); the ratio over `dd` is the
 issue's anchor, the ratio over the best plain DCP is the comparison that holds on any disk.
