@@ -136,8 +136,11 @@ cell meets its target. Over the best plain DCP 1.063 / 1.139 / 1.039 / 1.100 in 
 order (the CRC32s the agent's writers skip and plain DCP keeps); the restore over the fastest
 `dd` read 1.252 / 1.673 / 0.967 / 1.020, where the fastest was `dd iflag=nocache` in every row.
 The 1-rank 4 GB restore, the cell that missed twice, took 1.19-1.98 s (median 1.52) against
-`dd iflag=nocache`'s 1.35-2.16 s (1.47) and plain `dd` 4 streams' 1.33-2.85 s (1.50). This
-disk stays noisy: single reps of one case spread by up to 2x within a run.
+`dd iflag=nocache`'s 1.35-2.16 s (1.47) and plain `dd` 4 streams' 1.33-2.85 s (1.50). A second
+full run right after (7 reps, not in the table; I did not choose between them) gave 1.149 /
+1.040 / 1.050 / 0.988 over the best plain DCP and 1.223 / 1.533 / 0.998 / 1.035 for the restore
+(the 1-rank 4 GB restore's median 1.445 s against `dd iflag=nocache`'s 1.442 s). This disk stays
+noisy: single reps of one case spread by up to 2x within a run.
 """
 
 
