@@ -273,9 +273,10 @@ class VerifyingReader(SafeFileSystemReader):
         except Exception:  # not a plain torch.save archive: DCP's own path says what is wrong
             return None
         finally:
-            # the few pages read here leave the page cache, whole pages (no rank loads this file
-            # yet: its load waits for every layout): cached islands in the middle of a file cut the
-            # kernel's readahead of the load that follows into 4 KiB pages
+            # the few pages read here leave the page cache, whole pages (this rank's load of the
+            # file waits for every layout; another rank reading it meanwhile reads them again):
+            # cached islands in the middle of a file cut the kernel's readahead of the load that
+            # follows into 4 KiB pages
             first = info.offset - info.offset % mmap.PAGESIZE
             _let_go(fd, first, info.offset + info.length - first + mmap.PAGESIZE - 1)
         if not isinstance(stored, torch.Tensor) or not stored.is_contiguous():
