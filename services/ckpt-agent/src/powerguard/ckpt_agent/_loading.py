@@ -277,8 +277,7 @@ class VerifyingReader(SafeFileSystemReader):
             # file waits for every layout; another rank reading it meanwhile reads them again):
             # cached islands in the middle of a file cut the kernel's readahead of the load that
             # follows into 4 KiB pages
-            first = info.offset - info.offset % mmap.PAGESIZE
-            _let_go(fd, first, info.offset + info.length - first + mmap.PAGESIZE - 1)
+            _let_go_pages(fd, info.offset, info.length)
         if not isinstance(stored, torch.Tensor) or not stored.is_contiguous():
             return None
         first, count = _contiguous_range(stored, req.storage_offsets, req.lengths)
@@ -329,6 +328,13 @@ def _let_go(fd: int, offset: int, length: int) -> None:
         os.posix_fadvise(fd, offset, length, os.POSIX_FADV_DONTNEED)
     except OSError:  # advice: a file system without it keeps its pages, which is only slower
         pass
+
+
+def _let_go_pages(fd: int, offset: int, length: int) -> None:
+    """:func:`_let_go` of every page that holds a byte of [offset, offset + length) (the kernel
+    drops only the pages wholly inside the range it is given)."""
+    first = offset - offset % mmap.PAGESIZE
+    _let_go(fd, first, offset + length - first + mmap.PAGESIZE - 1)
 
 
 def _contiguous_range(stored: torch.Tensor, offsets: Any, lengths: Any) -> tuple[int | None, int]:
