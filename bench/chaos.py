@@ -40,6 +40,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import os
 import random
 import re
 import signal
@@ -144,9 +145,11 @@ async def one(
     kinds: tuple[str, ...] = KINDS,
     fault: Fault | None = None,
     policy: str | None = None,
+    budget_s: float | None = None,
 ) -> Run:
     """One drill with one fault and hold policy, drawn from ``seed`` (or this ``fault`` and
-    ``policy``); returns what happened and what broke."""
+    ``policy``); returns what happened and what broke. ``budget_s``: every wait of the drill
+    together ends by then (a test's timeout: a stuck drill reports what it waited for)."""
     from powerguard.bus import Bus, BusNames
     from powerguard.schemas import CheckpointDurable, SagaStateChanged, ShutdownRequested
     from powerguard.sim.drill import _progress
@@ -159,6 +162,7 @@ async def one(
     if policy is not None:
         run.policy = policy
     t0 = time.monotonic()
+    end = None if budget_s is None else t0 + budget_s
     f = run.fault
     site = SimSite(
         work,
@@ -184,10 +188,12 @@ async def one(
         return any(s in wanted for _, _, s in states())
 
     async def until(pred, timeout: float, what: str) -> bool:
-        deadline = time.monotonic() + timeout
+        limit = timeout if end is None else max(0.0, min(timeout, end - time.monotonic()))
+        deadline = time.monotonic() + limit
         while not pred():
             if time.monotonic() > deadline:
-                run.violations.append(f"stuck: {what} within {timeout:.0f}s")
+                spent = " (the drill's budget spent)" if limit < timeout else ""
+                run.violations.append(f"stuck: {what} within {limit:.0f}s{spent}")
                 return False
             await asyncio.sleep(0.1)
         return True
@@ -295,7 +301,8 @@ async def one(
             await until(lambda: reached(*TERMINAL), 240, "the saga to end")
             with contextlib.suppress(asyncio.CancelledError):
                 await asyncio.wait_for(injector, 30)
-            await until(lambda: site.final.exists() and not site.job_running(), 300, "training to finish")
+            if not await until(lambda: site.final.exists() and not site.job_running(), 300, "training to finish"):
+                run.violations.append(await _job_left(site))
             await asyncio.sleep(1.5)  # late events: a redelivered one would start a saga now
             _check(run, site, events, states(), killed, t_fail, t_back, world, CheckpointDurable, ShutdownRequested)
             if not run.evidence:
@@ -315,6 +322,38 @@ async def one(
     run.saga_states = [s for _, _, s in states()]
     run.wall_s = round(time.monotonic() - t0, 1)
     return run
+
+
+async def _job_left(site) -> str:
+    """What is left of a job that did not finish: its processes (state, command) and, from its
+    ranks (sim.train dumps its threads' stacks on SIGUSR1), the end of the job's log."""
+    from powerguard.sim.launch import descendants
+
+    try:
+        pid = int((site.workdir / "jobs" / f"{site.opts.job}.pid").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return "job: no pid file"
+    log = site.workdir / "job.log"
+    before = log.stat().st_size if log.exists() else 0
+    rows, ranks = [], []
+    for p in [pid, *descendants(pid)]:
+        try:
+            state = (Path("/proc") / str(p) / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            cmd = (Path("/proc") / str(p) / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        rows.append(f"{p} {state} {cmd[:120]}")
+        if "powerguard.sim.train" in cmd or "sim/train.py" in cmd:
+            ranks.append(p)
+    for p in ranks:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(p, signal.SIGUSR1)
+    for _ in range(30):  # each rank's dump ("Current thread ...") lands within a moment; one stuck in C may not
+        await asyncio.sleep(0.1)
+        if log.exists() and log.read_bytes()[before:].count(b"Current thread") >= len(ranks):
+            break
+    tail = log.read_bytes()[before:][-6000:].decode(errors="replace") if log.exists() else ""
+    return "job left running:\n" + "\n".join(rows) + ("\nits ranks' stacks:\n" + tail if tail else "")
 
 
 def _evidence(f: Fault, events: list[tuple[float, object]]) -> str:

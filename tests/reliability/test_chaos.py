@@ -48,6 +48,6 @@ async def test_fixed_chaos_fault_keeps_every_invariant(seed, policy, fault, tmp_
 
         if (why := unavailable()) and IN_CI:
             pytest.fail(f"power-cut filesystem: {why} (CI must provide it)")
-    run = await chaos.one(seed, tmp_path, steps=250, fault=fault, policy=policy)
+    run = await chaos.one(seed, tmp_path, steps=250, fault=fault, policy=policy, budget_s=500)
     assert run.injected_at is not None, "the fault was never injected"
     assert run.violations == [], f"seed {seed} ({fault.kind} in {fault.phase}): {run.violations}"

@@ -4,7 +4,10 @@ simulated job and the rank's simulated node."""
 from __future__ import annotations
 
 import argparse
+import logging
 import os
+import sys
+from typing import NoReturn
 
 
 def job_parser(description: str, *, steps_help: str, local_dir_help: str) -> argparse.ArgumentParser:
@@ -53,3 +56,16 @@ def guard_options(args: argparse.Namespace) -> dict:
         "hold_policy": args.hold_policy,
         **({"agree_every_s": args.agree_every_s} if args.agree_every_s is not None else {}),
     }
+
+
+def exit_finished(code: int) -> NoReturn:
+    """End a rank whose ``main`` returned (its groups destroyed, its files written) without the
+    interpreter's finalization: a gloo group still referenced (a device mesh, DDP) keeps its
+    worker threads, and one dropping a finished collective's work (it holds Python tensors)
+    needs the GIL; during finalization that thread exits through a noexcept frame: std::terminate,
+    the rank SIGABRTs after a run that succeeded (core dump of a test's rank in CI; the same
+    race as pytorch/pytorch#179291). A failure (an exception, SystemExit) exits the usual way."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -8,6 +8,7 @@ and what the tests and benchmarks launch with ``torchrun``.
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import itertools
 import logging
 import os
@@ -23,7 +24,7 @@ from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 from powerguard.bus import BusNames
 from powerguard.ckpt_agent import CheckpointAgent
 
-from ._framework_job import job_parser, rank_node
+from ._framework_job import exit_finished, job_parser, rank_node
 from ._parallel import SHARDS, parallelize
 
 
@@ -92,6 +93,7 @@ def ordered_allreduce(_state, bucket):
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s rank{os.environ.get('RANK', 0)} %(message)s")
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # a stuck rank's stacks, to its log (bench/chaos.py)
     if args.pg_timeout_s:
         from datetime import timedelta
 
@@ -172,4 +174,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_finished(main())

@@ -17,7 +17,7 @@ import time
 
 import torch
 
-from ._framework_job import guard_options, job_parser
+from ._framework_job import exit_finished, guard_options, job_parser
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
@@ -100,4 +100,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_finished(main())

@@ -21,7 +21,7 @@ from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 from powerguard.ckpt_agent.lightning import ResumableLoader, callback_class, latest_checkpoint
 
-from ._framework_job import guard_options, job_parser
+from ._framework_job import exit_finished, guard_options, job_parser
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
@@ -107,4 +107,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_finished(main())
