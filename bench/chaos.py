@@ -329,9 +329,7 @@ async def _job_left(site) -> str:
     ranks (sim.train dumps its threads' stacks on SIGUSR1), the end of the job's log."""
     from powerguard.sim.launch import descendants
 
-    try:
-        pid = int((site.workdir / "jobs" / f"{site.opts.job}.pid").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
+    if (pid := site.job_pid()) is None:
         return "job: no pid file"
     log = site.workdir / "job.log"
     before = log.stat().st_size if log.exists() else 0
@@ -343,16 +341,18 @@ async def _job_left(site) -> str:
         except OSError:
             continue
         rows.append(f"{p} {state} {cmd[:120]}")
-        if "powerguard.sim.train" in cmd or "sim/train.py" in cmd:
+        if "powerguard.sim.train" in cmd.split():  # sim.train's ranks (the other sims have no dump)
             ranks.append(p)
     for p in ranks:
         with contextlib.suppress(ProcessLookupError):
             os.kill(p, signal.SIGUSR1)
+    new = b""
     for _ in range(30):  # each rank's dump ("Current thread ...") lands within a moment; one stuck in C may not
         await asyncio.sleep(0.1)
-        if log.exists() and log.read_bytes()[before:].count(b"Current thread") >= len(ranks):
+        new = log.read_bytes()[before:] if log.exists() else b""
+        if new.count(b"Current thread") >= len(ranks):
             break
-    tail = log.read_bytes()[before:][-6000:].decode(errors="replace") if log.exists() else ""
+    tail = new[-6000:].decode(errors="replace")
     return "job left running:\n" + "\n".join(rows) + ("\nits ranks' stacks:\n" + tail if tail else "")
 
 

@@ -386,12 +386,20 @@ class SimSite:
         self._launcher = make_scheduler(settings.scheduler)
         return await self._launcher.start_job(self.opts.job, nodes=self.node_names, saga_id="demo-start")
 
+    def job_pid(self) -> int | None:
+        """The training job's launcher's pid (power-control's process adapter's pid file), if any."""
+        try:
+            return int((self.workdir / "jobs" / f"{self.opts.job}.pid").read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            return None
+
     def job_running(self) -> bool:
         """The training job's launcher (started by power-control's process adapter) is alive."""
+        if (pid := self.job_pid()) is None:
+            return False
         try:
-            pid = int((self.workdir / "jobs" / f"{self.opts.job}.pid").read_text().split()[0])
             os.kill(pid, 0)
-        except (OSError, ValueError, IndexError):
+        except OSError:
             return False
         try:  # a zombie is not running (power-control reaps it only when it next looks)
             return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
@@ -586,8 +594,9 @@ class SimSite:
         may sit in other process groups)."""
         from .launch import descendants
 
-        with contextlib.suppress(OSError, ValueError, IndexError):
-            pid = int((self.workdir / "jobs" / f"{self.opts.job}.pid").read_text().split()[0])
+        if (pid := self.job_pid()) is None:
+            return
+        with contextlib.suppress(OSError):
             for p in [pid, *descendants(pid)]:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(p, signal.SIGKILL)
@@ -608,12 +617,9 @@ class SimSite:
         self.dark = False
 
     async def stop(self) -> None:
-        job_pid = self.workdir / "jobs" / f"{self.opts.job}.pid"
-        if job_pid.exists():  # a job still running (a failed drill): stop it with the site
-            try:
-                os.killpg(int(job_pid.read_text().split()[0]), signal.SIGKILL)
-            except (OSError, ValueError):
-                pass
+        if (job := self.job_pid()) is not None:  # a job still running (a failed drill): stop it with the site
+            with contextlib.suppress(OSError):
+                os.killpg(job, signal.SIGKILL)
         for name in reversed(list(self.procs)):
             p = self.procs[name]
             if p.poll() is None:

@@ -7,7 +7,6 @@ load's outcome (load)."""
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -19,6 +18,7 @@ from torch.distributed.tensor import Shard, distribute_tensor, init_device_mesh
 
 from powerguard.ckpt_agent._hashing import HashingWriter
 from powerguard.ckpt_agent._loading import SafeLoadPlanner, VerifyingReader
+from powerguard.sim._framework_job import exit_finished
 
 
 def state(mesh, fill: float | None) -> dict:
@@ -59,13 +59,6 @@ def main() -> None:
     (out / f"rank{dist.get_rank()}.json").write_text(json.dumps(report))
     dist.barrier()  # neither rank tears down the group while the other still uses it
     dist.destroy_process_group()
-    # no interpreter finalization: the mesh (held by the DTensors) keeps the gloo group alive,
-    # and its worker thread dropping a finished barrier's work (it holds the all-gathers'
-    # tensors) needs the GIL; during finalization that thread exits through a noexcept frame,
-    # std::terminate, SIGABRT (core dump in CI, ~1 run in 30 under load; pytorch/pytorch#179291)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
 
 
 def _local(t):
@@ -74,3 +67,4 @@ def _local(t):
 
 if __name__ == "__main__":
     main()
+    exit_finished(0)  # the DTensors' mesh keeps the gloo group: no finalization (it aborted 1 run in 30)
