@@ -18,6 +18,7 @@ from powerguard.schemas import (
     PowerData,
     deterministic_id,
 )
+from tests.waiting import eventually
 
 pytestmark = pytest.mark.integration
 TIMEOUT = 10
@@ -94,11 +95,12 @@ async def test_handler_failure_is_redelivered_then_acked(bus):
     assert len(attempts) == 3
     await consumer.stop()
     # the ack is a publish the server confirms to no one: wait for its consumer to count it
-    deadline = asyncio.get_running_loop().time() + TIMEOUT
-    while (info := await bus.js.consumer_info(bus.names.stream, "flaky")).num_ack_pending and (
-        asyncio.get_running_loop().time() < deadline
-    ):
-        await asyncio.sleep(0.05)
+
+    async def acked():
+        info = await bus.js.consumer_info(bus.names.stream, "flaky")
+        return None if info.num_ack_pending else info
+
+    info = await eventually(acked, TIMEOUT, "the server to count the last ack", every=0.05)
     assert info.num_ack_pending == 0 and info.num_pending == 0, info
 
 
