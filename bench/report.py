@@ -227,6 +227,18 @@ def main() -> None:
                     "`bench/saga.py`",
                 )
             )
+    if iso := load("isolation"):
+        rows.append(
+            (
+                "on_battery → the other job's checkpoint request while one job floods its own ack subject "
+                "(and a 60,000-message burst), over the idle bus's",
+                "≤ 2x",
+                f"{iso['flood_over_idle']}x (p50 {iso['flood_request_ms']['p50']} vs {iso['idle_request_ms']['p50']} "
+                f"ms, p99 {iso['flood_request_ms']['p99']} vs {iso['idle_request_ms']['p99']} ms; "
+                f"n2 off ≤ {max(x for v in iso['shutdown_s'].values() for x in v):.2f} s of the 50 s battery)",
+                "`bench/isolation.py`",
+            )
+        )
     if d := load("detection"):
         rows.append(
             (

@@ -119,7 +119,7 @@ async def make_bus(nats_server: EmbeddedNats, names: BusNames) -> AsyncIterator[
             await bus.close()
         if admin.nc.is_connected:
             for name in (
-                names.stream,
+                *names.streams,
                 f"KV_{names.sagas}",
                 f"KV_{names.agents}",
                 f"KV_{names.leases}",

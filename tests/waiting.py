@@ -45,8 +45,20 @@ async def processed(bus, durable: str, seq: int, timeout: float = 15.0) -> None:
     """Wait until the durable consumer ``durable`` has acknowledged every message of the
     events stream up to ``seq`` (its service handled them; a bounded read of the stream)."""
 
+    stream: list[str] = []  # the stream that holds the durable (the events' or the jobs')
+
     async def acked() -> bool:
-        info = await bus.js.consumer_info(bus.names.stream, durable)
+        if not stream:
+            for name in bus.names.streams:
+                try:
+                    await bus.js.consumer_info(name, durable)
+                except Exception:  # not on this stream
+                    continue
+                stream.append(name)
+                break
+            else:
+                return False
+        info = await bus.js.consumer_info(stream[0], durable)
         return info.ack_floor is not None and (info.ack_floor.stream_seq or 0) >= seq
 
     await eventually(acked, timeout, f"{durable} to handle the stream up to {seq}", every=0.05)

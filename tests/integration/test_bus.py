@@ -179,7 +179,10 @@ async def test_setup_is_idempotent_and_safe_to_race(make_bus, names):
     await asyncio.gather(*(b.setup() for b in buses))
     await buses[0].setup()
     info = await buses[0].js.stream_info(names.stream)
-    assert info.config.subjects == [f"{names.prefix}.>"] and info.config.duplicate_window == 120
+    assert info.config.subjects == names.subjects.event_trees and info.config.duplicate_window == 120
+    jobs = (await buses[0].js.stream_info(names.jobs_stream)).config
+    assert jobs.subjects == names.subjects.job_trees and jobs.max_msgs_per_subject == 10_000
+    assert jobs.discard == "new" and jobs.discard_new_per_subject is True and jobs.max_msg_size == 16 * 1024
     assert (await buses[1].agents()).bucket == names.agents
 
 

@@ -62,7 +62,7 @@ async def coordinator(dep: Deployment):
     stop = asyncio.Event()
     task = asyncio.create_task(c.run(stop))
     try:
-        await eventually(lambda: c.leader and c._consumer is not None, 20, "the coordinator to lead")
+        await eventually(lambda: c.leader and c.consuming, 20, "the coordinator to lead")
         yield c
     finally:
         stop.set()

@@ -144,18 +144,19 @@ async def test_3_the_observer_reads_but_cannot_take_ack_or_delete_a_service_cons
     dep = deployment
     ups = await dep.connect("ups-monitor")
     observer = await dep.connect("observer")
-    durable = f"coordinator-{SITE}"
-    await refused(observer.js.delete_consumer(dep.names.stream, durable))
-    psub = await observer.js.pull_subscribe_bind(durable=durable, stream=dep.names.stream)
-    await refused(psub.fetch(1, timeout=1))
-    await refused(observer.js.publish(f"$JS.ACK.{dep.names.stream}.{durable}.1.1.1.0.0", b""))
+    durables = (f"coordinator-power-{SITE}", f"coordinator-{SITE}")
+    for durable in durables:
+        await refused(observer.js.delete_consumer(dep.names.stream, durable))
+        psub = await observer.js.pull_subscribe_bind(durable=durable, stream=dep.names.stream)
+        await refused(psub.fetch(1, timeout=1))
+        await refused(observer.js.publish(f"$JS.ACK.{dep.names.stream}.{durable}.1.1.1.0.0", b""))
     # reading is what it is for: a stream subscription (powerguard tail --all) and live events
     await outage(ups)
     sub = observer.subscribe(OnBattery, deliver="all")
     assert (await asyncio.wait_for(sub.__anext__(), 10)).data.ups == "ups-a"
     await sub.aclose()
     admin = await dep.connect("admin", service="admin-check")
-    info = await admin.js.consumer_info(dep.names.stream, durable)
+    info = await admin.js.consumer_info(dep.names.stream, durables[0])
     assert info.num_pending >= 1  # still there, nothing taken from it
 
 
@@ -166,14 +167,14 @@ async def test_3_a_days_old_outage_in_the_stream_never_starts_a_saga(deployment)
     old = utcnow() - timedelta(days=3)
     # a deleted durable is re-created by the admin's bootstrap from a safe point (new input only)
     await ups.publish(OnBattery(time=old, data=reading(True, 20)))
-    await admin.js.delete_consumer(dep.names.stream, f"coordinator-{SITE}")
+    await admin.js.delete_consumer(dep.names.stream, f"coordinator-power-{SITE}")
     await admin.bootstrap([SITE])
     watch = await Watch(await dep.connect("observer")).start()
     async with coordinator(dep):
         # and an old outage that reaches the coordinator anyway (a delayed or replayed history) is ignored
         for cls in (OnBattery, LowBattery):
             sent = await ups.publish(cls(time=old, data=reading(True, 20)))
-        await processed(admin, f"coordinator-{SITE}", sent.seq)  # the coordinator handled both
+        await processed(admin, f"coordinator-power-{SITE}", sent.seq)  # the coordinator handled both
         assert watch.states == [] and await sagas(dep) == []
         await outage(ups)  # a current outage still starts one
         await eventually(lambda: "checkpointing" in watch.states, 15, "a saga")

@@ -1,8 +1,9 @@
-"""An upgrade from the previous release's layout: that release's bootstrap made the events stream
-without direct gets and the durables without the UPS-output subjects (added with the blackout
-work). `powerguard bootstrap` of this release without --update changes nothing and says what is
-missing; with --update (the CLI, the admin credential) the stream and the durables take this
-release's configuration and keep every message, every KV value and the durables' positions."""
+"""An upgrade from the previous releases' layout: one events stream over `pg.>` (the jobs' traffic
+in it too) without direct gets, and the coordinator's one durable reading power events, acks and
+results. `powerguard bootstrap` of this release without --update changes nothing and says what
+is missing; with --update (the CLI, the admin credential) the events stream gives the jobs'
+subjects up, the jobs' stream is created, and the durables take this release's configuration,
+keeping every message, every KV value and the durables' positions."""
 
 from __future__ import annotations
 
@@ -23,9 +24,18 @@ POWERGUARD = str(Path(sys.executable).parent / "powerguard")
 
 def previous_release_filters(names) -> dict[str, list[str]]:
     s = names.subjects
-    now = durable_filters(names, SITE)
-    gone = {s.ups_result("*"), s.ups_cmd("*")}
-    return {name: [f for f in filters if f not in gone] for name, filters in now.items()}
+    site = SITE
+    return {
+        f"coordinator-{site}": [
+            s.power_events(site),
+            s.drill_power_events(site),
+            s.ckpt_ack("*", "*"),
+            s.power_result("*"),
+            s.job_result("*"),
+            s.job_resumed("*"),
+        ],
+        f"power-control-{site}": [s.power_cmd("*"), s.job_cmd("*")],
+    }
 
 
 def bootstrap(dep, *extra: str) -> subprocess.CompletedProcess:
@@ -56,7 +66,7 @@ async def test_bootstrap_update_takes_the_previous_layout_to_this_release(tmp_pa
             await ups.publish(OnBattery(data=PowerData(site=SITE, ups="ups1", on_battery=True)))
         coord = await dep.connect("coordinator")
         await (await coord.kv(names.sagas)).put("s-open", {"state": "holding"})
-        durable = durable_names(SITE)["coordinator"]
+        durable = durable_names(SITE)["power-control"]
         before = await admin.js.consumer_info(names.stream, durable)
 
         plain = bootstrap(dep)
@@ -68,8 +78,11 @@ async def test_bootstrap_update_takes_the_previous_layout_to_this_release(tmp_pa
         assert upgraded.returncode == 0, upgraded.stderr
         info = await admin.js.stream_info(names.stream)
         assert info.config.allow_direct is True and info.state.messages == 2
+        assert sorted(info.config.subjects) == sorted(names.subjects.event_trees)
+        jobs = await admin.js.stream_info(names.jobs_stream)
+        assert jobs.config.subjects == names.subjects.job_trees and jobs.config.discard_new_per_subject
         for name, filters in durable_filters(names, SITE).items():
-            c = await admin.js.consumer_info(names.stream, name)
+            c = await admin.js.consumer_info(names.stream_of(filters[0]), name)
             assert sorted(c.config.filter_subjects or [c.config.filter_subject]) == sorted(filters), name
         after = await admin.js.consumer_info(names.stream, durable)
         assert (after.delivered.stream_seq, after.num_pending) == (before.delivered.stream_seq, before.num_pending)

@@ -168,4 +168,6 @@ def bootstrap(
     except (BusError, PowerGuardError) as exc:
         err.print(f"[red]error:[/red] {exc}", highlight=False)
         raise typer.Exit(1) from None
-    err.print(f"stream {names.stream} and its KV buckets ready; durable consumers: {', '.join(made)}")
+    err.print(
+        f"streams {names.stream}, {names.jobs_stream} and the KV buckets ready; durable consumers: {', '.join(made)}"
+    )

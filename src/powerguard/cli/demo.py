@@ -33,6 +33,9 @@ COLORS = {
 }
 
 
+FSD_HOLD_CHECKPOINT_EVERY_S = 4.0  # ``--fsd``: hold checkpoints this often bound what FSD may cost
+
+
 def _bit_exact(final: Path, reference: Path) -> bool:
     import torch
 
@@ -65,9 +68,12 @@ async def run_demo(
     out_dir = (json_out.parent if json_out else Path.cwd() / "demo-output").resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
     options = SiteOptions(seed=seed, steps=steps, hold_policy=hold_policy, framework=framework)
-    if scenario == "real-ups":  # a real-time battery (600 s reported, ~470 s at the training load) on NUT
+    if scenario in ("real-ups", "fsd"):  # a real-time battery (600 s reported) on NUT, a fresh site
         options.ups_driver, options.speed, options.shutdown_reserve_s = "nut", 1.0, 120.0
-        options.steps = max(steps, 600)  # two outages
+        options.max_on_battery_s = 900.0  # the UPS ends the hold, not the site's limit
+        options.steps = max(steps, 450)
+    if scenario == "fsd":  # a small model: its hold checkpoints may take a quarter of the hold
+        options.hold_checkpoint_every_s, options.hold_checkpoint_max_share = FSD_HOLD_CHECKPOINT_EVERY_S, 0.25
     if scenario == "blackout":  # the UPS may cut its output; broker and checkpoints on power-cut disks
         options.blackout = True
         console_port = None  # the console's broker goes dark with the site

@@ -286,9 +286,16 @@ def demo(
     real_ups: bool = typer.Option(
         False,
         "--real-ups",
-        help="A real NUT server (Debian's upsd + dummy-ups) instead of the simulated SNMP UPS, and two outages: "
-        "the first measures the shutdown; in the second the UPS's runtime estimate drops from 600 s to 100 s, "
-        "below the 120 s shutdown reserve, and its load jumps (needs nut-server)",
+        help="A real NUT server (Debian's upsd + dummy-ups) instead of the simulated SNMP UPS, on a fresh site "
+        "(no outage measured before): the UPS's runtime estimate drops from 600 s to 100 s, below the 120 s "
+        "shutdown reserve, and its load jumps; the final checkpoint is still taken (needs nut-server)",
+    ),
+    fsd: bool = typer.Option(
+        False,
+        "--fsd",
+        help="The same real NUT server orders a forced shutdown (FSD) 10 s into the hold: no time for a final "
+        "checkpoint; the job stops on its newest hold checkpoint (every 4 s here), and the drill checks that no "
+        "more than that was lost (needs nut-server)",
     ),
     blackout: bool = typer.Option(
         False,
@@ -323,10 +330,13 @@ def demo(
     """Run a whole outage drill on this machine: embedded NATS, simulated UPS/PDU/BMCs, real services,
     a 2-node x 2-rank training job; checks bit-exact resume against a reference run."""
     require_agent("demo")
-    if flap + race + real_ups + blackout > 1:
-        err.print("[red]error:[/red] --flap, --race, --real-ups and --blackout are different scenarios; pick one")
+    if flap + race + real_ups + fsd + blackout > 1:
+        err.print(
+            "[red]error:[/red] --flap, --race, --real-ups, --fsd and --blackout are different scenarios; pick one"
+        )
         raise typer.Exit(2)
-    scenario = "flap" if flap else "race" if race else "real-ups" if real_ups else "blackout" if blackout else "outage"
+    chosen = {"flap": flap, "race": race, "real-ups": real_ups, "fsd": fsd, "blackout": blackout}
+    scenario = next((name for name, on in chosen.items() if on), "outage")
     from powerguard.schemas import HOLD_POLICIES
     from powerguard.sim.drill import DrillError
 
@@ -357,6 +367,11 @@ def demo(
         raise typer.Exit(1) from None
     # continue loses the hold's work by design: the drill reports it, it is not a failed check
     ok = report["bit_exact"] and (report["rpo_steps"] == 0 or hold_policy == "continue")
+    if scenario == "fsd":  # no time for a final checkpoint: at most the hold checkpoints' interval is lost
+        from .demo import FSD_HOLD_CHECKPOINT_EVERY_S
+
+        lost_s = report["work"]["lost_s"]
+        ok = report["bit_exact"] and lost_s is not None and lost_s <= FSD_HOLD_CHECKPOINT_EVERY_S + 1.0
     if scenario == "flap":
         ok = ok and report["nodes_powered_off"] == 0 and "cancelled" in report["saga_states"]
     else:

@@ -39,23 +39,24 @@ async def nats(
             connected[party] = bus
             out.append(ok(f"nats {party}", f"connected to {server}"))
         reader = next((connected[p] for p in (*STREAM_READERS, "(site file or environment)") if p in connected), None)
-        if reader is not None:
+        for stream in names.streams if reader is not None else ():
             try:
-                await asyncio.wait_for(reader.js.stream_info(names.stream), timeout_s)
+                await asyncio.wait_for(reader.js.stream_info(stream), timeout_s)
             except TimeoutError:
-                out.append(problem(f"stream {names.stream}", "no answer: the credential may not read it"))
+                out.append(problem(f"stream {stream}", "no answer: the credential may not read it"))
             except Exception as exc:  # nats.js.errors.NotFoundError and the like
                 if "not found" in str(exc).lower():
                     out.append(
                         problem(
-                            f"stream {names.stream}",
-                            "does not exist: run `powerguard bootstrap --config site.yaml --creds creds/admin.creds`",
+                            f"stream {stream}",
+                            "does not exist: run `powerguard bootstrap --update --config site.yaml --creds "
+                            "creds/admin.creds`",
                         )
                     )
                 else:
-                    out.append(problem(f"stream {names.stream}", f"{type(exc).__name__}: {exc}"))
+                    out.append(problem(f"stream {stream}", f"{type(exc).__name__}: {exc}"))
             else:
-                out.append(ok(f"stream {names.stream}", "exists"))
+                out.append(ok(f"stream {stream}", "exists"))
     finally:
         for bus in connected.values():
             await bus.close()

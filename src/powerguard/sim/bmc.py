@@ -13,6 +13,10 @@ node lost its power with it (``on`` in the state file becomes ``off``), then the
 decides, as a real chassis does: always-on boots it (after ``--boot-delay``), previous boots it
 when it was on when the power went, always-off leaves it off.
 
+``--garble-sessions N``: the first N sessions are set up with a wrong key (the RAKP 2 message's
+HMAC does not verify: ``ipmitool`` says "RAKP 2 HMAC is invalid"), as a BMC out of session
+slots or confused by two sessions of one client does under load; later sessions work.
+
 Two pyghmi server bugs are worked around: it offers cipher suite 17 but cannot do it (so an
 open-session request for anything but SHA1 is refused and the client falls back), and it
 never answers an unknown user (answered here with RAKP2 status 0x0d, unauthorized name).
@@ -36,6 +40,9 @@ _POLICIES = {0: "always-off", 1: "previous", 2: "always-on"}
 
 
 class _Session(serversession.ServerSession):
+    garble_left = 0  # sessions still to set up with a wrong key (--garble-sessions)
+    garble_log = ""  # where each garbled session is noted (the BMC's event log)
+
     def create_open_session_response(self, request):
         request = bytearray(request)
         if len(request) > 12 and request[12] != 1:  # only RAKP-HMAC-SHA1 works in pyghmi's server
@@ -51,6 +58,11 @@ class _Session(serversession.ServerSession):
             reply = bytearray([data[0], 0x0D, 0, 0]) + self.clientsessionid
             self.send_payload(reply, constants.payload_types["rakp2"], retry=False)
             return
+        if namelen and _Session.garble_left > 0:
+            _Session.garble_left -= 1
+            self.authdata = {**self.authdata, name: "garbled-" + self.authdata[name]}  # this session only
+            with open(_Session.garble_log, "a") as f:
+                f.write(f"{time.time():.6f} session garbled\n")
         super()._got_rakp1(data)
 
 
@@ -177,7 +189,15 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="Start as after a blackout: the node lost power; its restore policy decides whether it boots",
     )
+    p.add_argument(
+        "--garble-sessions",
+        type=int,
+        default=0,
+        help="Set the first N sessions up with a wrong key (RAKP 2 HMAC is invalid), as a BMC under load does",
+    )
     args = p.parse_args(argv)
+    _Session.garble_left = args.garble_sessions
+    _Session.garble_log = str(args.state) + ".log"
     password = args.password_file.read_text().strip()
     server = SimBmc(
         {args.user: password},

@@ -44,7 +44,7 @@ from powerguard.schemas import (
 from .errors import DrillError
 from .site import SimSite
 
-SCENARIOS = ("outage", "flap", "race", "real-ups", "blackout")
+SCENARIOS = ("outage", "flap", "race", "real-ups", "fsd", "blackout")
 Notify = Callable[[float, str, str], None]  # (seconds since start, phase, text)
 
 
@@ -156,10 +156,11 @@ def work_figures(lines: list[tuple[int, int, float]], *, step_at_detection: int,
 async def run_drill(site: SimSite, scenario: str, *, notify: Notify, bus: Bus, warmup_steps: int = 30) -> dict:
     """Run one scenario on a started site; return the report (without the bit-exact check).
 
-    ``real-ups`` runs two outages on a real NUT server (the site's ``ups_driver="nut"``): the
-    first as ``outage`` (it measures the shutdown), the second with the UPS's runtime estimate
-    jumping from 600 s to 100 s, below the shutdown reserve, and a load jump, while the job trains
-    (the report is the second's; its work figures cover both)."""
+    ``real-ups`` is a fresh site's first outage on a real NUT server (the site's
+    ``ups_driver="nut"``; nothing measured before): the UPS's runtime estimate jumps from 600 s
+    to 100 s, below the shutdown reserve, and its load jumps, while the job trains. ``fsd`` is
+    the same server ordering a forced shutdown (NUT's FSD flag) 10 s into the hold: no time for
+    a final checkpoint, the job stops on the newest hold checkpoint."""
     if scenario not in SCENARIOS:
         raise ValueError(f"scenario must be one of {', '.join(SCENARIOS)}")
     world = site.opts.nodes * site.opts.ranks_per_node
@@ -205,7 +206,7 @@ async def run_drill(site: SimSite, scenario: str, *, notify: Notify, bus: Bus, w
         await site.start_job()
         say("setup", f"job {job}: {world} ranks on {', '.join(site.node_names)} launched by the site's scheduler")
         earlier: list[dict] = []
-        plan = ["outage", "outage"] if scenario == "real-ups" else [scenario]
+        plan = [scenario]
         for i, kind in enumerate(plan):
             obs = rounds[-1]
             await _until(  # a later round: the ranks registered again when the job resumed (the last round)
@@ -225,10 +226,12 @@ async def run_drill(site: SimSite, scenario: str, *, notify: Notify, bus: Bus, w
                 f"training to reach step {floor}",
                 site,
             )
-            if i == len(plan) - 1 and scenario == "real-ups":
+            if scenario == "real-ups":
                 site.battery.runtime_trace = REAL_UPS_RUNTIME_TRACE
                 site.battery.load_jumps = REAL_UPS_LOAD_JUMPS
-                say("outage", "this time the UPS's runtime estimate will drop from 600 s to 100 s, and its load jump")
+                say("outage", "the UPS's runtime estimate will drop from 600 s to 100 s, and its load jump")
+            if scenario == "fsd":
+                site.battery.runtime_trace = ((0.0, 600.0),)
             if kind == "blackout":
                 from .blackout import blackout_outage
 
@@ -283,9 +286,10 @@ async def run_drill(site: SimSite, scenario: str, *, notify: Notify, bus: Bus, w
             await conn["bus"].close()  # the drill's own (the caller's was closed at the blackout)
 
 
-# the second outage of ``real-ups`` (UPS seconds on battery -> what the UPS reports from then on)
+# ``real-ups`` (UPS seconds on battery -> what the UPS reports from then on)
 REAL_UPS_RUNTIME_TRACE = ((0.0, 600.0), (3.0, 100.0))
 REAL_UPS_LOAD_JUMPS = ((1.5, 20.0),)
+FSD_AFTER_HOLD_S = 10.0  # ``fsd``: the UPS orders a forced shutdown this long into the hold
 
 
 def _saga_id(obs: Observed) -> str | None:
@@ -347,17 +351,22 @@ async def _one_outage(site: SimSite, obs: Observed, scenario: str, *, say, job: 
             nodes = {e.data.node for _, e in obs.of(NodeState, lambda e: e.data.state == "off")}
             return len(nodes) >= len(site.node_names)
 
+        if scenario == "fsd":
+            await _until(obs, lambda: saga_state("holding"), 30, "the saga to hold", site)
+            await asyncio.sleep(FSD_AFTER_HOLD_S)  # the hold trains on (and checkpoints), then the UPS orders FSD
+            site.battery.fsd = True
+            say("outage", f"the UPS orders a forced shutdown (FSD) {FSD_AFTER_HOLD_S:.0f} s into the hold")
         await _until(obs, off, 90, "every node off", site)
         stop_at = len(_lines(site))
         if site.final.exists():
             raise DrillError("training finished before the shutdown: run more --steps")
-        if scenario == "outage":
+        if scenario in ("outage", "real-ups", "fsd"):
             await asyncio.sleep(1.0)
             t_ret = time.time()
             site.utility(on=True)
             say("outage", "utility power RETURNS", t_ret)
         await _until(obs, lambda: saga_state("done", "failed"), 180, "the restore to finish", site)
-    site.battery.runtime_trace, site.battery.load_jumps = (), ()
+    site.battery.runtime_trace, site.battery.load_jumps, site.battery.fsd = (), (), False
     return {
         "t_fail": t_fail,
         "t_det": t_det,
@@ -399,6 +408,12 @@ def _report(
     restored_step = resumed[-1][1].data.step if resumed else None
     durable = obs.of(CheckpointDurable, lambda e: e.data.job == job)
     acked_steps = sorted({e.data.step for _, e in durable})
+
+    def action(e: CheckpointDurable) -> str:  # what the ack answers: <saga>/<job>/<ckpt|final|hold.N>
+        return (e.data.request_id or "").rsplit("/", 1)[-1]
+
+    finals = sorted({e.data.step for _, e in durable if action(e) == "final"})
+    holds = sorted({e.data.step for _, e in durable if action(e).startswith("hold.")})
     return {
         "scenario": scenario,
         "hold_policy": site.opts.hold_policy,
@@ -412,7 +427,8 @@ def _report(
         "training_resumed_s": round(resumed[-1][0] - t_ret, 3) if resumed and off else None,
         "step_at_detection": step_at_detection,
         "checkpoint_step": acked_steps[0] if acked_steps else None,
-        "final_checkpoint_step": acked_steps[-1] if len(acked_steps) > 1 else None,
+        "final_checkpoint_step": finals[-1] if finals else None,
+        "hold_checkpoint_steps": holds,
         "restored_step": restored_step,
         "local_scope": site.opts.local_scope,
         "durability": {

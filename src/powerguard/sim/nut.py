@@ -122,9 +122,11 @@ class NutUps:
                     p.kill()
         self.procs.clear()
 
-    def feed(self, *, on_battery: bool, charge_pct: float, runtime_s: float, load_pct: float, low: bool) -> None:
+    def feed(
+        self, *, on_battery: bool, charge_pct: float, runtime_s: float, load_pct: float, low: bool, fsd: bool = False
+    ) -> None:
         """Write a battery's state into the UPS (only the variables that changed)."""
-        status = ("OB DISCHRG" if on_battery else "OL CHRG") + (" LB" if low else "")
+        status = ("OB DISCHRG" if on_battery else "OL CHRG") + (" LB" if low else "") + (" FSD" if fsd else "")
         values = {
             "ups.status": status,
             "battery.charge": f"{charge_pct:.0f}",

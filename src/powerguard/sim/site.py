@@ -86,6 +86,8 @@ class SiteOptions:
     idle_load_per_node_pct: float = 8.0  # a node that is on but not training (paused, stopped, booting)
     shutdown_reserve_s: float = 36.0  # of the ~59 s a full battery lasts at the training load
     max_on_battery_s: float = 6.0  # the hold: the site shuts down after this long on battery (wall seconds)
+    hold_checkpoint_every_s: float | None = None  # the coordinator's (None: its default)
+    hold_checkpoint_max_share: float | None = None  # the coordinator's (None: its default)
     hold_policy: str = "checkpoint-at-stop"
     job: str = "demo-train"
     nats_nodes: int = 1  # 3: a JetStream cluster on loopback (R3 stream and buckets)
@@ -341,7 +343,12 @@ class SimSite:
     def _feed_once(self) -> None:
         b = self.battery
         self.nut.feed(
-            on_battery=b.on_battery, charge_pct=b.charge_pct, runtime_s=b.runtime_s, load_pct=b.total_load(), low=b.low
+            on_battery=b.on_battery,
+            charge_pct=b.charge_pct,
+            runtime_s=b.runtime_s,
+            load_pct=b.total_load(),
+            low=b.low,
+            fsd=b.fsd and b.on_battery,
         )
 
     def _feed_loop(self) -> None:
@@ -538,6 +545,14 @@ class SimSite:
                 "restore_timeout_s": 150,
                 "max_on_battery_s": o.max_on_battery_s,
                 "hold_policy": o.hold_policy,
+                **{
+                    k: v
+                    for k, v in (
+                        ("hold_checkpoint_every_s", o.hold_checkpoint_every_s),
+                        ("hold_checkpoint_max_share", o.hold_checkpoint_max_share),
+                    )
+                    if v is not None
+                },
                 **blackout,
             },
             "power_control": {

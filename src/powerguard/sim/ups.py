@@ -44,6 +44,7 @@ class Battery:
     # counting down), e.g. ((0, 600), (20, 100)); empty: the estimate follows the charge and load
     runtime_trace: tuple[tuple[float, float], ...] = ()
     load_jumps: tuple[tuple[float, float], ...] = ()  # (seconds on battery, load % added from then on)
+    fsd: bool = False  # the UPS (or its primary) orders a forced shutdown (NUT's FSD flag)
     since: float = field(default_factory=time.monotonic)
     _t: float = field(default_factory=time.monotonic)
 

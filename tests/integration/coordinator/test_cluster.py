@@ -66,13 +66,14 @@ async def test_saga_survives_the_loss_of_the_stream_leader(cluster):
         await asyncio.sleep(1.0)
         # read the stream back from the two nodes left (a reader that lives through the node's
         # loss is tested on its own in tests/integration/test_bus_cluster.py)
-        last = (await obs_bus.js.stream_info(names.stream)).state.last_seq
-        async with obs_bus.subscribe(deliver="all", subject=obs_bus.subjects.all) as reader:
-            while True:
-                got = await asyncio.wait_for(reader.next_received(), 30)
-                seen[got.event.id] = got.event
-                if got.sequence >= last:
-                    break
+        for stream, subjects in names.split([obs_bus.subjects.all]).items():  # the events', the jobs'
+            last = (await obs_bus.js.stream_info(stream)).state.last_seq
+            async with obs_bus.subscribe(deliver="all", subject=subjects) as reader:
+                while True:
+                    got = await asyncio.wait_for(reader.next_received(), 30)
+                    seen[got.event.id] = got.event
+                    if got.sequence >= last:
+                        break
     finally:
         stop.set()
         with contextlib.suppress(Exception):

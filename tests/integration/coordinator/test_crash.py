@@ -128,6 +128,7 @@ async def test_two_replicas_exactly_one_acts_and_the_other_takes_over(world):
     await a.kill()
     await eventually(lambda: b.said("leads site"), 20, "takeover")
     await drain_battery(w["sim"])
+    await w["watch"].reach("down", 30)  # a final checkpoint first: power back before it would cancel the stop
     await power_back(w["sim"])
     try:
         await w["watch"].reach("done", 30)

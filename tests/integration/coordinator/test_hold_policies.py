@@ -88,11 +88,12 @@ async def test_a_final_checkpoint_that_cannot_fit_falls_back_to_the_power_checkp
             await registered(bus, "jfit")
             await ups.publish(OnBattery(data=reading(True, 300)))
             await watch.reach("holding", 60)
-            # half the time the power checkpoint took is left before reserve + margin (a fixed 0.05 s
-            # was flaky: the tiny model's power checkpoint sometimes took less than that)
+            # the runtime collapses to the margin plus half the time the power checkpoint took: no
+            # budget, and 2x the checkpoint is more than a tenth of what is left (a fixed 0.05 s was
+            # flaky: the tiny model's power checkpoint sometimes took less than that)
             took = (await saga_record(bus)).jobs["jfit"].duration_s
             assert took is not None and took > 0
-            left = POLICY["shutdown_reserve_s"] + POLICY["margin_s"] + took / 2
+            left = POLICY["margin_s"] + took / 2
             await ups.publish(PowerStatus(data=reading(True, left)))
             await watch.reach("shutting_down")
         finally:
@@ -114,7 +115,7 @@ async def test_a_final_checkpoint_that_cannot_fit_falls_back_to_the_power_checkp
     await requests.aclose()
 
 
-async def test_a_rank_dying_in_the_final_checkpoint_does_not_delay_the_shutdown_past_the_reserve(
+async def test_a_rank_dying_in_the_final_checkpoint_delays_the_shutdown_no_longer_than_its_window(
     make_bus, names, nats_server, tmp_path
 ):
     bus, ups = await make_bus("coordinator"), await make_bus("ups-monitor")
@@ -138,13 +139,15 @@ async def test_a_rank_dying_in_the_final_checkpoint_does_not_delay_the_shutdown_
             await eventually(lambda: "failpoint final_checkpoint" in job.output(), 30, "rank 1 to die")
             assert "shutting_down" not in watch.states
             t = time.monotonic()
-            await ups.publish(PowerStatus(data=reading(True, POLICY["shutdown_reserve_s"] + POLICY["margin_s"] - 1)))
-            await watch.reach("shutting_down", 10)
+            runtime = POLICY["shutdown_reserve_s"] + POLICY["margin_s"] - 1  # no budget left
+            await ups.publish(PowerStatus(data=reading(True, runtime)))
+            await watch.reach("shutting_down", 20)
             waited = time.monotonic() - t
         finally:
             await job.kill()
         rec = await saga_record(bus)
-    assert waited < 3.0, f"the shutdown waited {waited:.1f}s after the runtime reached the reserve"
+    window = 0.1 * (runtime - POLICY["margin_s"])  # final_margin_share of what is left, then the shutdown
+    assert waited < window + 2.0, f"the shutdown waited {waited:.1f}s; the final's window was {window:.1f}s"
     plan = rec.jobs["jdie"]
     assert plan.final is not None and not plan.final.complete
     assert plan.final_note.startswith("failed") and "1" in plan.final_note

@@ -51,6 +51,7 @@ async def test_full_saga_with_two_jobs_of_four_ranks(make_bus, spans):
         "checkpointing",
         "checkpointed",
         "holding",
+        "final_checkpoint",  # 40 s left, below the reserve: 2 x its checkpoint fits in 10 % of it
         "shutting_down",
         "down",
         "restoring",

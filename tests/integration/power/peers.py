@@ -103,6 +103,7 @@ class PyghmiBmc:
         ignore_acpi: bool = False,
         boot_delay: float = 0.3,
         soft_off_delay: float = 0.3,
+        garble_sessions: int = 0,
     ) -> None:
         self.port = free_udp_port()
         self.state = tmp / f"bmc-{name}.json"
@@ -126,6 +127,7 @@ class PyghmiBmc:
             "--soft-off-delay",
             str(soft_off_delay),
         ] + (["--ignore-acpi"] if ignore_acpi else [])
+        self.argv += ["--garble-sessions", str(garble_sessions)] if garble_sessions else []
         self.log = tmp / f"bmc-{name}.log"
         self.proc: subprocess.Popen | None = None
 

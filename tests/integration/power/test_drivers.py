@@ -15,6 +15,7 @@ from powerguard.power_control.drivers.redfish import RedfishDriver
 from powerguard.power_control.errors import (
     AuthenticationFailed,
     CommandRejected,
+    CredentialsDoubted,
     DeviceUnreachable,
     PowerControlError,
     TlsUntrusted,
@@ -92,8 +93,11 @@ async def test_ipmi_power_on_in_a_ramp_slot_goes_out_at_the_slot(make_bmc, ipmi)
 
 async def test_ipmi_power_on_in_a_slot_with_a_wrong_password_names_the_cause(make_bmc, ipmi):
     bmc = make_bmc(power="off")
-    with pytest.raises(AuthenticationFailed, match=r"bmc:n1.*credentials"):
-        await ipmi(bmc.port, password="wrong").on_at(_Slot(time.monotonic()))
+    d = ipmi(bmc.port, password="wrong")
+    with pytest.raises(CredentialsDoubted, match=r"bmc:n1.*credentials.*once"):
+        await d.on_at(_Slot(time.monotonic()))
+    with pytest.raises(AuthenticationFailed, match=r"bmc:n1.*credentials"):  # a fresh session: refused again
+        await d.on_at(_Slot(time.monotonic()))
     assert bmc.changes == 0
 
 
@@ -101,12 +105,25 @@ async def test_ipmi_wrong_password_fails_fast_and_is_not_retried(make_bmc, ipmi)
     bmc = make_bmc()
     d = ipmi(bmc.port, password="wrong")
     t = time.monotonic()
+    with pytest.raises(CredentialsDoubted, match=r"bmc:n1.*credentials"):
+        await d.status()
     with pytest.raises(AuthenticationFailed, match=r"bmc:n1.*credentials"):
         await d.status()
-    assert time.monotonic() - t < 2
+    assert time.monotonic() - t < 4
     with pytest.raises(AuthenticationFailed, match="not retried"):  # held off: the BMC is not asked again
         await d.on()
     assert bmc.changes == 0
+
+
+async def test_ipmi_a_session_the_bmc_garbles_once_is_doubted_and_the_next_one_works(make_bmc, ipmi):
+    """A BMC under load answers one session with a RAKP 2 message whose HMAC does not verify
+    ("RAKP 2 HMAC is invalid"): that is not taken for a refused password; the next session works."""
+    bmc = make_bmc(garble_sessions=1)
+    d = ipmi(bmc.port)
+    with pytest.raises(CredentialsDoubted):
+        await d.status()
+    assert await d.status() == "on"
+    assert [what for _, what in bmc.events()] == ["session garbled"]
 
 
 def test_ipmitool_refuses_a_password_longer_than_ipmi_allows_naming_the_limit():
@@ -115,8 +132,11 @@ def test_ipmitool_refuses_a_password_longer_than_ipmi_allows_naming_the_limit():
 
 
 async def test_ipmi_unknown_user_is_an_authentication_error(make_bmc, ipmi):
+    d = ipmi(make_bmc().port, user="nobody")
+    with pytest.raises(CredentialsDoubted):
+        await d.status()
     with pytest.raises(AuthenticationFailed):
-        await ipmi(make_bmc().port, user="nobody").status()
+        await d.status()
 
 
 async def test_ipmi_nothing_listening_times_out_within_the_bound(ipmi):
@@ -162,7 +182,9 @@ async def test_redfish_untrusted_certificate_is_refused_unless_allowed(sushy):
 async def test_redfish_wrong_password_is_an_authentication_error(sushy):
     d = redfish(sushy, password="wrong")
     try:
-        with pytest.raises(AuthenticationFailed, match="401"):
+        with pytest.raises(CredentialsDoubted, match="401"):
+            await d.off()
+        with pytest.raises(AuthenticationFailed, match="401"):  # refused again: believed
             await d.off()
         assert sushy.power() == "On"
     finally:

@@ -113,6 +113,32 @@ async def test_wrong_bmc_password_gives_one_failure_and_no_retry_storm(make_bus,
         await pc.stop()
 
 
+async def test_a_bmc_that_garbles_one_session_under_load_is_retried_and_the_node_powers_on(
+    make_bus, make_bmc, monkeypatch
+):
+    """The BMC answers the power-on's first session with "RAKP 2 HMAC is invalid" (a BMC under
+    load), then works: power-control doubts the refusal, opens a fresh session a second later
+    and the node powers on; no failure is reported and the BMC is not held off. (It was taken
+    for refused credentials: no retry for 300 s, the restore timed out with the node off.)"""
+    cred = creds(monkeypatch)
+    bmc = make_bmc("n1", power="off", garble_sessions=1)
+    bus = await make_bus("power-control")
+    rec = await Recorder().start(bus)
+    pc = await service(bus, site([bmc_node("n1", bmc, cred)], retries=0))
+    try:
+        await announce_saga(bus, state="restoring")
+        await bus.publish(power_on("n1"))
+        await rec.wait(lambda: "ready" in rec.states("n1") or rec.of(PowerActionFailed), what="n1 ready", timeout=60)
+        assert not rec.of(PowerActionFailed), [e.data.error for e in rec.of(PowerActionFailed)]
+        assert "ready" in rec.states("n1") and bmc.power == "on"
+        assert [w for _, w in bmc.events() if w in ("session garbled", "command on")] == [
+            "session garbled",
+            "command on",
+        ]
+    finally:
+        await pc.stop()
+
+
 async def test_read_only_pdu_community_gives_a_failure_event(make_bus, pdu, monkeypatch):
     monkeypatch.setenv("PG_TEST_RO", "public")
     pdus = [{"name": "p1", "host": "127.0.0.1", "port": pdu.port, "options": {"community": {"env": "PG_TEST_RO"}}}]

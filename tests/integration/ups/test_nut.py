@@ -11,6 +11,7 @@ from powerguard.schemas import POWER_EVENTS, PowerStatus, SiteConfig
 from powerguard.ups_monitor.config import MonitorSettings
 from powerguard.ups_monitor.nut import NutClient, NutError, UpsUnreachable
 from powerguard.ups_monitor.service import Monitor
+from tests.waiting import eventually
 
 from .nut_peer import NutServer, free_port
 
@@ -132,3 +133,25 @@ async def test_nut_errors_are_clear(nut):
     await bad.close()
     with pytest.raises(UpsUnreachable, match="unreachable"):
         await NutClient("127.0.0.1", free_port(), timeout=0.5).connect()
+
+
+async def test_a_transition_the_server_did_not_store_is_published_again_once_it_can(bus, nut):
+    """The stream is gone when the UPS goes on battery (the server stores nothing: a burst, a
+    broker restart); ups-monitor publishes the same on_battery again at every poll until the
+    server stores it, then its current state. (It was logged and lost: the coordinator saw the
+    outage only from later telemetry, if at all.)"""
+    settings = MonitorSettings(poll_interval_s=0.2, comm_timeout_s=5.0, status_every_s=60, timeout_s=1.0)
+    async with bus.subscribe(*POWER_EVENTS, deliver="all") as sub:
+        await sub.start()
+        async with monitoring(bus, site(nut.port), settings=settings) as monitor:
+            assert isinstance(await asyncio.wait_for(sub.__anext__(), 15), PowerStatus)
+            for stream in bus.names.streams:
+                await bus.js.delete_stream(stream)
+            nut.set_status("OB DISCHRG", **{"battery.runtime": 600})
+            await eventually(lambda: monitor.targets[0].unsent, 30, "the on_battery kept as unsent")
+            await bus.setup()  # the server stores again
+            await eventually(lambda: not monitor.targets[0].unsent, 30, "the on_battery published again")
+    async with bus.subscribe(*POWER_EVENTS, deliver="all") as again:
+        await again.start()
+        kinds = [(await asyncio.wait_for(again.__anext__(), 10)).short_type for _ in range(2)]
+    assert kinds[0] == "power.v1.on_battery" and kinds[1] == "power.v1.status", kinds

@@ -53,6 +53,40 @@ def test_a_hold_without_a_bus_lets_the_rank_go_at_once():
     assert hold.end(pause) >= 0.0
 
 
+def test_a_pause_joined_by_a_second_saga_ends_only_when_both_released_it():
+    """A drill paused the ranks, then a real outage's request asked for a pause too: the drill,
+    giving way, releases its own pause; the ranks stay until the real saga releases theirs."""
+    from datetime import UTC, datetime
+
+    from powerguard.bus import BusNames
+    from powerguard.bus.consumer import Received
+    from powerguard.ckpt_agent._bus import BusThread
+    from powerguard.schemas import AgentData, CheckpointRequestData, HoldReleased, ReleaseData
+
+    bus = BusThread(
+        url="nats://127.0.0.1:1", names=BusNames(), agent=AgentData(job="j", rank=0, world_size=1, node="n")
+    )
+    hold = Hold(bus, Ranks(), poll_s=0.01)
+
+    def request(saga: str) -> CheckpointRequestData:
+        deadline = datetime.now(UTC)
+        return CheckpointRequestData(
+            request_id=f"{saga}/j/ckpt", saga_id=saga, job="j", deadline=deadline, then="pause"
+        )
+
+    def release(saga: str) -> None:
+        bus._take_release(Received(HoldReleased(data=ReleaseData(job="j", saga_id=saga)), "s", {}, 1))
+
+    try:
+        pause = hold.join(hold.begin(7, [request("drill")]), [request("real")])
+        release("drill")
+        assert not hold.poll(pause).go, "the drill's release let go of the real saga's pause"
+        release("real")
+        assert hold.poll(pause).go
+    finally:
+        bus.loop.close()
+
+
 def test_the_saver_and_the_restorer_meet_only_on_disk(tmp_path):
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 2)

@@ -82,14 +82,68 @@ def test_below_the_reserve_the_final_checkpoint_is_taken_when_the_measured_shutd
     assert cmds[0].args["deadline"] == d.now + 100 - 20 - 10
 
 
-def test_without_a_measurement_the_reserve_stands_for_the_shutdown_and_the_skip_says_so():
+def test_a_fresh_site_whose_runtime_jumps_below_the_reserve_still_takes_the_final_from_the_margin():
+    """The first outage of a site (nothing measured): 600 -> 100 s with a 120 s reserve. The
+    budget is gone (the reserve stands for the shutdown), but 2 x the 0.7 s power checkpoint fits
+    in 10 % of the 90 s left: the final is taken, its deadline 9 s, and the stop reason says so."""
     d = Drive(policy=AT_STOP)
     d.power("A", True, runtime_s=600)
     d.advance(0.7)
     d.ack_all("j1")
-    d.power("A", True, runtime_s=100)
-    assert d.state == "shutting_down"
-    assert d.rec.jobs["j1"].final_note.startswith("skipped: no battery budget left")
+    cmds = d.power("A", True, runtime_s=100)
+    assert d.state == "final_checkpoint" and d.kinds(cmds) == [("ckpt_request", "j1")]
+    assert cmds[0].args["deadline"] == d.now + 0.1 * (100 - 10)
+    assert "final checkpoint within 9.0s of the runtime's margin" in d.rec.stop_reason
+    d.advance(0.5)  # the deadline holds while the runtime does (it is the margin's, not the budget's)
+    assert d.state == "final_checkpoint"
+    for rank in range(4):
+        d.ack("j1", rank, request_id="s1/j1/final", step=190)
+    assert d.state == "shutting_down" and d.rec.jobs["j1"].final_note == "committed at step 190"
+
+
+def test_a_final_too_costly_for_the_margin_and_any_final_under_fsd_are_skipped_by_name():
+    costly = Drive(policy=AT_STOP)
+    costly.power("A", True, runtime_s=600)
+    costly.advance(8.0)  # a power checkpoint of 8 s: 16 s is more than 10 % of the 90 s left
+    costly.ack_all("j1")
+    costly.power("A", True, runtime_s=100)
+    assert costly.state == "shutting_down"
+    note = costly.rec.jobs["j1"].final_note
+    assert note.startswith("skipped: the power checkpoint took 8.0s") and "more than 10% of the runtime left" in note
+    fsd = Drive(policy=AT_STOP)
+    fsd.power("A", True, runtime_s=600)
+    fsd.advance(0.7)
+    fsd.ack_all("j1")
+    fsd.power("A", True, runtime_s=500, fsd=True)
+    assert fsd.state == "shutting_down" and fsd.rec.jobs["j1"].final_note.startswith("skipped: forced shutdown")
+
+
+def test_the_sites_own_shutdown_timings_bound_what_a_never_measured_shutdown_needs():
+    """A site whose power-control soft-offs in at most 5 s (and stops jobs within 62 s, 4 device
+    calls of 5 s) needs at most 87 s for a shutdown, not the 120 s reserve: with 100 s left the
+    final fits the budget itself."""
+    from powerguard.coordinator.topology import Topology
+    from powerguard.schemas import SiteConfig
+
+    site = SiteConfig.model_validate(
+        {
+            "site": "dc1",
+            "ups": [{"name": "A", "driver": "nut"}],
+            "nodes": [{"name": n, "feeds": ["A"], "bmc": {"driver": "ipmi"}} for n in ("n1", "n2")],
+            "power_control": {"soft_off_timeout_s": 5, "device_timeout_s": 5},
+        }
+    )
+    topo = Topology.from_site(site)
+    assert topo.group_bound_s("A") == 2 + 60 + 5 + 4 * 5
+    supply = budget.Supply(ups={"A": UpsView(on_battery=True, runtime_s=100)})
+    assert budget.shutdown_need_s(supply, topo, AT_STOP) == 87  # not the reserve
+    assert budget.budget_s(supply, topo, AT_STOP) == 100 - 87 - 10
+    window = budget.final_window(supply, topo, AT_STOP, cost_s=0.7)
+    assert (window.seconds, window.from_margin) == (3, False)
+    measured = budget.Supply(ups=supply.ups, shutdown_need={"A": 10.0})
+    assert budget.shutdown_need_s(measured, topo, AT_STOP) == 15  # a measurement refines it
+    slow = budget.Supply(ups=supply.ups, shutdown_need={"A": 100.0})
+    assert budget.shutdown_need_s(slow, topo, AT_STOP) == 87  # never past the site's own bound
 
 
 def test_the_site_core_learns_a_real_outages_shutdown_and_a_drill_teaches_nothing():
@@ -129,7 +183,8 @@ readings = st.lists(st.floats(min_value=0, max_value=900), min_size=1, max_size=
 def test_the_final_checkpoint_is_taken_whenever_it_fits(runtimes, took_s, measured):
     """For any runtime trace: at the stop, a checkpoint-at-stop job whose power checkpoint took
     ``took_s`` gets its final checkpoint exactly when ``took_s`` fits the budget then (runtime
-    less what the shutdown needs less the margin), and its deadline never passes that budget."""
+    less what the shutdown needs less the margin), or twice it fits in 10 % of the runtime left,
+    and its deadline never passes the window it was taken in."""
     d = Drive(policy=AT_STOP.model_copy(update={"max_on_battery_s": 10_000}))
     d.power("A", True, runtime_s=900)
     if measured is not None:
@@ -143,9 +198,15 @@ def test_the_final_checkpoint_is_taken_whenever_it_fits(runtimes, took_s, measur
             continue
         plan = d.rec.jobs["j1"]
         rec_budget = budget.budget_s(d.rec.supply, TOPO, AT_STOP)
-        if rec_budget > 0 and took_s <= rec_budget:
+        cost = plan.duration_s
+        left = budget.runtime(d.rec.supply, TOPO)
+        margin = AT_STOP.final_margin_share * max(0.0, left - AT_STOP.margin_s)
+        if rec_budget > 0 and cost <= rec_budget:
             assert plan.final is not None, f"skipped a final that fitted: {plan.final_note}"
             assert plan.final.deadline <= d.now + rec_budget + 1e-9
+        elif AT_STOP.final_ckpt_factor * cost <= margin:
+            assert plan.final is not None, f"skipped a final the margin had room for: {plan.final_note}"
+            assert plan.final.deadline <= d.now + margin + 1e-9
         else:
             assert plan.final is None and plan.final_note.startswith("skipped")
         break

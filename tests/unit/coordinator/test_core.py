@@ -43,15 +43,52 @@ def test_low_battery_flag_counts_only_on_battery():
     assert s.core.ups["A"].low_battery and s.core.open["s1"].ups["A"].low_battery
 
 
-def test_real_on_line_telemetry_does_not_end_a_drill_but_a_real_outage_ends_its_dry_run():
+def test_real_on_line_telemetry_does_not_end_a_drill_and_a_real_outage_gets_its_own_real_saga():
     s = Site()
     s.send(s.power("A", True, drill=True))
-    rec = s.core.open["s1"]
-    assert rec.drill and s.core.ups["A"].drill
+    drill = s.core.open["s1"]
+    assert drill.drill and s.core.drill_ups["A"].drill and "A" not in s.core.ups
     s.send(s.power("A", False))  # the UPS's own poller: still on line
-    assert s.core.ups["A"].on_battery and rec.state.value != "cancelled"
-    s.send(s.power("A", True))  # mains really fails during the drill
-    assert not rec.drill, "a real outage must make the saga's commands real"
+    assert s.core.drill_ups["A"].on_battery and drill.state.value != "cancelled"
+    step = s.send(s.power("A", True))  # mains really fails during the drill
+    real = s.core.open["s2"]
+    assert not real.drill and real.at_risk == ["n1", "n2"], "a real outage must get a real saga"
+    assert drill.state.value == "cancelled" and "real outage (saga s2)" in drill.reason
+    assert ("ckpt_request", "j1") in s.kinds(step) and step.commands["s2"][0].kind == "ckpt_request"
+
+
+def test_a_drill_on_line_stamped_a_day_ahead_hides_no_real_reading():
+    """The operator's attack: one drill reading stamped in the future made every real reading of
+    that UPS "older than its newest", so a real outage got no saga."""
+    s = Site()
+    s.send(s.power("A", False, drill=True, age_s=-86_400))
+    assert s.notices() == ["future"]
+    s.send(s.power("A", False, drill=True, age_s=-30))  # within the skew: applied, and it hides nothing
+    s.send(s.power("A", True, runtime_s=40))
+    assert [r.drill for r in s.core.open.values()] == [False], "the real outage got no saga"
+
+
+def test_a_real_reading_stamped_ahead_within_the_skew_never_hides_the_next_ones():
+    s = Site()
+    s.send(s.power("A", False, age_s=-60))  # ups-monitor's clock a minute ahead, then set right
+    s.send(s.power("A", True))
+    assert "late" not in s.notices() and list(s.core.open) == ["s1"]
+
+
+def test_a_drill_on_line_during_a_real_outage_cancels_nothing_real():
+    s = Site()
+    s.send(s.power("A", True))
+    s.send(s.power("A", True, drill=True))  # a drill of the same UPS: nothing of it is at risk
+    s.send(s.power("A", False, drill=True))
+    assert list(s.core.open) == ["s1"] and s.core.open["s1"].state.value == "checkpointing"
+
+
+def test_a_drill_status_of_one_second_sends_no_real_shutdown():
+    s = Site()
+    s.send(s.power("A", True, runtime_s=600))
+    s.send(*s.acks("s1", "j1"))
+    step = s.send(s.power("A", True, drill=True, runtime_s=1))
+    assert s.core.open["s1"].state.value == "holding" and not [k for k in s.kinds(step) if k[0] == "shutdown"]
 
 
 def test_acks_go_to_the_saga_they_name_and_no_other():

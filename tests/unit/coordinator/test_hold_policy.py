@@ -65,7 +65,7 @@ def test_a_final_checkpoint_that_cannot_fit_falls_back_to_the_power_checkpoint_a
     assert d.rec.history[-1].reason.endswith("final checkpoint skipped: j1")
 
 
-def test_a_rank_silent_in_the_final_checkpoint_does_not_delay_the_shutdown_past_the_reserve():
+def test_a_rank_silent_in_the_final_checkpoint_delays_the_shutdown_by_no_more_than_the_margins_share():
     d = Drive(policy=AT_STOP.model_copy(update={"max_on_battery_s": 30}))
     checkpointed(d, took_s=1.0)
     d.advance(30)  # the hold limit: stop with a final checkpoint (budget: min(120, 300 - 70))
@@ -74,7 +74,9 @@ def test_a_rank_silent_in_the_final_checkpoint_does_not_delay_the_shutdown_past_
         d.ack("j1", r, request_id="s1/j1/final", step=140)
     d.power("A", True, runtime_s=90)  # 20 s left: the deadline shrinks with the battery
     assert d.state == "final_checkpoint" and d.rec.jobs["j1"].final.deadline == d.now + 20
-    cmds = d.power("A", True, runtime_s=69)  # inside reserve + margin: no budget left
+    d.power("A", True, runtime_s=69)  # inside reserve + margin: no budget left, 10 % of the 59 s left
+    assert d.state == "final_checkpoint" and d.rec.jobs["j1"].final.deadline == d.now + 0.1 * (69 - 10)
+    cmds = d.advance(0.1 * (69 - 10))
     assert d.state == "shutting_down"
     assert ("shutdown", "n1") in d.kinds(cmds)
     plan = d.rec.jobs["j1"]
@@ -86,7 +88,7 @@ def test_forced_shutdown_skips_the_final_checkpoint():
     checkpointed(d, took_s=1.0)
     d.power("A", True, runtime_s=250, fsd=True)
     assert d.state == "shutting_down"
-    assert "no battery budget left" in d.rec.jobs["j1"].final_note
+    assert d.rec.jobs["j1"].final_note.startswith("skipped: forced shutdown (FSD)")
 
 
 def test_pause_asks_ranks_to_wait_and_releases_them_when_power_returns():
@@ -156,3 +158,40 @@ def test_an_ack_without_a_request_id_or_for_another_request_counts_for_nothing()
     d.ack("j1", 1, request_id="s1/j1/final")  # not requested yet
     d.ack("j1", 2, request_id="other/j1/ckpt")
     assert d.rec.jobs["j1"].acked == {}
+
+
+def test_a_hold_checkpoints_every_interval_so_an_fsd_loses_at_most_that_much():
+    """checkpoint-at-stop, a 1 s power checkpoint, hold checkpoints every 60 s: two of them in a
+    130 s hold, each acked; then FSD leaves no time for the final, and the job stops on the newest
+    hold checkpoint, not on the power checkpoint of 130 s ago."""
+    d = Drive(policy=AT_STOP.model_copy(update={"hold_checkpoint_every_s": 60}))
+    checkpointed(d, took_s=1.0)
+    assert d.advance(59.0) == []
+    cmds = d.advance(1.0)
+    assert d.kinds(cmds) == [("ckpt_request", "j1")]
+    hold = cmds[0]
+    assert (hold.key, hold.args["reason"], hold.args["then"]) == ("s1/j1/hold.1", "hold", "continue")
+    assert hold.args["deadline"] == d.now + min(120, 300 - 60 - 10)
+    for r in range(4):
+        d.ack("j1", r, request_id="s1/j1/hold.1", step=160)
+    assert d.rec.jobs["j1"].hold_step == 160 and d.state == "holding"
+    cmds = d.advance(60.0)
+    assert [c.key for c in cmds] == ["s1/j1/hold.2"]
+    for r in range(4):
+        d.ack("j1", r, request_id="s1/j1/hold.2", step=220)
+    d.advance(10.0)
+    heartbeat(d, "j1", 231)
+    d.power("A", True, runtime_s=250, fsd=True)
+    assert d.state == "shutting_down"
+    plan = d.rec.jobs["j1"]
+    assert plan.final_note == "skipped: forced shutdown (FSD); stopped on its hold checkpoint of step 220"
+    assert plan.durable_step == 220
+    assert figures.job_figures(plan, d.rec)["lost_steps"] == 11  # 10 s of training, not 130
+
+
+def test_hold_checkpoints_never_take_more_than_their_share_of_the_hold():
+    d = Drive(policy=AT_STOP.model_copy(update={"hold_checkpoint_every_s": 10, "hold_checkpoint_max_share": 0.05}))
+    checkpointed(d, took_s=4.0)  # 4 s a checkpoint: at most one every 80 s
+    assert d.advance(79.0) == [] and d.kinds(d.advance(1.0)) == [("ckpt_request", "j1")]
+    d.advance(121.0)  # its ranks never answered: the round ends at its deadline, no step counted
+    assert d.rec.jobs["j1"].hold.settled_at is not None and d.rec.jobs["j1"].hold_step is None

@@ -21,15 +21,18 @@ from powerguard.schemas import DEFAULT_MAX_PAYLOAD, DeadLetter, DeadLetterData, 
 
 from . import metrics
 from .consumer import (
+    MAX_CLOCK_SKEW_S,
     BatchConsumer,
     BatchHandler,
     Consumer,
     Handler,
     Listener,
+    Merged,
     Received,
     Subscription,
     decode_on,
     durable_config,
+    filter_subjects,
 )
 from .errors import ConnectError, PublishError, ReadError, SetupError
 from .kv import Kv
@@ -247,41 +250,64 @@ class Bus:
                 await self.nc.close()
 
     # setup --------------------------------------------------------------------
-    async def setup(self, *, update: bool = False) -> None:
-        """Create the stream and KV buckets that are missing (idempotent, safe to race). An
-        existing stream is never changed (a mismatch is logged) unless ``update`` (``powerguard
-        bootstrap --update``, with the admin credential): a client must not be able to undo a
-        deployment's replication or limits."""
+    def stream_configs(self) -> list[api.StreamConfig]:
+        """The deployment's two streams: the site's events, and the training jobs' traffic with
+        the server's bounds on what its least trusted writers may store (names.py)."""
         n, lim = self.names, self.limits
-        config = api.StreamConfig(
-            name=n.stream,
-            subjects=[n.subjects.all],
+        common = dict(
             storage=api.StorageType.FILE,
             retention=api.RetentionPolicy.LIMITS,
-            max_age=lim.max_age_s,
-            max_bytes=lim.max_bytes,
             duplicate_window=lim.duplicate_window_s,
             num_replicas=lim.replicas,
             discard=api.DiscardPolicy.OLD,
             allow_direct=True,  # read-only lookups (an agent's last request) need no consumer
         )
+        events = api.StreamConfig(
+            name=n.stream, subjects=n.subjects.event_trees, max_age=lim.max_age_s, max_bytes=lim.max_bytes, **common
+        )
+        jobs = api.StreamConfig(
+            name=n.jobs_stream,
+            subjects=n.subjects.job_trees,
+            max_age=lim.jobs_max_age_s,
+            max_bytes=lim.jobs_max_bytes,
+            max_msgs_per_subject=lim.jobs_max_msgs_per_subject,
+            max_msg_size=lim.jobs_max_msg_size,
+            **{**common, "discard": api.DiscardPolicy.NEW},
+            discard_new_per_subject=True,
+        )
+        return [events, jobs]
+
+    async def setup(self, *, update: bool = False) -> None:
+        """Create the streams and KV buckets that are missing (idempotent, safe to race). An
+        existing stream is never changed (a mismatch is logged) unless ``update`` (``powerguard
+        bootstrap --update``, with the admin credential): a client must not be able to undo a
+        deployment's replication or limits. The events stream goes first: a deployment of the
+        one-stream layout (``pg.>``) must give the jobs' subjects up before their stream exists."""
+        n, lim = self.names, self.limits
         try:
-            try:
-                info = await self.js.stream_info(n.stream)
-            except js_errors.NotFoundError:
+            for config in self.stream_configs():
                 try:
-                    await self.js.add_stream(config)
-                except js_errors.BadRequestError:  # lost a race with another client
-                    pass
-            else:
+                    info = await self.js.stream_info(config.name)
+                except js_errors.NotFoundError:
+                    try:
+                        await self.js.add_stream(config)
+                    except js_errors.BadRequestError as exc:  # lost a race, or the old layout holds its subjects
+                        if "overlap" in str(exc).lower():
+                            log.error(
+                                "stream %s not created: its subjects %s are another stream's (the one-stream layout "
+                                "of an earlier release): run `powerguard bootstrap --update`",
+                                config.name,
+                                config.subjects,
+                            )
+                    continue
                 have = info.config
                 if update:
                     await self.js.update_stream(config)
-                elif (have.num_replicas, have.subjects) != (config.num_replicas, config.subjects):
+                elif (have.num_replicas, sorted(have.subjects or [])) != (config.num_replicas, sorted(config.subjects)):
                     log.warning(
                         "stream %s has replicas=%s subjects=%s; expected replicas=%s subjects=%s: left as it is "
                         "(powerguard bootstrap --update changes it)",
-                        n.stream,
+                        config.name,
                         have.num_replicas,
                         have.subjects,
                         config.num_replicas,
@@ -293,7 +319,7 @@ class Bus:
             await self._bucket(n.ups, history=5, ttl=None)
             await self._bucket(n.power, history=1, ttl=lim.power_ttl_s)
         except (js_errors.APIError, nats.errors.Error, TimeoutError) as exc:
-            raise SetupError(f"cannot set up stream {n.stream} and KV buckets: {exc}") from None
+            raise SetupError(f"cannot set up streams {n.stream}, {n.jobs_stream} and KV buckets: {exc}") from None
 
     async def bootstrap(self, sites: list[str], *, update: bool = False) -> list[str]:
         """The admin's one-time setup: stream, KV buckets and every site's durable consumers
@@ -304,10 +330,19 @@ class Bus:
         made = []
         for site in sites:
             for name, filters in durable_filters(self.names, site).items():
+                stream = self.names.stream_of(filters[0])
                 try:
-                    info = await self.js.consumer_info(self.names.stream, name)
+                    info = await self.js.consumer_info(stream, name)
                 except js_errors.NotFoundError:
-                    await self.js.add_consumer(self.names.stream, durable_config(name, filters=filters, deliver="new"))
+                    try:
+                        await self.js.add_consumer(stream, durable_config(name, filters=filters, deliver="new"))
+                    except js_errors.NotFoundError:  # its stream is missing: the old one-stream layout
+                        log.error(
+                            "durable %s not created: stream %s does not exist: run `powerguard bootstrap --update`",
+                            name,
+                            stream,
+                        )
+                        continue
                 else:
                     have = info.config.filter_subjects or (
                         [info.config.filter_subject] if info.config.filter_subject else []
@@ -316,7 +351,7 @@ class Bus:
                         log.warning("durable %s: filter subjects %s -> %s", name, have, filters)
                         config = info.config
                         config.filter_subject, config.filter_subjects = None, list(filters)
-                        await self.js.add_consumer(self.names.stream, config)
+                        await self.js.add_consumer(stream, config)
                     elif sorted(have) != sorted(filters):
                         log.error(
                             "durable %s reads %s, this release needs %s: run `powerguard bootstrap --update`",
@@ -481,7 +516,9 @@ class Bus:
         ``last``. Undecodable messages are logged (or passed to ``on_error``) and skipped.
         """
 
-        return Subscription(self, types, subject=subject, deliver=deliver, on_error=on_error)
+        parts = self.names.split(filter_subjects(self, types, subject))
+        subs = [Subscription(self, types, subject=f, deliver=deliver, on_error=on_error) for f in parts.values()]
+        return subs[0] if len(subs) == 1 else Merged(subs)
 
     def listen(self, *types: type[Envelope], subject: str):
         """Live events on ``subject`` through a plain (core NATS) subscription: no JetStream
@@ -501,7 +538,7 @@ class Bus:
         there")."""
 
         try:
-            msg = await self.js.get_last_msg(self.names.stream, subject, direct=True)
+            msg = await self.js.get_last_msg(self.names.stream_of(subject), subject, direct=True)
         except js_errors.NotFoundError:
             return None
         except (js_errors.APIError, nats.errors.Error, TimeoutError) as exc:
@@ -527,14 +564,17 @@ class Bus:
         ack_wait: float = 30.0,
         deliver: str = "all",
         since_s: float | None = None,
+        max_skew_s: float = MAX_CLOCK_SKEW_S,
     ):
         """Run ``handler`` for every event of ``types`` on a durable consumer.
 
         Success acks; an exception naks with ``backoff``; after ``max_deliver`` failed
         deliveries the message goes to the DLQ and is terminated. Malformed or unknown input,
-        and events on a subject their data does not name, go to the DLQ at once. Valid events
-        of other types on the same subjects are acked and skipped. With ``since_s``, a durable
-        that has to be created starts that many seconds back, not at the stream's start.
+        events on a subject their data does not name, and events stamped more than
+        ``max_skew_s`` in the future are refused at once (copied to the DLQ within the
+        consumer's dead-letter budget: ``dlq_budget.py``). Valid events of other types on the
+        same subjects are acked and skipped. With ``since_s``, a durable that has to be created
+        starts that many seconds back, not at the stream's start.
         Returns the running :class:`~powerguard.bus.consumer.Consumer`.
         """
 
@@ -550,6 +590,7 @@ class Bus:
                 ack_wait=ack_wait,
                 deliver=deliver,
                 since_s=since_s,
+                max_skew_s=max_skew_s,
             )
         )
 
@@ -565,6 +606,7 @@ class Bus:
         ack_wait: float = 30.0,
         deliver: str = "all",
         since_s: float | None = None,
+        max_skew_s: float = MAX_CLOCK_SKEW_S,
     ):
         """Like :meth:`consume`, but ``batch_handler`` gets up to ``batch`` events at once
         as :class:`~powerguard.bus.consumer.Received` (event, subject, headers, sequence)."""
@@ -582,6 +624,7 @@ class Bus:
                 deliver=deliver,
                 batch=batch,
                 since_s=since_s,
+                max_skew_s=max_skew_s,
             )
         )
 

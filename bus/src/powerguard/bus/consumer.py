@@ -18,9 +18,10 @@ from nats.js import api
 from nats.js import errors as js_errors
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
-from powerguard.schemas import Envelope, EventError, check_subject, decode
+from powerguard.schemas import Envelope, EventError, StampedInTheFuture, check_subject, decode
 
 from . import metrics
+from .dlq_budget import DeadLetterBudget
 from .errors import SetupError
 from .names import BusNames
 from .tracing import extract_context, messaging_attributes
@@ -66,6 +67,11 @@ _CLOSED = (nats.errors.ConnectionClosedError, nats.errors.ConnectionDrainingErro
 # An idle reader asks the server about its consumer this often: a consumer whose server died,
 # or that hangs, answers pulls with silence, which looks just like "no new messages".
 CHECK_IDLE_S = 5.0
+# A durable refuses (dead-letters) an event stamped further than this ahead of its own clock,
+# whoever sent it: above the worst offset between two hosts' clocks (the fault campaign runs
+# services up to 60 s off), far below what would let a forged reading hide the true ones.
+MAX_CLOCK_SKEW_S = 90.0
+ADMIT_YIELD_EVERY = 64  # messages decoded between two turns of the event loop to the other tasks
 
 
 def covers(wide: str, narrow: str) -> bool:
@@ -116,6 +122,15 @@ def decode_on(bus: Bus, data: bytes, subject: str) -> Envelope:
     return check_subject(decode(data or b"", max_bytes=bus.max_payload), subject, bus.subjects)
 
 
+def check_stamp(event: Envelope, now: float, max_skew_s: float = MAX_CLOCK_SKEW_S) -> Envelope:
+    """The event itself, or :class:`~powerguard.schemas.StampedInTheFuture` when its ``time`` is
+    more than ``max_skew_s`` ahead of ``now``."""
+    ahead = event.time.timestamp() - now
+    if ahead > max_skew_s:
+        raise StampedInTheFuture(event.short_type, ahead, max_skew_s)
+    return event
+
+
 def durable_config(
     name: str,
     *,
@@ -158,7 +173,10 @@ class _PullLoop:
             raise ValueError(f"deliver must be one of {', '.join(_DELIVER)}")
         self.bus = bus
         self.types = tuple(types)
-        self.filters = filter_subjects(bus, self.types, subject)
+        parts = bus.names.split(filter_subjects(bus, self.types, subject))
+        if len(parts) != 1:
+            raise ValueError(f"a consumer reads one stream; {subject or types} spans {', '.join(parts)}")
+        ((self.stream, self.filters),) = parts.items()
         self.deliver = deliver
         self.name = ""
         self._psub = None
@@ -176,7 +194,7 @@ class _PullLoop:
             # resume after the last message seen, on a fresh consumer: the old one may still exist
             # (a leader change, not a loss) and its deliver policy cannot be updated (err 10012)
             try:
-                await self.bus.js.delete_consumer(self.bus.names.stream, self.name)
+                await self.bus.js.delete_consumer(self.stream, self.name)
             except (nats.errors.Error, js_errors.Error, TimeoutError):
                 pass
         cfg = self._config()
@@ -191,16 +209,16 @@ class _PullLoop:
             # named by the server: created through the endpoint that refuses a durable, the one
             # a read-only credential (observer, operator) may use
             cfg.name = None
-            self.name = (await self.bus.js.add_consumer(self.bus.names.stream, cfg)).name
+            self.name = (await self.bus.js.add_consumer(self.stream, cfg)).name
         elif not await self._durable_exists(cfg):
-            await self.bus.js.add_consumer(self.bus.names.stream, cfg)
-        self._psub = await self.bus.js.pull_subscribe_bind(consumer=self.name, stream=self.bus.names.stream)
+            await self.bus.js.add_consumer(self.stream, cfg)
+        self._psub = await self.bus.js.pull_subscribe_bind(consumer=self.name, stream=self.stream)
 
     async def _durable_exists(self, want: api.ConsumerConfig) -> bool:
         """A durable that exists is used as it is (created by ``powerguard bootstrap`` or an
         earlier run): services never update consumers; a different filter is logged."""
         try:
-            info = await self.bus.js.consumer_info(self.bus.names.stream, self.name)
+            info = await self.bus.js.consumer_info(self.stream, self.name)
         except js_errors.NotFoundError:
             return False
         have = sorted(info.config.filter_subjects or [info.config.filter_subject or ""])
@@ -220,7 +238,7 @@ class _PullLoop:
             return False
         self._checked = now
         try:
-            info = await self.bus.js.consumer_info(self.bus.names.stream, self.name, timeout=2.0)
+            info = await self.bus.js.consumer_info(self.stream, self.name, timeout=2.0)
         except (nats.errors.Error, js_errors.Error, TimeoutError) as exc:
             log.info("consumer %s did not answer (%r); re-creating", self.name, exc)
             return True
@@ -300,9 +318,12 @@ class Consumer(_PullLoop):
         deliver: str,
         batch: int = 16,
         since_s: float | None = None,
+        max_skew_s: float = MAX_CLOCK_SKEW_S,
     ) -> None:
         super().__init__(bus, types, subject=subject, deliver=deliver)
         self.since_s = since_s
+        self.max_skew_s = max_skew_s
+        self.dead_letters = DeadLetterBudget()
         if max_deliver < 1:
             raise ValueError("max_deliver must be at least 1")
         self.handler = handler
@@ -348,7 +369,12 @@ class Consumer(_PullLoop):
             msgs = await self._fetch(batch=self.batch)
             self._busy = True
             try:
-                admitted = [r for r in [await self._admit(m) for m in msgs] if r is not None]
+                admitted = []
+                for i, m in enumerate(msgs):
+                    if i % ADMIT_YIELD_EVERY == ADMIT_YIELD_EVERY - 1:
+                        await asyncio.sleep(0)  # a batch of junk never holds the event loop (the power consumer)
+                    if (r := await self._admit(m)) is not None:
+                        admitted.append(r)
                 if admitted:
                     await self._dispatch(admitted)
             except _CLOSED:
@@ -359,14 +385,13 @@ class Consumer(_PullLoop):
                 self._busy = False
 
     async def _admit(self, msg: Msg) -> tuple[Msg, Received] | None:
-        """Decode; dead-letter what cannot be handled; ack and skip other types."""
+        """Decode; refuse (dead-letter) what cannot be handled; ack and skip other types."""
         deliveries = msg.metadata.num_delivered or 1
         try:
-            event = decode_on(self.bus, msg.data, msg.subject)
+            event = check_stamp(decode_on(self.bus, msg.data, msg.subject), time.time(), self.max_skew_s)
         except EventError as exc:
             metrics.CONSUMED.labels(self.name, "rejected").inc()
-            await self.bus.dead_letter(subject=msg.subject, payload=msg.data, error=exc, deliveries=deliveries)
-            await msg.term()
+            await self._refuse(msg, exc, deliveries)
             return None
         if self.types and not isinstance(event, self.types):
             await msg.ack()
@@ -385,6 +410,19 @@ class Consumer(_PullLoop):
             event=event, subject=msg.subject, headers=dict(msg.headers or {}), sequence=msg.metadata.sequence.stream
         )
         return msg, rec
+
+    async def _refuse(self, msg: Msg, exc: EventError, deliveries: int) -> None:
+        """Terminate a message nobody may handle; copy it to the DLQ within the consumer's
+        dead-letter budget (a flood of junk costs a decode each, not a stored copy each)."""
+        now = time.monotonic()
+        if self.dead_letters.take(now):
+            await self.bus.dead_letter(subject=msg.subject, payload=msg.data, error=exc, deliveries=deliveries)
+        else:
+            metrics.DEAD_LETTERS_SUPPRESSED.labels(self.name, type(exc).__name__).inc()
+            self.dead_letters.suppressed(type(exc).__name__, msg.subject)
+            if (said := self.dead_letters.report(now)) is not None:
+                log.error("consumer %s: %s", self.name, said)
+        await msg.term()
 
     async def _dispatch(self, admitted: list[tuple[Msg, Received]]) -> None:
         for msg, rec in admitted:
@@ -495,7 +533,7 @@ class Subscription(_PullLoop):
                 await self._bind()
             except js_errors.NotFoundError:
                 raise SetupError(
-                    f"stream {self.bus.names.stream} does not exist yet: no PowerGuard service has connected "
+                    f"stream {self.stream} does not exist yet: no PowerGuard service has connected "
                     "to this server (they create it), or --stream/--prefix name another deployment"
                 ) from None
         return self
@@ -538,11 +576,61 @@ class Subscription(_PullLoop):
         if not self.name:
             return
         try:
-            await self.bus.js.delete_consumer(self.bus.names.stream, self.name)
+            await self.bus.js.delete_consumer(self.stream, self.name)
         except (nats.errors.Error, js_errors.Error, TimeoutError):
             pass
 
     async def __aenter__(self) -> Subscription:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+
+class Merged:
+    """One iterator over ephemeral subscriptions of both streams (an observer reading subjects
+    of the site's events and of the jobs' traffic together); events of the two interleave in
+    the order they arrive, each stream's in its own order."""
+
+    def __init__(self, parts: list[Subscription]) -> None:
+        self.parts = parts
+        self._next: dict[int, asyncio.Task] = {}
+
+    async def start(self) -> Merged:
+        for p in self.parts:
+            await p.start()
+        return self
+
+    def __aiter__(self) -> Merged:
+        return self
+
+    async def __anext__(self) -> Envelope:
+        return (await self.next_received()).event
+
+    async def next_received(self) -> Received:
+        while True:
+            for i, p in enumerate(self.parts):
+                if i not in self._next and not p._stopping:
+                    self._next[i] = asyncio.create_task(p.next_received())
+            if not self._next:
+                raise StopAsyncIteration
+            done, _ = await asyncio.wait(self._next.values(), return_when=asyncio.FIRST_COMPLETED)
+            for i, task in sorted(self._next.items()):
+                if task in done:
+                    del self._next[i]
+                    try:
+                        return task.result()
+                    except StopAsyncIteration:
+                        continue
+
+    async def aclose(self) -> None:
+        for task in self._next.values():
+            task.cancel()
+        self._next = {}
+        for p in self.parts:
+            await p.aclose()
+
+    async def __aenter__(self) -> Merged:
         return self
 
     async def __aexit__(self, *exc: object) -> None:

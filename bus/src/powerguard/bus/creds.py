@@ -23,7 +23,7 @@ from powerguard.schemas import ConfigError
 
 from . import jwt
 from .names import BusNames
-from .roles import ROLES, permissions
+from .roles import ROLES, max_payload, permissions
 
 SERVICE_ROLES = ("admin", "ups-monitor", "coordinator", "power-control", "observer", "operator")
 
@@ -142,7 +142,8 @@ def issue(
     user = jwt.new_key("user")
     name = ".".join(["agent", job, *([node] if node else [])]) if role == "agent" and job else role
     expires = int(time.time() + expires_in_s) if expires_in_s else None
-    token = jwt.user_jwt(signing, jwt.public(user), account=meta["account"], spec=jwt.UserSpec(name, perms, expires))
+    spec = jwt.UserSpec(name, perms, expires, payload=max_payload(role))
+    token = jwt.user_jwt(signing, jwt.public(user), account=meta["account"], spec=spec)
     agent_file = f"agent-{job}" + (f"-{node}" if node else "") + ".creds"
     path = Path(out) if out else directory / (agent_file if role == "agent" else f"{role}.creds")
     _write(path, jwt.creds(token, jwt.seed_of(user)))

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from prometheus_client import Gauge
 
 from .client import Bus
-from .roles import SERVICES, durable_names
+from .roles import SERVICES, durable_filters
 
 log = logging.getLogger("powerguard.bus.health")
 
@@ -38,6 +38,12 @@ CONSUMER_REDELIVERED = Gauge(
 CONSUMER_ACK_FLOOR_AGE = Gauge(
     "powerguard_jetstream_consumer_ack_floor_age_seconds",
     "Seconds since the durable's ack floor last moved (with messages pending: how long it has been stuck)",
+    ["consumer"],
+)
+CONSUMER_LAG = Gauge(
+    "powerguard_jetstream_consumer_lag_seconds",
+    "Age of the oldest message the durable has not yet acknowledged (0: none waiting): how late its input is "
+    "handled, even while a flood keeps its ack floor moving",
     ["consumer"],
 )
 CONSUMER_PRESENT = Gauge("powerguard_jetstream_consumer_present", "1 when the durable exists", ["consumer"])
@@ -60,7 +66,7 @@ class Snapshot:
     """What one read found (also what the tests look at)."""
 
     consumers: dict[str, dict[str, float]] = field(default_factory=dict)
-    stream: dict[str, float] = field(default_factory=dict)
+    streams: dict[str, dict[str, float]] = field(default_factory=dict)  # stream -> its figures
     dead_letters: dict[str, int] = field(default_factory=dict)
     kv: dict[str, int | None] = field(default_factory=dict)
 
@@ -70,22 +76,25 @@ async def collect(bus: Bus, site: str, *, now: float | None = None, timeout_s: f
     ``timeout_s`` (a refresh never outlasts its interval waiting on one answer)."""
     now = time.time() if now is None else now
     snap = Snapshot()
-    stream = bus.names.stream
-    info = await asyncio.wait_for(bus.js.stream_info(stream, subjects_filter=bus.subjects.dlq("*")), timeout_s)
-    snap.stream = {
-        "messages": info.state.messages,
-        "bytes": info.state.bytes,
-        "replicas": info.config.num_replicas or 1,
-        "replicas_current": 1 + sum(1 for p in (info.cluster.replicas or []) if p.current) if info.cluster else 1,
-        "has_leader": 1 if (info.cluster is None or info.cluster.leader) else 0,
-    }
-    # every service's count exists from the start (0), so the first dead letter is a change
-    snap.dead_letters = dict.fromkeys(SERVICES, 0)
-    for subject, count in (info.state.subjects or {}).items():
-        snap.dead_letters[subject.rsplit(".", 1)[-1]] = count
-    for durable in durable_names(site).values():
+    for name in bus.names.streams:  # the site's events, the jobs' traffic
+        events = name == bus.names.stream
+        dlq = bus.subjects.dlq("*") if events else None
+        info = await asyncio.wait_for(bus.js.stream_info(name, subjects_filter=dlq), timeout_s)
+        snap.streams[name] = {
+            "messages": info.state.messages,
+            "bytes": info.state.bytes,
+            "replicas": info.config.num_replicas or 1,
+            "replicas_current": 1 + sum(1 for p in (info.cluster.replicas or []) if p.current) if info.cluster else 1,
+            "has_leader": 1 if (info.cluster is None or info.cluster.leader) else 0,
+        }
+        if events:
+            # every service's count exists from the start (0), so the first dead letter is a change
+            snap.dead_letters = dict.fromkeys(SERVICES, 0)
+            for subject, count in (info.state.subjects or {}).items():
+                snap.dead_letters[subject.rsplit(".", 1)[-1]] = count
+    for durable, filters in durable_filters(bus.names, site).items():
         try:
-            c = await asyncio.wait_for(bus.js.consumer_info(stream, durable), timeout_s)
+            c = await asyncio.wait_for(bus.js.consumer_info(bus.names.stream_of(filters[0]), durable), timeout_s)
         except Exception as exc:
             log.warning("durable %s not read: %s", durable, exc)
             snap.consumers[durable] = {"present": 0}
@@ -93,12 +102,14 @@ async def collect(bus: Bus, site: str, *, now: float | None = None, timeout_s: f
         floor = c.ack_floor.last_active if c.ack_floor is not None else None
         since = floor or c.created  # the floor never moved: since the durable was made
         age = max(0.0, now - since.timestamp()) if since is not None else 0.0
+        waiting = (c.num_pending or 0) + (c.num_ack_pending or 0)
         snap.consumers[durable] = {
             "present": 1,
             "pending": c.num_pending or 0,
             "ack_pending": c.num_ack_pending or 0,
             "redelivered": c.num_redelivered or 0,
             "ack_floor_age_s": age,
+            "lag_s": await _oldest_waiting_age(bus, c, now, timeout_s) if waiting else 0.0,
         }
     for bucket in (bus.names.sagas, bus.names.agents, bus.names.leases, bus.names.ups, bus.names.power):
         try:
@@ -111,7 +122,25 @@ async def collect(bus: Bus, site: str, *, now: float | None = None, timeout_s: f
     return snap
 
 
-def publish(snap: Snapshot, stream: str) -> None:
+async def _oldest_waiting_age(bus: Bus, c, now: float, timeout_s: float) -> float:
+    """The age of the first message past the durable's ack floor on any of its subjects (a
+    direct get of the next message by subject: the observer's read permission)."""
+    first = (c.ack_floor.stream_seq if c.ack_floor is not None else 0) + 1
+    filters = c.config.filter_subjects or [c.config.filter_subject or bus.subjects.all]
+    stamps = []
+    for subject in filters:
+        try:
+            msg = await asyncio.wait_for(
+                bus.js.get_msg(c.stream_name, seq=first, subject=subject, next=True, direct=True), timeout_s
+            )
+        except Exception:  # nothing on that subject past the floor
+            continue
+        if msg.time is not None:
+            stamps.append(msg.time.timestamp())
+    return max(0.0, now - min(stamps)) if stamps else 0.0
+
+
+def publish(snap: Snapshot) -> None:
     """Set the gauges from a snapshot."""
     for name, c in snap.consumers.items():
         CONSUMER_PRESENT.labels(name).set(c["present"])
@@ -120,11 +149,13 @@ def publish(snap: Snapshot, stream: str) -> None:
             CONSUMER_ACK_PENDING.labels(name).set(c["ack_pending"])
             CONSUMER_REDELIVERED.labels(name).set(c["redelivered"])
             CONSUMER_ACK_FLOOR_AGE.labels(name).set(c["ack_floor_age_s"])
-    STREAM_MESSAGES.labels(stream).set(snap.stream["messages"])
-    STREAM_BYTES.labels(stream).set(snap.stream["bytes"])
-    STREAM_REPLICAS.labels(stream).set(snap.stream["replicas"])
-    STREAM_REPLICAS_CURRENT.labels(stream).set(snap.stream["replicas_current"])
-    STREAM_LEADER.labels(stream).set(snap.stream["has_leader"])
+            CONSUMER_LAG.labels(name).set(c["lag_s"])
+    for stream, f in snap.streams.items():
+        STREAM_MESSAGES.labels(stream).set(f["messages"])
+        STREAM_BYTES.labels(stream).set(f["bytes"])
+        STREAM_REPLICAS.labels(stream).set(f["replicas"])
+        STREAM_REPLICAS_CURRENT.labels(stream).set(f["replicas_current"])
+        STREAM_LEADER.labels(stream).set(f["has_leader"])
     for service, count in snap.dead_letters.items():
         DEAD_LETTERS.labels(service).set(count)
     for bucket, values in snap.kv.items():
@@ -147,7 +178,7 @@ class JetStreamHealth:
             log.warning("JetStream health not read: %s", exc)
             UP.set(0)
             return None
-        publish(snap, self.bus.names.stream)
+        publish(snap)
         UP.set(1)
         return snap
 

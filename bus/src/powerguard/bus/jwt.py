@@ -149,6 +149,7 @@ class UserSpec:
     permissions: Permissions
     expires: int | None = None
     tags: list[str] = field(default_factory=list)
+    payload: int = UNLIMITED  # the largest message the server accepts from this user (bytes)
 
 
 def user_jwt(signer: nkeys.KeyPair, user: str, *, account: str, spec: UserSpec) -> str:
@@ -158,7 +159,7 @@ def user_jwt(signer: nkeys.KeyPair, user: str, *, account: str, spec: UserSpec) 
         **spec.permissions.claims(),
         "subs": UNLIMITED,
         "data": UNLIMITED,
-        "payload": UNLIMITED,
+        "payload": spec.payload,
         "issuer_account": account,
     }
     if spec.tags:

@@ -8,6 +8,11 @@ PUBLISHED = Counter("powerguard_bus_published_total", "Events stored by JetStrea
 PUBLISH_ERRORS = Counter("powerguard_bus_publish_errors_total", "Publishes that failed", ["type"])
 CONSUMED = Counter("powerguard_bus_consumed_total", "Messages processed by handlers", ["consumer", "outcome"])
 DEAD_LETTERS = Counter("powerguard_bus_dead_letters_total", "Messages sent to the DLQ", ["reason"])
+DEAD_LETTERS_SUPPRESSED = Counter(
+    "powerguard_bus_dead_letters_suppressed_total",
+    "Rejected messages refused without a DLQ copy (over the consumer's dead-letter rate)",
+    ["consumer", "reason"],
+)
 HANDLER_SECONDS = Histogram(
     "powerguard_bus_handler_seconds",
     "Handler duration",

@@ -21,28 +21,42 @@ ROLES = ("admin", "ups-monitor", "coordinator", "power-control", "observer", "op
 SERVICES = ("ups-monitor", "coordinator", "power-control")  # the site's services: each dead-letters its input
 
 
+# The largest message the server accepts from a training job's agent: its acks, heartbeats and
+# registrations are a few hundred bytes; junk is refused by the server, at the sender.
+AGENT_MAX_PAYLOAD = 16 * 1024
+
+
 def durable_names(site: str) -> dict[str, str]:
-    """The durable consumers of one site's services on the events stream."""
+    """The durable consumers of one site's services. The coordinator has three: power events
+    (real and drill readings) on their own, so no volume of acks or results ever queues in front
+    of them; power-control's results (the events stream); and the jobs' acks and resumes (the
+    jobs' stream: a flood there is the jobs' alone)."""
     s = token(site, what="site")
-    return {"coordinator": f"coordinator-{s}", "power-control": f"power-control-{s}"}
+    return {
+        "coordinator-power": f"coordinator-power-{s}",
+        "coordinator": f"coordinator-{s}",
+        "coordinator-jobs": f"coordinator-jobs-{s}",
+        "power-control": f"power-control-{s}",
+    }
 
 
 def durable_filters(names: BusNames, site: str) -> dict[str, list[str]]:
-    """What each durable consumes (one definition for ``powerguard bootstrap`` and the services)."""
+    """What each durable consumes (one definition for ``powerguard bootstrap`` and the services);
+    each durable's filters lie in one stream (``BusNames.stream_of``)."""
     s = names.subjects
     d = durable_names(site)
     return {
-        d["coordinator"]: [
-            s.power_events(site),
-            s.drill_power_events(site),
-            s.ckpt_ack("*", "*"),
-            s.power_result("*"),
-            s.job_result("*"),
-            s.job_resumed("*"),
-            s.ups_result("*"),
-        ],
+        d["coordinator-power"]: [s.power_events(site), s.drill_power_events(site)],
+        d["coordinator"]: [s.power_result("*"), s.job_result("*"), s.ups_result("*")],
+        d["coordinator-jobs"]: [s.ckpt_ack("*", "*"), s.job_resumed("*")],
         d["power-control"]: [s.power_cmd("*"), s.job_cmd("*"), s.ups_cmd("*")],
     }
+
+
+def max_payload(role: str) -> int:
+    """The largest message the server accepts from a credential of ``role`` (-1: the server's
+    own ``max_payload``): the agent's is bounded, enforced by the server on every connection."""
+    return AGENT_MAX_PAYLOAD if role == "agent" else -1
 
 
 def inbox(role: str, job: str | None = None) -> str:
@@ -92,9 +106,9 @@ def permissions(
     server then confirms: without it, any node of the job's choosing)."""
     if role not in ROLES:
         raise ValueError(f"role must be one of {', '.join(ROLES)}")
-    s, n, stream = names.subjects, names, names.stream
+    s, n, stream, jobs = names.subjects, names, names.stream, names.jobs_stream
     sites = [token(x, what="site") for x in sites]
-    durables = {d for site in sites for d in durable_names(site).values()}
+    durables = {d: names.stream_of(f[0]) for site in sites for d, f in durable_filters(names, site).items()}
     if role == "admin":
         return Permissions(
             # snapshot acks and restore chunks: `powerguard backup` / `restore` (bus/backup.py)
@@ -121,11 +135,11 @@ def permissions(
                 s.agent(j, "*"),
                 s.ckpt_ack(j, "*"),
                 s.job_resumed(j),
-                s.ckpt_request(j),  # the HTTP trigger: a request for its own job only
+                s.ckpt_trigger(j),  # the HTTP trigger: a request for its own job only, on its own stream
                 *js,
                 *in_domain,
             ),
-            sub_allow=(s.ckpt_request(j), s.ckpt_release(j), f"{inbox(role, j)}.>"),
+            sub_allow=(s.ckpt_request(j), s.ckpt_trigger(j), s.ckpt_release(j), f"{inbox(role, j)}.>"),
             inbox=inbox(role, j),
         )
     if node:
@@ -142,12 +156,20 @@ def permissions(
             s.saga("*"),
             s.dlq(role),
             _api("STREAM.INFO", stream),
+            _api("STREAM.INFO", jobs),
             *_kv_write(n.sagas),
             *_kv_write(n.leases),
             *_kv_read(n.agents),
         ]
         for site in sites:
-            pub += _durable(stream, durable_names(site)["coordinator"])
+            for d in ("coordinator-power", "coordinator", "coordinator-jobs"):
+                name = durable_names(site)[d]
+                pub += _durable(durables[name], name)
+            # a UPS's newest reading when its events queue up: the current state, not the backlog
+            pub += [
+                _api("DIRECT.GET", stream, s.power_events(site)),
+                _api("DIRECT.GET", stream, s.drill_power_events(site)),
+            ]
         return Permissions(pub_allow=tuple(pub), sub_allow=common_sub, inbox=inbox(role))
     if role == "power-control":
         # a saga's state only as the coordinator announced it (its newest pg.saga.<id> event),
@@ -173,17 +195,23 @@ def permissions(
         _api("STREAM.DELETE", ">"),
         _api("STREAM.PURGE", ">"),
     ]
-    for d in sorted(durables):
-        deny += [_api("CONSUMER.MSG.NEXT", stream, d), _api("CONSUMER.DELETE", stream, d)]
+    for d, in_stream in sorted(durables.items()):
+        deny += [_api("CONSUMER.MSG.NEXT", in_stream, d), _api("CONSUMER.DELETE", in_stream, d)]
     pub = [
-        _api("STREAM.INFO", stream),
-        _api("STREAM.MSG.GET", stream),
-        _api("DIRECT.GET", stream),
-        _api("DIRECT.GET", stream, ">"),
-        _api("CONSUMER.CREATE", stream),
-        _api("CONSUMER.MSG.NEXT", stream, "*"),
-        _api("CONSUMER.DELETE", stream, "*"),
-        _api("CONSUMER.INFO", stream, "*"),
+        *(
+            x
+            for st in (stream, jobs)
+            for x in (
+                _api("STREAM.INFO", st),
+                _api("STREAM.MSG.GET", st),
+                _api("DIRECT.GET", st),
+                _api("DIRECT.GET", st, ">"),
+                _api("CONSUMER.CREATE", st),
+                _api("CONSUMER.MSG.NEXT", st, "*"),
+                _api("CONSUMER.DELETE", st, "*"),
+                _api("CONSUMER.INFO", st, "*"),
+            )
+        ),
         *_kv_read(n.sagas, named=False),
         *_kv_read(n.agents, named=False),
         # the other buckets' existence and size for the health exporter: stream info only, never a

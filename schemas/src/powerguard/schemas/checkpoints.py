@@ -26,7 +26,7 @@ class CheckpointRequestData(Data):
     request_id: str = Field(description="Unique per request; acks echo it")
     saga_id: str | None = None
     job: str
-    reason: Literal["power", "final", "periodic", "manual", "drill"] = "power"
+    reason: Literal["power", "final", "hold", "periodic", "manual", "drill"] = "power"
     deadline: AwareDatetime = Field(description="Every rank must be durable by then")
     tiers: list[Tier] = Field(default_factory=lambda: ["local"])
     then: Literal["continue", "pause"] = Field(
@@ -63,6 +63,19 @@ class CheckpointRequested(Envelope):
 
     def nats_subject(self, subjects: Subjects) -> str:
         return subjects.ckpt_request(self.data.job)
+
+
+class CheckpointTriggered(Envelope):
+    """A rank's own HTTP trigger (``POST /api/v1/trigger_checkpoint``) asks its job for a
+    checkpoint: every rank of the job honours it as a request, at one step. On the job's own
+    subject (its agents' stream): no agent writes to the site's events stream."""
+
+    type: Literal["io.powerguard.ckpt.v1.triggered"] = "io.powerguard.ckpt.v1.triggered"
+    data: CheckpointRequestData
+    SUBJECT_TEMPLATE = "{prefix}.ckpt.{job}.trigger"
+
+    def nats_subject(self, subjects: Subjects) -> str:
+        return subjects.ckpt_trigger(self.data.job)
 
 
 class Durations(Data):

@@ -54,6 +54,15 @@ class SubjectMismatch(EventError):
         self.type, self.subject, self.expected = type_, subject, expected
 
 
+class StampedInTheFuture(EventError):
+    """An event whose ``time`` lies further ahead of the receiver's clock than the clock skew it
+    allows: a reading from the future would make every true one look old."""
+
+    def __init__(self, type_: str, ahead_s: float, limit_s: float) -> None:
+        super().__init__(f"{type_} is stamped {ahead_s:.0f}s in the future (more than the {limit_s:.0f}s clock skew)")
+        self.type, self.ahead_s, self.limit_s = type_, ahead_s, limit_s
+
+
 class IdentityMismatch(EventError):
     """A record names a party other than the one its key (or subject) is bound to: the server
     lets a job's agent write only under ``<job>.*``, so what the record says inside must agree."""

@@ -94,6 +94,11 @@ class SagaData(Data):
         default_factory=dict,
         description="job -> training steps lost at the stop (trained after its last durable checkpoint)",
     )
+    drill: bool = Field(
+        default=False,
+        description="A drill's saga (`powerguard drill`): every power and job command it sends is dry-run, and "
+        "nothing it does changes a real saga",
+    )
 
 
 class SagaStateChanged(Envelope):

@@ -76,6 +76,11 @@ class NatsSettings(_Model):
     url: str = "nats://127.0.0.1:4222"
     prefix: str = "pg"
     stream: str = "PG_EVENTS"
+    jobs_stream: str | None = Field(
+        default=None,
+        description="The training jobs' stream (acks, registrations): default the events stream's "
+        "name with JOBS for EVENTS (PG_JOBS)",
+    )
     sagas_bucket: str = "pg_sagas"
     agents_bucket: str = "pg_agents"
     leases_bucket: str = "pg_leases"
@@ -160,6 +165,36 @@ class NodeConfig(_Model):
     )
 
     _name = field_validator("name")(lambda v: token(v, what="node"))
+
+
+class ShutdownTimings(BaseModel):
+    """The part of power-control's settings (``power_control:``) that bounds one node's shutdown.
+    power-control's settings are built on it; the coordinator reads it from the same site file to
+    know, before any outage was measured, how long a shutdown can take when the devices answer."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    soft_off_timeout_s: float = Field(default=120.0, gt=0, description="ACPI soft-off, then hard off")
+    device_timeout_s: float = Field(default=10.0, gt=0, description="One request to one BMC or PDU")
+    outlets_off_on_shutdown: bool = Field(default=False, description="Switch PDU outlets off after the node is off")
+    job_stop_grace_s: float = Field(
+        default=2.0, ge=0, description="A node's shutdown waits this long for its jobs' own stop command to arrive"
+    )
+    job_stop_wait_s: float = Field(
+        default=60.0, ge=0, description="... and this long for that stop to finish; then it stops the jobs itself"
+    )
+
+    def bound_s(self, node: NodeConfig) -> float:
+        """The longest power-control's shutdown of ``node`` takes while its devices answer: its
+        jobs' stop (the grace, then the wait), the BMC's soft-off and its timeout, a hard off and
+        its wait, then its outlets. A device that fails or times out takes longer (retries):
+        that is what measured shutdowns and the reserve are for."""
+        t = self.job_stop_grace_s + self.job_stop_wait_s
+        if node.bmc is not None:  # status, soft-off, its wait, hard off, its wait
+            t += self.soft_off_timeout_s + 4 * self.device_timeout_s
+        if self.outlets_off_on_shutdown or node.bmc is None:
+            t += len(node.outlets) * 3 * self.device_timeout_s  # each read, switched and read back
+        return t
 
 
 SERVICE_SECTIONS = ("coordinator", "ups_monitor", "power_control")

@@ -4,7 +4,10 @@ Services never format subjects themselves; they call :class:`Subjects`.
 
 Layout (prefix ``pg`` by default). Each tree has one publisher, so the server's subject
 permissions say who may say what; jobs are a token of every agent subject, so a job's
-credential can be scoped to its own job::
+credential can be scoped to its own job. What training jobs' agents say (acks, resumes,
+triggers, registrations) lives in its own stream (``job_trees``); what the site's services say,
+the requests and releases to jobs included, in the events stream (``event_trees``). No subject
+of the events stream is writable by an agent::
 
     pg.power.<site>.<ups>        power events and telemetry         ups-monitor
     pg.cmd.power.<node>          power commands                     coordinator
@@ -13,8 +16,9 @@ credential can be scoped to its own job::
     pg.result.job.<job>          job stopped / restarted            power-control
     pg.cmd.ups.<ups>             a UPS's output off and return      coordinator
     pg.result.ups.<ups>          what the UPS did                   power-control
-    pg.ckpt.<job>.request        checkpoint requests                coordinator (and the job's own agents)
+    pg.ckpt.<job>.request        checkpoint requests                coordinator
     pg.ckpt.<job>.release        paused ranks may train on          coordinator
+    pg.ckpt.<job>.trigger        a checkpoint asked over HTTP       the job's own agents
     pg.ckpt.<job>.<rank>.ack     checkpoint acks (durable / failed) the job's agents
     pg.ckpt.<job>.resumed        the job trains again               the job's agents
     pg.agent.<job>.<rank>        registration and heartbeats        the job's agents
@@ -91,6 +95,9 @@ class Subjects:
     def ckpt_ack(self, job: str, rank: int | str) -> str:
         return f"{self.prefix}.ckpt.{_job_or_star(job)}.{_rank(rank)}.ack"
 
+    def ckpt_trigger(self, job: str) -> str:
+        return f"{self.prefix}.ckpt.{_job_or_star(job)}.trigger"
+
     def job_resumed(self, job: str) -> str:
         return f"{self.prefix}.ckpt.{_job_or_star(job)}.resumed"
 
@@ -131,6 +138,45 @@ class Subjects:
     @property
     def all(self) -> str:
         return f"{self.prefix}.>"
+
+    # the two streams -------------------------------------------------------
+    @property
+    def job_trees(self) -> list[str]:
+        """What the training jobs' stream stores: what their agents write."""
+        p = self.prefix
+        return [f"{p}.agent.>", f"{p}.ckpt.*.*.ack", f"{p}.ckpt.*.resumed", f"{p}.ckpt.*.trigger"]
+
+    @property
+    def event_trees(self) -> list[str]:
+        """What the events stream stores: what the site's services write."""
+        p = self.prefix
+        return [
+            *(f"{p}.{t}.>" for t in ("power", "drill", "cmd", "result", "saga", "dlq")),
+            f"{p}.ckpt.*.request",
+            f"{p}.ckpt.*.release",
+        ]
+
+
+def intersect(a: str, b: str) -> str | None:
+    """The subjects two NATS subject filters both match, as one filter (None: none)."""
+    ta, tb = a.split("."), b.split(".")
+    out: list[str] = []
+    for i in range(max(len(ta), len(tb))):
+        x = ta[i] if i < len(ta) else None
+        y = tb[i] if i < len(tb) else None
+        if x == ">":
+            return ".".join(out + tb[i:]) if y is not None else None
+        if y == ">":
+            return ".".join(out + ta[i:]) if x is not None else None
+        if x is None or y is None:
+            return None
+        if x == "*":
+            out.append(y)
+        elif y == "*" or x == y:
+            out.append(x)
+        else:
+            return None
+    return ".".join(out)
 
 
 def _rank(rank: int | str) -> str:

@@ -30,6 +30,7 @@ from powerguard.schemas import (
     CheckpointFailedData,
     CheckpointRequestData,
     CheckpointRequested,
+    CheckpointTriggered,
     Envelope,
     HoldReleased,
 )
@@ -128,6 +129,7 @@ class BusThread:
             # not be missed; plain subscriptions on its own job's subjects (no JetStream consumer)
             s = bus.subjects
             sub = await bus.listen(CheckpointRequested, subject=s.ckpt_request(self.agent.job)).start()
+            trig = await bus.listen(CheckpointTriggered, subject=s.ckpt_trigger(self.agent.job)).start()
             rel = await bus.listen(HoldReleased, subject=s.ckpt_release(self.agent.job)).start()
             self.bus = bus
             await self._catch_up()
@@ -136,14 +138,14 @@ class BusThread:
             self.bus = None
             await bus.close()
             raise
-        return sub, rel
+        return sub, trig, rel
 
     async def _main(self) -> None:
         self._stop = asyncio.Event()
         delay = 1.0
         while True:
             try:
-                sub, rel = await self._connect()
+                sub, trig, rel = await self._connect()
                 break
             except Exception as exc:
                 if not self._ready.done():
@@ -160,6 +162,7 @@ class BusThread:
             self._ready.set_result(None)
         tasks = [
             asyncio.create_task(self._receive(sub, self._take)),
+            asyncio.create_task(self._receive(trig, self._take)),
             asyncio.create_task(self._receive(rel, self._take_release)),
             asyncio.create_task(self._catch_up_after_reconnects()),
             asyncio.create_task(self._heartbeat()),
@@ -172,8 +175,8 @@ class BusThread:
             await announce(self.bus, AgentDeregistered(source=self.source, data=self._data()))
         except Exception as exc:
             log.debug("deregistration failed: %s", exc)
-        await sub.aclose()
-        await rel.aclose()
+        for subscription in (sub, trig, rel):
+            await subscription.aclose()
         await self.bus.drain()
 
     @property
@@ -205,7 +208,7 @@ class BusThread:
 
     def _take(self, received) -> None:
         event = received.event
-        assert isinstance(event, CheckpointRequested)
+        assert isinstance(event, CheckpointRequested | CheckpointTriggered)
         with self._lock:
             if event.data.request_id in self.acked:
                 return
@@ -298,9 +301,9 @@ class BusThread:
 
     # ------------------------------------------------------------------ training-thread API
     def released(self, sagas: set[str | None]) -> bool:
-        """A release for any of these sagas arrived."""
+        """A release arrived for every one of these sagas (each saga that paused the ranks)."""
         with self._lock:
-            return bool(self._released & sagas)
+            return sagas <= self._released
 
     def set_paused(self, step: int | None) -> None:
         """Training waits at ``step`` (None: trains again); the registry hears it at once."""

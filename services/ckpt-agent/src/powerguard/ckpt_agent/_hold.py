@@ -2,7 +2,10 @@
 step boundary until the ranks are released (power back), ``pause_max_s`` passes, or the job
 is stopped. The ranks decide together, every ``poll_s``, on the agent's agreement group (the
 training's own groups see no collective while paused); a request that arrives meanwhile is
-handed back to the caller, which checkpoints the same state again.
+handed back to the caller, which checkpoints the same state again (and, when it asks for a
+pause too, :meth:`Hold.join` adds its saga). The ranks leave the pause once every saga that
+paused them released it: a drill that gave way to a real outage releases its own pause, never
+the real saga's.
 
 The caller drives: :meth:`Hold.begin`, then :meth:`Hold.poll` until it says go, then
 :meth:`Hold.end` (which returns how long the pause lasted).
@@ -51,6 +54,14 @@ class Hold:
         if self.bus is not None:
             self.bus.set_paused(step)
         return Pause(step, frozenset(r.saga_id for r in requests), min(limits) if limits else None, time.monotonic())
+
+    def join(self, pause: Pause, requests: list[CheckpointRequestData]) -> Pause:
+        """The pause goes on for these requests too (those that ask for one): their sagas must
+        release it as well, and the shortest ``pause_max_s`` counts."""
+        pausing = [r for r in requests if r.then == "pause"]
+        limits = [x for x in (pause.limit_s, *(r.pause_max_s for r in pausing)) if x]
+        sagas = pause.sagas | {r.saga_id for r in pausing}
+        return Pause(pause.step, sagas, min(limits) if limits else None, pause.started)
 
     def poll(self, pause: Pause) -> Poll:
         """One decision of every rank together (a collective on the agreement group)."""

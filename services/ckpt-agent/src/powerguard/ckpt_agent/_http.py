@@ -1,6 +1,7 @@
 """``POST /api/v1/trigger_checkpoint``: the interface existing apcupsd/NUT scripts call
 (``curl -X POST http://localhost:5000/api/v1/trigger_checkpoint``); it publishes a manual
-checkpoint request for this job, which every rank then honours at one step."""
+checkpoint request for this job on the job's own trigger subject, which every rank then
+honours at one step."""
 
 from __future__ import annotations
 
@@ -22,10 +23,10 @@ async def serve_trigger(bus_thread, *, port: int, host: str = "127.0.0.1") -> we
             return web.json_response({"error": "deadline_s must be a number of seconds in (0, 86400]"}, status=400)
         from datetime import timedelta
 
-        from powerguard.schemas import CheckpointRequestData, CheckpointRequested, new_id, utcnow
+        from powerguard.schemas import CheckpointRequestData, CheckpointTriggered, new_id, utcnow
 
         rid = f"manual-{new_id()}"
-        event = CheckpointRequested(
+        event = CheckpointTriggered(
             source=bus_thread.source,
             data=CheckpointRequestData(
                 request_id=rid,

@@ -191,7 +191,8 @@ class CheckpointAgent:
             while True:
                 poll = self.hold.poll(pause)
                 if poll.another:  # a request while paused: the state has not changed since the checkpoint
-                    self._checkpoint_for_requests(step, poll.pending)
+                    requests, ok = self._checkpoint_for_requests(step, poll.pending)
+                    pause = self.hold.join(pause, requests) if ok else pause
                 if poll.go:
                     break
                 self.hold.wait()

@@ -10,7 +10,17 @@ into saga records to store and commands to publish::
 Here live the rules that decide which saga an event belongs to (routing and result
 matching, always by saga id where the event carries one), when a saga starts, what a UPS's
 status flags mean, and how a drill and a real outage mix. The service (``service.py``)
-keeps only the lease, the consumer, compare-and-set writes and publishing.
+keeps only the lease, the consumers, compare-and-set writes and publishing.
+
+**Drills live apart from reality.** A drill's readings (``powerguard drill``, on its own
+subject) go into their own table of UPS views with their own newest time per UPS, and only to
+drill sagas; real readings only to real sagas. A real saga never sees what a drill holds; a
+drill saga never joins a node or job a real saga holds, and a drill whose nodes or jobs a real
+saga comes to hold ends ``cancelled`` (:func:`saga.give_way`). So for any interleaving of
+drill and real events the real sagas decide exactly what they would without the drill's
+(``tests/unit/coordinator/test_core_properties.py``). An event stamped further in the future
+than ``max_clock_skew_s`` is set aside by name (``future``) whoever sent it, and no reading
+moves a UPS's newest time past the coordinator's own clock.
 
 **Protection never pauses.** After every input, every node at risk (every feed on battery) is
 held by exactly one open saga: at most one saga *protects* (is before its shutdown) and joins
@@ -62,8 +72,10 @@ Trace = tuple[str, str] | None  # (trace id, span id) of the event's producer
 class Notice:
     """An event the core set aside, with why (``reason`` is a metric label)."""
 
-    reason: str  # unknown_ups | stale | late | unknown_saga | unmatched
+    reason: str  # unknown_ups | stale | future | late | unknown_saga | unmatched
     message: str
+    ups: str | None = None  # a power event's UPS (the service reads a stale one's newest reading)
+    drill: bool = False
 
 
 @dataclass
@@ -94,7 +106,7 @@ def reading(ev: PowerEvent) -> Power:
         charge_pct=d.charge_pct,
         low_battery=low and d.on_battery,
         fsd=isinstance(ev, ForcedShutdown) or "FSD" in d.status,
-        drill=d.drill and d.on_battery,
+        drill=d.drill,
         load_pct=d.load_pct,
     )
 
@@ -129,9 +141,10 @@ class SiteCore:
         self.topo = topo
         self.policy = policy
         self.registry = registry if registry is not None else AgentRegistry()
-        self.ups: dict[str, UpsView] = {}
+        self.ups: dict[str, UpsView] = {}  # the real readings
+        self.drill_ups: dict[str, UpsView] = {}  # a drill's readings: never mixed with the real ones
         self.open: dict[str, SagaRecord] = {}
-        self._newest: dict[str, float] = {}  # UPS -> time of the newest power event applied
+        self._newest: dict[tuple[str, bool], float] = {}  # (UPS, drill) -> time of the newest reading applied
         self._saga_id = saga_id
         self.measured: dict[str, list[float]] = {}  # node group -> shutdowns of the latest real outages, s
         self._learned: set[str] = set()
@@ -148,9 +161,13 @@ class SiteCore:
                 continue
             self.open[rec.saga_id] = rec
             for u, v in rec.ups.items():
-                self.ups.setdefault(u, v.model_copy(deep=True))
+                self.views(rec.drill).setdefault(u, v.model_copy(deep=True))
             again[rec.saga_id] = saga.pending(rec, self.policy)
         return again
+
+    def views(self, drill: bool) -> dict[str, UpsView]:
+        """The UPS views of the real site, or of the drills."""
+        return self.drill_ups if drill else self.ups
 
     # ------------------------------------------------------------------ inputs
     def learn(self, rec: SagaRecord) -> None:
@@ -203,8 +220,9 @@ class SiteCore:
         if isinstance(ev, PowerEvent):
             p = self._power(ev, now, step)
             if p is not None:
-                for sid in self.open:
-                    inputs.setdefault(sid, []).append(p)
+                for sid, rec in self.open.items():
+                    if rec.drill == p.drill:  # a drill's readings reach drill sagas only, and real ones real sagas
+                        inputs.setdefault(sid, []).append(p)
             return
         if not _concerns_sagas(ev):
             return
@@ -241,21 +259,26 @@ class SiteCore:
             step.notices.append(Notice("unknown_ups", f"power event for unknown UPS {d.ups} (site {d.site}) ignored"))
             return None
         at = ev.time.timestamp()
-        if now - at > self.policy.max_event_age_s:
+        if at - now > self.policy.max_clock_skew_s:
             step.notices.append(
-                Notice("stale", f"{ev.short_type} of {d.ups} from {now - at:.0f}s ago ignored (max_event_age_s)")
+                Notice(
+                    "future",
+                    f"{ev.short_type} of {d.ups} stamped {at - now:.0f}s in the future ignored (max_clock_skew_s)",
+                )
             )
             return None
-        newest = self._newest.get(d.ups)
+        if now - at > self.policy.max_event_age_s:
+            text = f"{ev.short_type} of {d.ups} from {now - at:.0f}s ago ignored (max_event_age_s)"
+            step.notices.append(Notice("stale", text, d.ups, d.drill))
+            return None
+        key = (d.ups, d.drill)
+        newest = self._newest.get(key)
         if newest is not None and at < newest:  # a redelivery or a late copy: the UPS said more since
             step.notices.append(Notice("late", f"{ev.short_type} of {d.ups} older than its newest reading ignored"))
             return None
-        self._newest[d.ups] = at
-        current = self.ups.get(d.ups)
-        if current is not None and current.drill and not d.drill and not d.on_battery:
-            return None  # the UPS's real telemetry (on line) must not end a drill of it
+        self._newest[key] = min(at, now)  # a reading stamped ahead (within the skew) never hides the next ones
         p = reading(ev)
-        observe(self.ups, p, now)
+        observe(self.views(d.drill), p, now)
         return p
 
     @staticmethod
@@ -284,7 +307,10 @@ class SiteCore:
 
     # ------------------------------------------------------------------ sagas
     def _held_elsewhere(self, rec: SagaRecord) -> frozenset[str]:
-        return frozenset().union(*(saga.held_by(r) for r in self.open.values() if r is not rec))
+        """Nodes other open sagas hold: a real saga minds only real sagas (no drill restricts it),
+        a drill saga every other saga."""
+        others = (r for r in self.open.values() if r is not rec and (rec.drill or not r.drill))
+        return frozenset().union(*(saga.held_by(r) for r in others))
 
     def _handle(self, rec: SagaRecord, inp: Input | list[Input], now: float, step: Step) -> None:
         cmds = saga.handle(
@@ -299,14 +325,30 @@ class SiteCore:
         step.commands.setdefault(rec.saga_id, []).extend(cmds)
 
     def _protect(self, now: float, trace: Trace, step: Step) -> None:
-        """Every node at risk held by one open saga: the protecting saga joins the ones no saga
-        holds, or a new saga starts for them; a restoring saga at risk again is superseded."""
-        on_battery = [u for u, v in self.ups.items() if v.on_battery]
-        risk = set(self.topo.nodes_at_risk(on_battery))
+        """Reality first: the real sagas protect the nodes at risk, a drill gives way to a real
+        saga holding its nodes or jobs, then the drill sagas protect what the drills put at risk
+        and no real saga holds."""
+        self._protect_world(False, now, trace, step)
+        real = [r for r in self.open.values() if not r.drill and not r.terminal]
+        for rec in [r for r in self.open.values() if r.drill and not r.terminal]:
+            mine = set(rec.at_risk) | saga.held_by(rec)
+            taken = next((r for r in real if saga.held_by(r) & mine or set(r.jobs) & set(rec.jobs)), None)
+            if taken is not None:
+                step.commands.setdefault(rec.saga_id, []).extend(saga.give_way(rec, taken, now))
+        self._protect_world(True, now, trace, step)
+
+    def _protect_world(self, drill: bool, now: float, trace: Trace, step: Step) -> None:
+        """Every node at risk (in the real site, or in the drills) held by one open saga: the
+        protecting saga joins the ones no saga holds, or a new saga starts for them; a restoring
+        saga at risk again is superseded."""
+        views = self.views(drill)
+        risk = set(self.topo.nodes_at_risk([u for u, v in views.items() if v.on_battery]))
         if not risk:
             return
-        held = frozenset().union(*(saga.held_by(r) for r in self.open.values()))
-        protector = next((r for r in self.open.values() if r.state.before_shutdown), None)
+        world = [r for r in self.open.values() if r.drill == drill and not r.terminal]
+        holders = [r for r in self.open.values() if not r.terminal] if drill else world
+        held = frozenset().union(*(saga.held_by(r) for r in holders))
+        protector = next((r for r in world if r.state.before_shutdown), None)
         if risk - held:
             if protector is not None:
                 self._handle(protector, Tick(), now, step)  # joins them (what others hold excluded)
@@ -314,13 +356,14 @@ class SiteCore:
                 protector = saga.start(
                     saga_id=self._saga_id(self.topo.site, now),
                     topo=self.topo,
-                    ups=self.ups,
+                    ups=views,
                     jobs=self.registry.jobs(now),
                     now=now,
                     trace=trace,
                     hold_policy=self.policy.hold_policy,
                     held=held,
                     shutdown_need=self.shutdown_need(),
+                    drill=drill,
                 )
                 self.open[protector.saga_id] = protector
                 step.started.append(protector.saga_id)
@@ -328,7 +371,7 @@ class SiteCore:
         if protector is None or protector.terminal:
             return
         ours = set(protector.at_risk)
-        for rec in list(self.open.values()):
+        for rec in world:
             if rec is protector or rec.state != saga.S.RESTORING:
                 continue
             jobs = set(rec.jobs) | set(rec.carried)

@@ -9,7 +9,10 @@ runtime the UPS last reported); the saga decides the shutdown and sends its comm
 the saga run its (dry-run) restore. The result is the plan as executed and a budget check:
 slowest job's checkpoint vs. the checkpoint budget vs. the time left before the shutdown.
 
-A real on-battery of the same UPS during a drill turns the saga real from then on.
+A drill lives apart from reality: its readings have their own subject and their own views in
+the coordinator, and its saga never holds a real node. A real outage during a drill gets its own
+real saga, and the drill ends ``cancelled`` (its paused ranks released); a real saga open on the
+UPS's nodes leaves the drill nothing at risk.
 """
 
 from __future__ import annotations
@@ -261,7 +264,7 @@ async def run_site_drill(
 def _observe(ev: Envelope, r: DrillResult, t0: float, notify: Notify, *, now: float | None = None) -> None:
     at = (time.time() if now is None else now) - t0
     if isinstance(ev, SagaStateChanged):
-        if r.saga_id is None:
+        if r.saga_id is None and ev.data.drill:  # the drill's saga, never a real outage's beside it
             r.saga_id = ev.data.saga_id
         if ev.data.saga_id == r.saga_id:
             r.states.append(ev.data.state.value)

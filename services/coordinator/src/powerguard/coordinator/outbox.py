@@ -112,6 +112,7 @@ def state_events(rec: SagaRecord, since: int) -> list[SagaStateChanged]:
                     missing_ranks=acked,
                     deadline=_dt(rec.deadline),
                     lost_steps={j: n for j, p in sorted(rec.jobs.items()) if (n := lost_steps(p, rec)) is not None},
+                    drill=rec.drill,
                 ),
             )
         )

@@ -47,6 +47,29 @@ class Policy(BaseModel):
         description="Decide to stop when the budget left before the shutdown reserve falls to this many times "
         "the measured power checkpoint (so the final checkpoint fits)",
     )
+    final_margin_share: float = Field(
+        default=0.1,
+        ge=0,
+        le=0.5,
+        description="At the stop, a final checkpoint that does not fit the battery budget (the runtime fell below "
+        "what the shutdown needs, e.g. an estimate that jumped) is still taken when final_ckpt_factor times its "
+        "cost in this outage fits in this share of the runtime left: the shutdown starts at most that much later, "
+        "seconds of its margin spent against the certain loss of the hold's training (0: never)",
+    )
+    hold_checkpoint_every_s: float = Field(
+        default=60.0,
+        ge=0,
+        description="checkpoint-at-stop jobs: while the saga holds, a checkpoint of every such job this often, so "
+        "the training at risk at any moment (a low battery or FSD that leaves no time for the final checkpoint) is "
+        "at most this much (0: none)",
+    )
+    hold_checkpoint_max_share: float = Field(
+        default=0.05,
+        gt=0,
+        le=1,
+        description="... but never more often than a job's measured power checkpoint allows: its checkpoints take "
+        "at most this share of the hold's time",
+    )
     shutdown_factor: float = Field(
         default=1.5,
         ge=1.0,
@@ -71,6 +94,13 @@ class Policy(BaseModel):
         gt=0,
         description="Power events older than this (by their time) are ignored: a replayed or delayed history "
         "never starts a saga; a consumer that has to be re-created starts this far back",
+    )
+    max_clock_skew_s: float = Field(
+        default=90.0,
+        gt=0,
+        description="Events stamped further than this in the future (by the coordinator's clock) are refused by "
+        'name (dead letter, powerguard_coordinator_ignored_events_total{reason="future"}): a reading stamped '
+        "ahead must never make the real ones look old. Keep it above the worst clock offset between hosts",
     )
     ups_off: bool = Field(
         default=False,

@@ -127,6 +127,9 @@ class JobPlan(CkptRound):
     hold_policy: HoldPolicy = "checkpoint-at-stop"
     final: CkptRound | None = None  # the checkpoint at the stop (checkpoint-at-stop)
     final_note: str | None = None  # why there was no final checkpoint, or how it ended
+    hold: CkptRound | None = None  # the latest checkpoint during the hold (checkpoint-at-stop: hold.N)
+    hold_rounds: int = 0  # how many were requested
+    hold_step: int | None = None  # the newest step a hold checkpoint made durable on every rank
     stopped_at: float | None = None  # the shutdown was decided (job stop issued)
     stop_step: int | None = None  # newest step the job had trained when it was stopped
     stop_step_exact: bool = False  # ranks were waiting at that step (else: the newest step reported)
@@ -161,10 +164,18 @@ class JobPlan(CkptRound):
 
     @property
     def durable_step(self) -> int | None:
-        """Newest step every rank made durable in this outage."""
-        if self.final is not None and self.final.complete:
-            return self.final.step
-        return self.step if self.complete else None
+        """Newest step every rank made durable in this outage (the power, a hold or the final
+        checkpoint)."""
+        steps = [
+            x
+            for x in (
+                self.final.step if self.final is not None and self.final.complete else None,
+                self.hold_step,
+                self.step if self.complete else None,
+            )
+            if x is not None
+        ]
+        return max(steps) if steps else None
 
     @property
     def paused(self) -> bool:

@@ -86,9 +86,12 @@ def start(
     hold_policy: HoldPolicy = "checkpoint-at-stop",
     held: frozenset[str] = frozenset(),
     shutdown_need: dict[str, float] | None = None,
+    drill: bool = False,
 ) -> SagaRecord:
     """A new saga for the nodes at risk now that no other saga holds (``held``; call only when
     some node is at risk). ``shutdown_need``: the node groups' measured shutdowns so far.
+    ``drill``: the views are a drill's (``powerguard drill``): every power and job command of
+    the saga is dry-run, for its whole life.
 
     ``trace`` is (trace id, span id) of the event that started it: the outage joins that trace."""
     rec = SagaRecord(
@@ -103,7 +106,7 @@ def start(
         rec.trace_id, rec.parent_span_id = trace
     rec.history.append(Transition(state=S.DETECTED, at=now, reason=f"on battery: {', '.join(rec.on_battery)}"))
     rec.at_risk = [n for n in topo.nodes_at_risk(rec.on_battery) if n not in held]
-    rec.drill = all(rec.ups[u].drill for u in rec.on_battery)
+    rec.drill = drill
     _join(rec, rec.at_risk, jobs, hold_policy)
     return rec
 
@@ -193,8 +196,8 @@ def _join(rec: SagaRecord, nodes: list[str], jobs: dict[str, JobInfo], default_p
 
 
 def observe(views: dict[str, UpsView], p: Power, now: float) -> None:
-    """Fold one reading into a table of UPS views (the site's, and each saga's own copy).
-    Low battery counts only on battery; a drill flag only while the drill has it on battery."""
+    """Fold one reading into a table of UPS views (the site's real or drill table, and each
+    saga's own copy). Low battery counts only on battery; a drill flag only while on battery."""
     view = views.setdefault(p.ups, UpsView(since=now))
     if view.on_battery != p.on_battery:
         view.since = now
@@ -229,8 +232,6 @@ def _observe(rec: SagaRecord, p: Power, now: float) -> None:
             on_battery_s=round(now - view.since, 3),
         )
     observe(rec.ups, p, now)
-    if p.on_battery and not p.drill and rec.drill:
-        rec.drill = False  # a real outage during a drill: from now on the commands are real
 
 
 def _ack(rec: SagaRecord, a: Ack, now: float, require: str = "local") -> None:
@@ -238,8 +239,9 @@ def _ack(rec: SagaRecord, a: Ack, now: float, require: str = "local") -> None:
     if plan is None or not 0 <= a.rank < plan.world_size or a.request_id is None:
         return  # an ack must answer a request this saga issued
     rnd: CkptRound | None = plan if a.request_id == plan.request_id else None
-    if rnd is None and plan.final is not None and a.request_id == plan.final.request_id:
-        rnd = plan.final
+    for other in (plan.final, plan.hold):
+        if rnd is None and other is not None and a.request_id == other.request_id:
+            rnd = other
     if rnd is None or rnd.requested_at is None or rnd.settled_at is not None:
         return  # not ours, not sent yet, or late: the deadline decided already
     rnd.require = require
@@ -251,6 +253,8 @@ def _ack(rec: SagaRecord, a: Ack, now: float, require: str = "local") -> None:
     elif a.rank not in rnd.acked:
         rnd.failed[a.rank] = a.error or "failed"
     if rnd.answered:
+        if rnd is plan.hold:
+            _settle_hold(plan, now)
         rnd.settled_at = now
 
 
@@ -287,7 +291,7 @@ def site_need_s(rec: SagaRecord, topo: Topology, policy: Policy) -> float:
     shutdown of the saga's nodes needs (measured, or the reserve) and the margin."""
     took = [d for p in rec.jobs.values() if (d := p.duration_s) is not None]
     groups = {topo.group_key(topo.feeds[n]) for n in rec.nodes if n in topo.feeds}
-    return (max(took) if took else 0.0) + rules.groups_need_s(rec.supply, policy, groups) + policy.margin_s
+    return (max(took) if took else 0.0) + rules.groups_need_s(rec.supply, topo, policy, groups) + policy.margin_s
 
 
 def _budget_deadline(rec: SagaRecord, now: float, topo: Topology, policy: Policy) -> float:
@@ -389,6 +393,8 @@ def _step(rec: SagaRecord, now: float, topo: Topology, policy: Policy, out: list
         reason = _shutdown_trigger(rec, now, topo, policy) or _final_trigger(rec, topo, policy)
         if reason:
             _stop(rec, now, reason, topo, policy, out, jobs)
+        else:
+            _hold_checkpoints(rec, now, topo, policy, out)
         return
     if state == S.FINAL_CHECKPOINT:
         if _settle_rounds(rec, now, topo, policy, out):
@@ -593,6 +599,19 @@ def supersede(old: SagaRecord, new: SagaRecord, now: float) -> None:
     old.updated_at = now
 
 
+def give_way(drill: SagaRecord, real: SagaRecord, now: float) -> list[Command]:
+    """A real outage's saga holds nodes or jobs of a drill: the drill ends ``cancelled``, its
+    paused ranks released (the real saga asks them for what it needs itself; a rank leaves a
+    pause only once every saga that paused it released it). Nothing the drill did was real."""
+    out: list[Command] = []
+    for name, plan in sorted(drill.jobs.items()):
+        if plan.paused:
+            _issue(drill, out, "release", name, "release")
+    _set(drill, S.CANCELLED, now, f"a real outage (saga {real.saga_id}) holds its nodes or jobs: the drill ends")
+    drill.updated_at = now
+    return out
+
+
 def held_by(rec: SagaRecord) -> set[str]:
     """The nodes a saga holds: at risk before its shutdown; shut down and not yet powered on after."""
     if rec.terminal:
@@ -619,9 +638,12 @@ def _settle_rounds(rec: SagaRecord, now: float, topo: Topology, policy: Policy, 
     deadline; True when every round is settled."""
     budget = _budget_deadline(rec, now, topo, policy)  # the battery only ever shrinks a deadline
     open_rounds = [r for r in _rounds(rec) if r.settled_at is None]
-    for r in open_rounds:
-        if r.deadline is not None:
-            r.deadline = min(r.deadline, budget)
+    for plan in rec.jobs.values():
+        if plan.settled_at is None and plan.deadline is not None and plan.requested_at is not None:
+            plan.deadline = min(plan.deadline, budget)
+        f = plan.final
+        if f is not None and f.settled_at is None and f.deadline is not None:  # its own window (budget or margin)
+            f.deadline = min(f.deadline, now + rules.final_window(rec.supply, topo, policy, plan.duration_s).seconds)
     for plan in rec.jobs.values():
         for final, r in ((False, plan), (True, plan.final)):
             if r is None or r.settled_at is not None or r.deadline is None or r.told_deadline is None:
@@ -636,6 +658,58 @@ def _settle_rounds(rec: SagaRecord, now: float, topo: Topology, policy: Policy, 
         if r.answered or now >= (r.deadline or now):
             r.settled_at = now
     return all(r.settled_at is not None for r in _rounds(rec))
+
+
+def _hold_checkpoints(rec: SagaRecord, now: float, topo: Topology, policy: Policy, out: list[Command]) -> None:
+    """While holding, a checkpoint of every ``checkpoint-at-stop`` job at risk every
+    ``hold_checkpoint_every_s`` (never more often than its measured power checkpoint allows at
+    ``hold_checkpoint_max_share``), one round at a time, each within the battery budget: the
+    training at risk at any moment stays bounded even when no final checkpoint can be taken."""
+    if not policy.hold_checkpoint_every_s:
+        return
+    budget = rules.budget_s(rec.supply, topo, policy)
+    for plan in _final_candidates(rec):
+        h = plan.hold
+        if h is not None and h.settled_at is None:
+            if now >= (h.deadline or now):
+                _settle_hold(plan, now)
+                h.settled_at = now
+            continue
+        cost = plan.duration_s
+        if cost is None or budget <= cost:  # no measured checkpoint of this outage, or no battery for one
+            continue
+        every = max(policy.hold_checkpoint_every_s, cost / policy.hold_checkpoint_max_share)
+        last = h.requested_at if h is not None else plan.settled_at
+        if last is None or now - last < every:
+            continue
+        plan.hold_rounds += 1
+        plan.hold = CkptRound(
+            request_id=command_key(rec.saga_id, plan.job, f"hold.{plan.hold_rounds}"),
+            world_size=plan.world_size,
+            requested_at=now,
+            deadline=now + budget,
+            told_deadline=now + budget,
+        )
+        _emit(rec, out, hold_command(rec, plan))
+
+
+def _settle_hold(plan: JobPlan, now: float) -> None:
+    """A hold round answered (or out of time): its step counts once every rank made it durable."""
+    h = plan.hold
+    if h is not None and not h.missing and h.step is not None:
+        plan.hold_step = max(h.step, plan.hold_step or h.step)
+
+
+def hold_command(rec: SagaRecord, plan: JobPlan) -> Command:
+    """The request of a job's latest hold checkpoint (training goes on after it)."""
+    h = plan.hold
+    assert h is not None
+    return Command(
+        kind="ckpt_request",
+        key=command_key(rec.saga_id, plan.job, f"hold.{plan.hold_rounds}"),
+        target=plan.job,
+        args={"request_id": h.request_id, "deadline": h.deadline, "reason": "hold", "then": "continue"},
+    )
 
 
 def ckpt_command(rec: SagaRecord, plan: JobPlan, *, final: bool, policy: Policy) -> Command:
@@ -678,36 +752,44 @@ def _stop(
     """The saga decided to shut down: a final checkpoint first where the policy asks for one and
     the battery allows it, else the shutdown at once."""
     rec.stop_reason, rec.stop_decided_at = reason, now
-    budget = rules.budget_s(rec.supply, topo, policy)
-    asked, skipped = 0, []
+    asked, skipped, longest = 0, [], 0.0
     for plan in _final_candidates(rec):
-        took = plan.duration_s
-        if budget <= 0:
-            plan.final_note = f"skipped: no battery budget left ({reason}); stopped on the power checkpoint"
-        elif took is not None and took > budget:
-            plan.final_note = (
-                f"skipped: the power checkpoint took {took:.1f}s, {budget:.1f}s left before what the shutdown "
-                f"needs ({rules.shutdown_need_s(rec.supply, topo, policy):.0f}s); stopped on the power checkpoint"
-            )
-        if plan.final_note is not None:
+        window = rules.final_window(rec.supply, topo, policy, plan.duration_s)
+        if window.why_skipped is not None:
+            why = window.why_skipped if reason in window.why_skipped else f"{window.why_skipped} ({reason})"
+            plan.final_note = f"skipped: {why}; stopped on {_newest_checkpoint(plan)}"
             skipped.append(plan.job)
-        else:
-            plan.final = CkptRound(
-                request_id=command_key(rec.saga_id, plan.job, "final"),
-                world_size=plan.world_size,
-                requested_at=now,
-                deadline=now + budget,
-                told_deadline=now + budget,
-            )
-            _emit(rec, out, ckpt_command(rec, plan, final=True, policy=policy))
-            asked += 1
+            continue
+        if window.from_margin:
+            plan.final_note = None  # its note comes with its result; the stop reason says why it was taken
+            reason_margin = f"final checkpoint within {window.seconds:.1f}s of the runtime's margin"
+            if reason_margin not in (rec.stop_reason or ""):
+                rec.stop_reason = f"{rec.stop_reason}; {reason_margin}"
+        plan.final = CkptRound(
+            request_id=command_key(rec.saga_id, plan.job, "final"),
+            world_size=plan.world_size,
+            requested_at=now,
+            deadline=now + window.seconds,
+            told_deadline=now + window.seconds,
+        )
+        _emit(rec, out, ckpt_command(rec, plan, final=True, policy=policy))
+        asked, longest = asked + 1, max(longest, window.seconds)
     if asked:
-        rec.deadline = now + budget
-        _set(rec, S.FINAL_CHECKPOINT, now, f"{reason}; final checkpoint of {asked} job(s) within {budget:.1f}s")
+        rec.deadline = now + longest
+        _set(
+            rec, S.FINAL_CHECKPOINT, now, f"{rec.stop_reason}; final checkpoint of {asked} job(s) within {longest:.1f}s"
+        )
     else:
         _shutdown(
             rec, now, reason + (f"; final checkpoint skipped: {', '.join(skipped)}" if skipped else ""), out, jobs
         )
+
+
+def _newest_checkpoint(plan: JobPlan) -> str:
+    """What a job stopped without its final checkpoint restarts from, in words."""
+    if plan.hold_step is not None and (plan.step is None or plan.hold_step > plan.step):
+        return f"its hold checkpoint of step {plan.hold_step}"
+    return "the power checkpoint"
 
 
 def _note_finals(rec: SagaRecord) -> None:
@@ -722,7 +804,7 @@ def _note_finals(rec: SagaRecord) -> None:
             late = [r for r in f.missing if r not in f.failed]
             if late:
                 why = "; ".join(filter(None, [why, f"ranks {','.join(map(str, late))} did not ack by the deadline"]))
-            plan.final_note = f"failed ({why}); stopped on the power checkpoint"
+            plan.final_note = f"failed ({why}); stopped on {_newest_checkpoint(plan)}"
 
 
 def _record_stop(rec: SagaRecord, now: float, jobs: JobsArg) -> None:
@@ -737,7 +819,7 @@ def _record_stop(rec: SagaRecord, now: float, jobs: JobsArg) -> None:
             plan.stop_step, plan.stop_step_exact = plan.step, True  # ranks wait at the power checkpoint
         else:
             info = _jobs_now(jobs) if info is None else info
-            seen = [plan.step, plan.final.step if plan.final else None, plan.step_at_detection]
+            seen = [plan.step, plan.final.step if plan.final else None, plan.hold_step, plan.step_at_detection]
             if name in info:
                 seen.append(info[name].step)
             known = [x for x in seen if x is not None]
@@ -805,6 +887,8 @@ def pending(rec: SagaRecord, policy: Policy) -> list[Command]:
                 out.append(ckpt_command(rec, p, final=False, policy=policy))
             if p.final is not None and p.final.settled_at is None:
                 out.append(ckpt_command(rec, p, final=True, policy=policy))
+    elif rec.state == S.HOLDING:
+        out += [hold_command(rec, p) for _, p in sorted(rec.jobs.items()) if p.hold and p.hold.settled_at is None]
     elif rec.state == S.SHUTTING_DOWN:
         for name in sorted(rec.jobs):
             if command_key(rec.saga_id, name, "stop") in rec.issued:

@@ -1,18 +1,24 @@
 """The coordinator service: events in, saga transitions stored with CAS, commands out.
 
-Only the replica holding the lease consumes. Inputs arrive in batches on one durable
-consumer; each batch is applied to the sagas in memory, every changed saga is written to
-KV (CAS) *before* the commands it implies are published, and only then is the batch acked.
-A replica that starts (or takes over) loads the open sagas and re-sends what is pending.
+Only the replica holding the lease consumes. Inputs arrive in batches on three durable
+consumers: power events (real and drill readings) on their own, power-control's results, and
+the jobs' acks and resumes (on the jobs' own stream). A power batch goes first: no volume of
+acks, junk included, ever queues in front of a power event (:class:`Gate`). Each batch is
+applied to the sagas in memory, every changed saga is written to KV (CAS) *before* the
+commands it implies are published, and only then is the batch acked. When a UPS's events
+arrive older than ``max_event_age_s`` (a backlog), its newest reading is read from the stream
+and applied: the saga acts on the UPS's current state, not on its queue. A replica that starts
+(or takes over) loads the open sagas and re-sends what is pending.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 
 from opentelemetry import context as otel_context
 
@@ -52,22 +58,46 @@ from .topology import AgentRegistry, Topology
 # sagas) (their records are serialized and their changed parts written), so under a burst of acks
 # a larger batch is what keeps up: bench/scale.py at 100,000 ranks. A quiet site gets batches of 1.
 INPUT_BATCH = 4096
+POWER_BATCH = 256  # readings of a few hundred UPSes at most between two batches
 log = logging.getLogger(__name__)
 
-INPUT_TYPES = (
-    PowerEvent,
-    CheckpointDurable,
-    CheckpointFailed,
-    NodeState,
-    PowerActionFailed,
-    JobResumed,
-    JobRestarted,
-    UpsOutputResult,
-)
+POWER_TYPES = (PowerEvent,)
+RESULT_TYPES = (NodeState, PowerActionFailed, JobRestarted, UpsOutputResult)  # power-control's results
+JOB_TYPES = (CheckpointDurable, CheckpointFailed, JobResumed)  # the jobs' agents (their own stream)
 
 
 class NotLeader(PowerGuardError):
     """This replica no longer holds the site's lease: it must not store or publish."""
+
+
+class Gate:
+    """The coordinator's one lock, with power batches first: a batch of results or a tick waits
+    while a power batch waits, so a flood of acks never holds a power event back by more than
+    the one batch already being applied."""
+
+    def __init__(self) -> None:
+        self._lock = asyncio.Lock()
+        self._urgent = 0
+        self._clear = asyncio.Event()
+        self._clear.set()
+
+    @contextlib.asynccontextmanager
+    async def urgent(self) -> AsyncIterator[None]:
+        self._urgent += 1
+        self._clear.clear()
+        try:
+            async with self._lock:
+                yield
+        finally:
+            self._urgent -= 1
+            if not self._urgent:
+                self._clear.set()
+
+    @contextlib.asynccontextmanager
+    async def normal(self) -> AsyncIterator[None]:
+        await self._clear.wait()
+        async with self._lock:
+            yield
 
 
 class Coordinator:
@@ -82,8 +112,8 @@ class Coordinator:
         self.core = SiteCore(self.topo, self.policy, registry=self.registry)
         self.revisions: dict[str, int] = {}  # open saga -> KV revision it was read or written at (0: new)
         self.leader = False
-        self._lock = asyncio.Lock()
-        self._consumer = None
+        self._gate = Gate()
+        self._consumers: list = []
         self._watch: AgentWatch | None = None
         self._store: SagaStore | None = None
         self._lease: Lease | None = None
@@ -167,15 +197,24 @@ class Coordinator:
             log.info("resuming saga %s in state %s; re-sending %d command(s)", sid, rec.state, len(again))
             await self._publish(rec, again, resend=True)
         self._gauges()
-        durable = durable_names(self.site.site)["coordinator"]
-        self._consumer = await self.bus.consume_batches(
-            *INPUT_TYPES,
-            batch_handler=self.on_batch,
-            durable=durable,
-            subject=durable_filters(self.bus.names, self.site.site)[durable],
-            batch=INPUT_BATCH,
-            since_s=self.policy.max_event_age_s,
-        )
+        names = durable_names(self.site.site)
+        filters = durable_filters(self.bus.names, self.site.site)
+        for types, handler, durable, batch in (
+            (POWER_TYPES, self.on_power, names["coordinator-power"], POWER_BATCH),
+            (RESULT_TYPES, self.on_batch, names["coordinator"], INPUT_BATCH),
+            (JOB_TYPES, self.on_batch, names["coordinator-jobs"], INPUT_BATCH),
+        ):
+            self._consumers.append(
+                await self.bus.consume_batches(
+                    *types,
+                    batch_handler=handler,
+                    durable=durable,
+                    subject=filters[durable],
+                    batch=batch,
+                    since_s=self.policy.max_event_age_s,
+                    max_skew_s=self.policy.max_clock_skew_s,
+                )
+            )
         log.info(
             "consuming inputs for site %s (%d ranks known, %d open saga(s))",
             self.site.site,
@@ -187,9 +226,9 @@ class Coordinator:
         log.info("%s stops leading (%s)", self.instance, why)
         self.leader = False
         metrics.LEADER.set(0)
-        if self._consumer is not None:
-            await self._consumer.stop()
-            self._consumer = None
+        consumers, self._consumers = self._consumers, []
+        for consumer in consumers:
+            await consumer.stop()
         if self._watch is not None:
             await self._watch.stop()
             self._watch = None
@@ -205,20 +244,55 @@ class Coordinator:
             self.registry.update(agent, time.time(), heard=not stored)
 
     # ------------------------------------------------------------------ inputs
+    @property
+    def consuming(self) -> bool:
+        """Every consumer is bound (power events; power-control's results; the jobs' acks)."""
+        return len(self._consumers) == 3
+
+    async def on_power(self, items: list[Received]) -> None:
+        """A batch of power events (real and drill readings), ahead of any other input."""
+        async with self._gate.urgent():
+            self._check_leader()
+            step = self.core.apply(self._events(items), time.time())
+            await self._commit(step)
+            current = await self._current_readings(step)
+            if current:
+                await self._commit(self.core.apply(current, time.time()))
+
     async def on_batch(self, items: list[Received]) -> None:
-        async with self._lock:
-            if not self.leader:
-                raise NotLeader(f"{self.instance} does not lead site {self.site.site}")
+        """A batch of results, or of acks and resumes."""
+        async with self._gate.normal():
+            self._check_leader()
             for item in items:
                 ev = item.event
                 if isinstance(ev, CheckpointDurable) and ev.data.durations.total_s is not None:
                     metrics.CHECKPOINT_SECONDS.labels(ev.data.job).observe(ev.data.durations.total_s)
-            events = [(i.event, parse_traceparent(i.headers.get("traceparent"))) for i in items]
-            await self._commit(self.core.apply(events, time.time()))
+            await self._commit(self.core.apply(self._events(items), time.time()))
+
+    def _check_leader(self) -> None:
+        if not self.leader:
+            raise NotLeader(f"{self.instance} does not lead site {self.site.site}")
+
+    @staticmethod
+    def _events(items: list[Received]) -> list[tuple[Envelope, tuple[str, str] | None]]:
+        return [(i.event, parse_traceparent(i.headers.get("traceparent"))) for i in items]
+
+    async def _current_readings(self, step: Step) -> list[tuple[Envelope, tuple[str, str] | None]]:
+        """A UPS whose events arrived too old to act on (they queued up): its newest reading on
+        the stream, so the saga acts on what the UPS says now, never on its backlog alone."""
+        out = []
+        s = self.bus.subjects
+        for drill, ups in sorted({(n.drill, n.ups) for n in step.notices if n.reason == "stale" and n.ups}):
+            subject = s.drill_power(self.site.site, ups) if drill else s.power(self.site.site, ups)
+            got = await self.bus.last(subject)
+            if got is not None and isinstance(got.event, PowerEvent):
+                log.warning("ups %s: events queued up; acting on its newest reading (%s)", ups, got.event.short_type)
+                out.append((got.event, parse_traceparent(got.headers.get("traceparent"))))
+        return out
 
     # ------------------------------------------------------------------ clock
     async def tick(self) -> None:
-        async with self._lock:
+        async with self._gate.normal():
             if not self.leader:
                 return
             if not (self.open or self._unsaved):
@@ -241,7 +315,7 @@ class Coordinator:
         now = time.time()
         for notice in step.notices:
             metrics.IGNORED.labels(notice.reason).inc()
-            level = logging.WARNING if notice.reason in ("unknown_ups", "stale") else logging.INFO
+            level = logging.WARNING if notice.reason in ("unknown_ups", "stale", "future") else logging.INFO
             log.log(level, "%s", notice.message)
         for sid in step.started:
             rec = next(r for r in step.changed if r.saga_id == sid)

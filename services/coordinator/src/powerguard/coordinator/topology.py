@@ -6,7 +6,7 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from powerguard.schemas import AgentData, HoldPolicy, SiteConfig
+from powerguard.schemas import AgentData, HoldPolicy, ShutdownTimings, SiteConfig
 
 
 @dataclass(frozen=True)
@@ -17,6 +17,9 @@ class Topology:
     # storage, network and management nodes -> (role, feeds): never part of the outage's shutdown,
     # only of the last stage of an outage longer than the battery (killpower.py)
     infra: Mapping[str, tuple[str, tuple[str, ...]]] = field(default_factory=dict)
+    # compute node -> the longest its shutdown takes while its devices answer (the site file's
+    # power_control timings: ShutdownTimings.bound_s); a node without one: not known
+    bounds: Mapping[str, float] = field(default_factory=dict)
     groups: Mapping[tuple[str, ...], tuple[str, ...]] = field(init=False)  # feed set -> its nodes
 
     def __post_init__(self) -> None:
@@ -30,7 +33,14 @@ class Topology:
         capacity = {u.name: (u.capacity_wh, u.rated_w) for u in site.ups if u.capacity_wh and u.rated_w}
         feeds = {n.name: tuple(n.feeds) for n in site.nodes if n.role == "compute"}
         infra = {n.name: (n.role, tuple(n.feeds)) for n in site.nodes if n.role != "compute"}
-        return cls(site=site.site, feeds=feeds, capacity=capacity, infra=infra)
+        timings = site.settings("power_control", ShutdownTimings)
+        bounds = {n.name: timings.bound_s(n) for n in site.nodes if n.role == "compute"}
+        return cls(site=site.site, feeds=feeds, capacity=capacity, infra=infra, bounds=bounds)
+
+    def group_bound_s(self, group: str) -> float | None:
+        """The longest shutdown of a node group (``A+B``) by the site's own timings, or None."""
+        known = [self.bounds[n] for n in self.groups.get(tuple(group.split("+")), ()) if n in self.bounds]
+        return max(known) if known else None
 
     @property
     def ups(self) -> set[str]:

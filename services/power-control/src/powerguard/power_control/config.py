@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from powerguard.schemas import SecretRef
+from powerguard.schemas import SecretRef, ShutdownTimings
 from powerguard.snmp import SnmpCredentials
 
 from .ramp import RampSettings
@@ -28,12 +28,17 @@ class ProbeSettings(_Model):
     interval_s: float = Field(default=1.0, gt=0)
 
 
-class PowerControlSettings(_Model):
+class PowerControlSettings(ShutdownTimings):
+    """The ``power_control:`` section. The timings that bound a node's shutdown
+    (``soft_off_timeout_s``, ``device_timeout_s``, ``outlets_off_on_shutdown``,
+    ``job_stop_grace_s``, ``job_stop_wait_s``) are :class:`~powerguard.schemas.ShutdownTimings`,
+    which the coordinator reads from the same section."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
     dry_run: bool = Field(default=False, description="Log and report every action, touch nothing")
-    soft_off_timeout_s: float = Field(default=120.0, gt=0, description="ACPI soft-off, then hard off")
     boot_timeout_s: float = Field(default=600.0, gt=0, description="Power-on until the node is ready")
     outlet_stagger_s: float = Field(default=2.0, ge=0, description="Between two outlet-on actions (inrush)")
-    outlets_off_on_shutdown: bool = Field(default=False, description="Switch PDU outlets off after the node is off")
     max_parallel_power_on: int = Field(
         default=4, ge=1, description="Nodes at most between their BMC power-on command and 'on' (a sliding window)"
     )
@@ -53,7 +58,6 @@ class PowerControlSettings(_Model):
         "often and reported to the saga once it has (an operator's power on by hand completes a restore)",
     )
     readback_window_s: float = Field(default=3600.0, gt=0, description="... for at most this long after the command")
-    device_timeout_s: float = Field(default=10.0, gt=0, description="One request to one BMC or PDU")
     device_check_s: float = Field(
         default=60.0,
         ge=0,
@@ -66,12 +70,6 @@ class PowerControlSettings(_Model):
     max_parallel_per_driver: dict[str, int] = Field(
         default_factory=lambda: {"ipmi": 16, "redfish": 16, "pdu": 4, "dry-run": 64},
         description="Concurrent requests per driver kind",
-    )
-    job_stop_grace_s: float = Field(
-        default=2.0, ge=0, description="A node's shutdown waits this long for its jobs' own stop command to arrive"
-    )
-    job_stop_wait_s: float = Field(
-        default=60.0, ge=0, description="... and this long for that stop to finish; then it stops the jobs itself"
     )
     max_command_age_s: float = Field(
         default=300.0, gt=0, description="Refuse a command older than this (a replay, or one stuck in a backlog)"

@@ -16,10 +16,17 @@ class DeviceUnreachable(PowerControlError):
 
 
 class AuthenticationFailed(PowerControlError):
-    """The device refused our credentials. Never retried automatically: a wrong password
-    stays wrong, and hammering a BMC with it can lock the account."""
+    """The device refused our credentials, twice in a row on fresh sessions (drivers raise it
+    for every refusal; the device's guard turns a first one into :class:`CredentialsDoubted`).
+    Never retried automatically: a wrong password stays wrong, and hammering a BMC with it can
+    lock the account."""
 
     retryable = False
+
+
+class CredentialsDoubted(PowerControlError):
+    """The device refused our credentials once: retried on a fresh session before it counts
+    (a BMC under load drops and mixes up sessions; ``retry_policy.py``)."""
 
 
 class CommandRejected(PowerControlError):

@@ -27,11 +27,12 @@ from powerguard.schemas import (
 from . import metrics
 from .config import PowerControlSettings
 from .drivers import Devices, PowerDriver, PowerState
-from .errors import AuthenticationFailed, PowerControlError, PowerStateTimeout, SchedulerError
+from .errors import AuthenticationFailed, CredentialsDoubted, PowerControlError, PowerStateTimeout, SchedulerError
 from .plans import Step, restore_plan, shutdown_plan
 from .probes import probe_once
 from .ramp import Ramp
 from .ramp_wait import RampSignal, RampSlot
+from .retry_policy import after_failure
 from .schedulers import Scheduler
 
 log = logging.getLogger(__name__)
@@ -52,6 +53,7 @@ class Order:
 
 
 SETUP_CONCURRENCY = 64
+CONFIRM_REFUSAL_S = 1.0  # a refused credential is tried again on a fresh session this soon (retry_policy.py)
 
 
 @dataclass
@@ -126,17 +128,23 @@ class Sequencer:
 
     # -------------------------------------------------------------- helpers
     async def _retrying(self, what: str, fn: Callable[[], Awaitable[T]]) -> T:
-        delay = self.s.retry_backoff_s
-        for attempt in range(self.s.retries + 1):
+        attempt = 0
+        while True:
             try:
                 return await fn()
             except PowerControlError as exc:
-                if not exc.retryable or attempt == self.s.retries:
+                retry = after_failure(
+                    exc,
+                    attempt,
+                    retries=self.s.retries,
+                    backoff_s=self.s.retry_backoff_s,
+                    confirm_s=CONFIRM_REFUSAL_S,
+                )
+                if not retry.again:
                     raise
-                log.info("%s failed (%s); retry %d/%d in %.1fs", what, exc, attempt + 1, self.s.retries, delay)
-                await asyncio.sleep(delay)
-                delay *= 2
-        raise AssertionError("unreachable")
+                attempt += 1
+                log.info("%s failed (%s); retry %d/%d in %.1fs", what, exc, attempt, self.s.retries, retry.delay_s)
+                await asyncio.sleep(retry.delay_s)
 
     async def _wait_state(self, bmc: PowerDriver, want: PowerState, timeout_s: float) -> bool:
         deadline = time.monotonic() + timeout_s
@@ -403,7 +411,8 @@ class Sequencer:
             await self._ramp_wait(o, lambda slot: self._retrying(f"{bmc.device} power on", lambda: bmc.on_at(slot)))
             return None
         except PowerControlError as exc:
-            if isinstance(exc, AuthenticationFailed) or not await self._wait_state(bmc, "on", self.s.device_timeout_s):
+            refused = isinstance(exc, AuthenticationFailed | CredentialsDoubted)
+            if refused or not await self._wait_state(bmc, "on", self.s.device_timeout_s):
                 raise
             log.warning("%s: on after a power-on that failed (%s)", o.node, exc)
             return str(exc)

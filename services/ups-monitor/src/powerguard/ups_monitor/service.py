@@ -1,7 +1,12 @@
 """The ups-monitor service: poll every UPS concurrently (bounded), run each through its state
 machine, and publish power events. Power transitions are claimed by CAS on the ``pg_ups`` KV
 bucket (``<site>.<ups>``), and their event ids derive from the claimed sequence number, so two
-monitors watching one UPS put one event per transition on the stream."""
+monitors watching one UPS put one event per transition on the stream.
+
+A transition whose publish failed (the server did not store it in time) is published again,
+the same event (same id: the stream keeps one), before anything else of its UPS at every
+poll until the server has stored it; and the UPS's current state is re-asserted at once (a
+status event at the next good reading), so the coordinator acts on what the UPS says now."""
 
 from __future__ import annotations
 
@@ -21,6 +26,7 @@ from powerguard.schemas import (
     CommLost,
     CommRestored,
     ConfigError,
+    Envelope,
     ForcedShutdown,
     LowBattery,
     OnBattery,
@@ -56,6 +62,7 @@ EVENTS = {
     "status": PowerStatus,
 }
 FLAGS = ("on_battery", "low_battery", "fsd", "replace_battery", "overload")
+UNSENT_MAX = 64  # transitions of one UPS kept for publishing again (the oldest dropped first)
 
 
 @dataclass
@@ -66,6 +73,7 @@ class Target:
     comm_seq: int = 0
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # a trap's poll and the periodic one
     trap_poll: asyncio.Task | None = None
+    unsent: list[Envelope] = field(default_factory=list)  # power transitions the server has not stored yet
 
 
 def make_driver(cfg: UpsConfig, settings: MonitorSettings):
@@ -253,6 +261,8 @@ class Monitor:
 
     async def _poll(self, t: Target, trap=None) -> None:
         async with t.lock, self._sem:
+            if t.unsent:
+                await self._resend(t)  # first: what the UPS said before what it says now
             now = time.time()
             try:
                 reading = (await asyncio.wait_for(t.driver.poll(), self.settings.timeout_s)).checked()
@@ -283,6 +293,35 @@ class Monitor:
                     transitions = await self._claim(t, reading, transitions)
         for tr in transitions:
             await self._emit(t, tr, now, via="trap" if trap is not None else "poll")
+
+    def _publish_failed(self, t: Target, transition: Envelope | None, exc: BaseException) -> None:
+        """A publish the server did not store: a power transition is kept to be published again,
+        and the UPS's state is re-asserted (a status at the next good reading)."""
+        if transition is not None and all(e.id != transition.id for e in t.unsent):
+            t.unsent.append(transition)
+            del t.unsent[:-UNSENT_MAX]
+        t.state.last_status_at = None
+        self.readiness.publish_failed(str(exc) or type(exc).__name__)
+        metrics.PUBLISH_OK.labels(self.site.site).set(0)
+
+    def _published(self) -> None:
+        self.readiness.published()
+        metrics.PUBLISH_OK.labels(self.site.site).set(1)
+
+    async def _resend(self, t: Target) -> bool:
+        """Publish this UPS's unsent transitions again, oldest first; True once all are stored."""
+        while t.unsent:
+            event = t.unsent[0]
+            try:
+                await self.bus.publish(event)
+            except Exception as exc:
+                log.error("ups %s: %s still not published: %s", t.cfg.name, event.short_type, exc)
+                self._publish_failed(t, None, exc)
+                return False
+            t.unsent.pop(0)
+            log.warning("ups %s: %s published (again) after a failed publish", t.cfg.name, event.short_type)
+            self._published()
+        return True
 
     async def _claim(self, t: Target, reading: Reading, transitions: list[Transition]) -> list[Transition]:
         """Record the new flags in KV by CAS; keep only the power transitions no other monitor
@@ -345,6 +384,11 @@ class Monitor:
             observed_at=datetime.fromtimestamp(now, UTC),
         )
         event = EVENTS[tr.kind](id=eid, source=f"/powerguard/ups-monitor/{self.instance}", subject=ups, data=data)
+        if t.unsent:  # older transitions are not stored yet: nothing of this UPS overtakes them
+            if tr.kind in POWER_KINDS:
+                t.unsent.append(event)
+            t.state.last_status_at = None
+            return
         # a state change starts the outage trace: from the moment it was seen to the event stored
         detect = (
             self.bus.tracer.start_as_current_span(
@@ -366,11 +410,9 @@ class Monitor:
                 await self.bus.publish(event)
             except Exception as exc:
                 log.error("ups %s: %s not published: %s", ups, tr.kind, exc)
-                self.readiness.publish_failed(str(exc) or type(exc).__name__)
-                metrics.PUBLISH_OK.labels(site).set(0)
+                self._publish_failed(t, event if tr.kind in POWER_KINDS else None, exc)
                 return
-        self.readiness.published()
-        metrics.PUBLISH_OK.labels(site).set(1)
+        self._published()
         if tr.kind != "status":
             metrics.TRANSITIONS.labels(site, ups, tr.kind).inc()
             log.info("ups %s: %s", ups, tr.kind)

@@ -1,6 +1,8 @@
 """The one async interface every power device speaks, with the guards they all share:
-a concurrency bound per driver kind, a timeout per request, and a hold-off after the
-device refused our credentials (no retry storm against a BMC that would lock us out)."""
+a concurrency bound per driver kind, one request at a time per device (a BMC has few session
+slots: an off and an on of one node overlapping confused one), a timeout per request, and a
+refusal of our credentials doubted once, then believed and held off (no retry storm against a
+BMC that would lock us out: ``retry_policy.py``)."""
 
 from __future__ import annotations
 
@@ -12,7 +14,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable
 from typing import Literal, Protocol, TypeVar
 
-from ..errors import AuthenticationFailed, DeviceUnreachable, PowerControlError
+from ..errors import AuthenticationFailed, CredentialsDoubted, DeviceUnreachable, PowerControlError
+from ..retry_policy import CredentialWatch
 
 PowerState = Literal["on", "off", "unknown"]
 RestorePolicy = Literal["always-on", "previous", "always-off"]
@@ -30,7 +33,8 @@ class Slot(Protocol):
 
 
 class Guarded:
-    """Timeout, concurrency slot and credential hold-off around every device request."""
+    """Timeout, concurrency slot, one request at a time, and the credential watch around every
+    request to one device."""
 
     def __init__(
         self, device: str, *, timeout_s: float, slots: asyncio.Semaphore | None = None, auth_holdoff_s: float = 300.0
@@ -39,27 +43,35 @@ class Guarded:
         self.timeout_s = timeout_s
         self.slots = slots
         self.auth_holdoff_s = auth_holdoff_s
-        self._auth_failed: tuple[float, str] | None = None
+        self.credentials = CredentialWatch(auth_holdoff_s)
+        self.serial = asyncio.Lock()  # one request (or session) to this device at a time
 
-    async def call(self, what: str, fn: Callable[[], Awaitable[T]]) -> T:
-        if self._auth_failed is not None:
-            at, why = self._auth_failed
-            if time.monotonic() - at < self.auth_holdoff_s:
-                raise AuthenticationFailed(
-                    f"{self.device}: {why} (not retried for {self.auth_holdoff_s:.0f}s after a credential failure)"
-                )
-            self._auth_failed = None
-        slots = self.slots or _NO_LIMIT
-        async with slots:
+    async def call(self, what: str, fn: Callable[[], Awaitable[T]], *, locked: bool = False) -> T:
+        """Run one request; ``locked``: the caller holds :attr:`serial` already (a session it keeps
+        open across requests)."""
+        why = self.credentials.blocked(time.monotonic())
+        if why is not None:
+            raise AuthenticationFailed(
+                f"{self.device}: {why} (not retried for {self.auth_holdoff_s:.0f}s after a credential failure)"
+            )
+        async with contextlib.nullcontext() if locked else self.serial, self.slots or _NO_LIMIT:
             try:
-                return await asyncio.wait_for(fn(), self.timeout_s)
+                result = await asyncio.wait_for(fn(), self.timeout_s)
             except AuthenticationFailed as exc:
-                self._auth_failed = (time.monotonic(), str(exc).removeprefix(f"{self.device}: "))
-                raise
-            except PowerControlError:
+                text = str(exc).removeprefix(f"{self.device}: ")
+                if self.credentials.refused(time.monotonic(), text):
+                    raise
+                raise CredentialsDoubted(
+                    f"{self.device}: {text} once: tried again on a fresh session before it counts"
+                ) from None
+            except PowerControlError as exc:
+                if not isinstance(exc, DeviceUnreachable):
+                    self.credentials.answered()  # it answered: the credentials were taken
                 raise
             except TimeoutError:
                 raise DeviceUnreachable(f"{self.device}: no answer to {what} within {self.timeout_s:.1f}s") from None
+        self.credentials.answered()
+        return result
 
 
 async def in_daemon_thread(fn: Callable[[], T], *, name: str) -> T:

@@ -155,12 +155,15 @@ class IpmitoolDriver(PowerDriver):
 
     async def on_at(self, slot: Slot) -> None:
         await sleep_until(slot.start - SESSION_AHEAD_S)
-        shell = await self.guard.call("open session", self._open_shell)
-        try:
-            await slot.wait()
-            out = await self.guard.call("set power on", lambda: self._shell_request(shell, "chassis power on"))
-        finally:
-            await _kill(shell)
+        async with self.guard.serial:  # the session is this BMC's only one until the command went
+            shell = await self.guard.call("open session", self._open_shell, locked=True)
+            try:
+                await slot.wait()
+                out = await self.guard.call(
+                    "set power on", lambda: self._shell_request(shell, "chassis power on"), locked=True
+                )
+            finally:
+                await _kill(shell)
         if not _POWERED_ON.search(out):
             raise _wrap(self.device, 1, out)
 

@@ -1,0 +1,81 @@
+"""A training job's flood never delays a power event: the time from ups-monitor's ``on_battery``
+to the other job's checkpoint request on its own subject, with an idle bus and while jobA's agent
+credential floods its own ack subject at the highest rate the server takes (and a burst of
+60,000 messages), on the shipped configuration: a real nats-server with ``compose/nats.conf``
+(``sync_interval: always``), the credentials of ``powerguard creds``, the coordinator and
+power-control (dry-run devices) as their own processes, the flood from a process of its own
+(``tests/security/flood.py``, the same rounds as ``tests/security/test_flood.py``). Rounds
+alternate idle / flood / idle / burst ``--reps`` times; every flood and burst round also shuts
+down (the UPS then says 50 s, below the 60 s reserve) and records n2's shutdown against that.
+
+Writes bench/results/isolation.json: ``idle_request_ms`` and ``flood_request_ms`` (p50 / p99,
+the burst's rounds counted with the flood's), ``flood_over_idle`` (flood p50 over idle p50;
+target <= 2), the shutdown times and the junk each round's flood got stored.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+RESULTS = ROOT / "bench" / "results" / "isolation.json"
+
+from tests.security.conftest import SITE, start  # noqa: E402
+from tests.security.flood import rounds  # noqa: E402
+
+
+def pct(values: list[float], q: float) -> float:
+    s = sorted(values)
+    return round(s[min(len(s) - 1, int(q * len(s)))], 1)
+
+
+async def run(reps: int) -> dict:
+    plan: list[tuple[str, bool]] = []
+    for _ in range(reps):
+        plan += [("idle", False), ("flood", True), ("idle", False), ("burst", True)]
+    with tempfile.TemporaryDirectory(prefix="pg-isolation-") as tmp:
+        dep = start(Path(tmp))
+        try:
+            admin = await dep.connect("admin")
+            await admin.bootstrap([SITE])
+            got = await rounds(dep, Path(tmp), plan)
+        finally:
+            await dep.close()
+    idle = [r.request_ms for r in got if r.kind == "idle"]
+    flood = [r.request_ms for r in got if r.kind != "idle"]
+    return {
+        "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "reps": reps,
+        "idle_request_ms": {"p50": pct(idle, 0.5), "p99": pct(idle, 0.99)},
+        "flood_request_ms": {"p50": pct(flood, 0.5), "p99": pct(flood, 0.99)},
+        "flood_over_idle": round(statistics.median(flood) / statistics.median(idle), 2),
+        "target_flood_over_idle": 2.0,
+        "shutdown_s": {r.kind: [x.shutdown_s for x in got if x.kind == r.kind] for r in got if r.kind != "idle"},
+        "battery_s_at_stop": 50.0,
+        "junk_sent": {"flood": [r.junk_sent for r in got if r.kind == "flood"], "burst": 60_000},
+        "rounds": [r.__dict__ for r in got],
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--reps", type=int, default=5, help="idle/flood/idle/burst cycles (default 5)")
+    args = ap.parse_args()
+    res = asyncio.run(run(args.reps))
+    RESULTS.write_text(json.dumps(res, indent=1) + "\n")
+    print(
+        f"idle {res['idle_request_ms']} ms, flood {res['flood_request_ms']} ms, "
+        f"flood/idle {res['flood_over_idle']} (target <= 2); shutdowns {res['shutdown_s']} s of 50 s"
+    )
+
+
+if __name__ == "__main__":
+    main()
