@@ -5,12 +5,16 @@ models), with the agent's defaults (pipelined agreement paced about every 0.5 s)
 time inside the callback's hook over --steps steps (the median over ranks of each rank's p50 and
 mean, the worst p99), and the whole step's median with the callback and without it (the same job,
 runs alternated, medians of --repeats: on 2 cores that difference is within the step's noise).
+And a stop that stops: per integration (plain PyTorch, Lightning, HF Trainer), a 2-rank job paused
+after a final checkpoint (``then: pause``) gets SIGTERM at its launcher; the seconds until every
+rank is gone (``sigterm_to_exit_s``; the same path as ``tests/integration/ckpt/test_framework_stop.py``).
 Writes bench/results/framework_callbacks.json.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import statistics
@@ -22,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).parent))  # its helpers, as when it runs a
 from _torchrun import parser, workers
 
 RESULTS = Path(__file__).parent / "results" / "framework_callbacks.json"
+ROOT = str(Path(__file__).resolve().parents[1])  # the repository: the tests' helpers
 FRAMEWORKS = ("lightning", "hf")
 
 
@@ -172,6 +177,32 @@ def run_one(framework: str, steps: int, with_callback: bool) -> dict:
     return workers(__file__, 2, *args)
 
 
+async def sigterm_to_exit(integrations: list[str]) -> dict[str, float]:
+    """Seconds from SIGTERM to every rank gone, for a job paused after its final checkpoint."""
+    import tempfile
+
+    sys.path.insert(0, ROOT)
+    from powerguard.bus import Bus, BusNames, EmbeddedNats
+    from tests.integration.ckpt.test_framework_stop import paused_then_stopped
+
+    out: dict[str, float] = {}
+    with tempfile.TemporaryDirectory(prefix="pg-bench-stop-") as tmp:
+        server = EmbeddedNats(store_dir=Path(tmp) / "nats")
+        server.start()
+        try:
+            bus = await Bus.connect(server.url, service="bench", names=BusNames.isolated())
+            try:
+                for integration in integrations:
+                    work = Path(tmp) / integration
+                    work.mkdir()
+                    out[integration] = round(await paused_then_stopped(bus, server, work, integration), 2)
+            finally:
+                await bus.close()
+        finally:
+            server.stop()
+    return out
+
+
 def main() -> None:
     p = parser(__doc__)
     p.add_argument("--framework", choices=FRAMEWORKS, help=argparse.SUPPRESS)
@@ -205,7 +236,9 @@ def main() -> None:
             flush=True,
         )
         rows.append(row)
-    result = {"cores": os.cpu_count(), "ranks": 2, "steps": args.steps, "runs": rows}
+    stops = asyncio.run(sigterm_to_exit(["torch", *args.frameworks.split(",")]))
+    print(f"SIGTERM to exit while paused: {stops}", flush=True)
+    result = {"cores": os.cpu_count(), "ranks": 2, "steps": args.steps, "runs": rows, "sigterm_to_exit_s": stops}
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {args.out}")
 

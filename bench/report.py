@@ -392,6 +392,15 @@ def main() -> None:
                 "`bench/framework_callbacks.py`",
             )
         )
+        if stops := fc.get("sigterm_to_exit_s"):
+            rows.append(
+                (
+                    "a job paused after its final checkpoint: SIGTERM (the stop) → every rank gone, 2 ranks",
+                    "≤ 2 s",
+                    ", ".join(f"{k}: {v} s" for k, v in stops.items()),
+                    "`bench/framework_callbacks.py`",
+                )
+            )
     if al := load("alerting"):
         rows.append(
             (

@@ -60,7 +60,7 @@ def assert_survived(r: subprocess.CompletedProcess, report: dict) -> None:
     assert report["nodes_powered_off"] == 2  # the job really went down with its nodes
     assert report["restored_step"] is not None and report["restored_step"] > report["step_at_detection"]
     assert report["work"]["lost_steps"] == 0
-    assert any(f"resumed at step {report['restored_step']} from the local tier" in s for s in report["said"])
+    assert any(f"from the local tier's checkpoint of step {report['restored_step']}" in s for s in report["said"])
     assert report["bit_exact"] is True and report["differs"] == []
     assert report["final_step"] == {"reference": 399, "drill": 399}
     assert report["job"] == "try" and report["world"] == 4
@@ -129,6 +129,6 @@ def test_lightning_and_hf_trainer_jobs_survive_the_outage(tmp_path, module):
     assert report["saga_states"][-3:] == ["restoring", "resumed", "done"]
     # the framework's callback says where it started, both times (fresh, then the restored step)
     assert "fresh start at step 0" in report["said"][0]
-    assert f"resumed at step {report['restored_step']}" in report["said"][-1]
+    assert f"checkpoint of step {report['restored_step']}" in report["said"][-1]
     # the framework wrote into the drill's directory only (the Trainer may create its output_dir, empty)
     assert [p for p in (tmp_path / "theirs").rglob("*") if not p.is_dir()] == []

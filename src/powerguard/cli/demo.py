@@ -74,6 +74,10 @@ async def run_demo(
         options.steps = max(steps, 450)
     if scenario == "fsd":  # a small model: its hold checkpoints may take a quarter of the hold
         options.hold_checkpoint_every_s, options.hold_checkpoint_max_share = FSD_HOLD_CHECKPOINT_EVERY_S, 0.25
+    if scenario == "eval":  # one 20 s evaluation after step 50, in both runs; the outage during it
+        from powerguard.sim.drill import EVAL_LOG
+
+        options.train_args = ["--eval-at", "50", "--eval-s", "20", "--eval-log", str(work / EVAL_LOG)]
     if scenario == "blackout":  # the UPS may cut its output; broker and checkpoints on power-cut disks
         options.blackout = True
         console_port = None  # the console's broker goes dark with the site

@@ -52,6 +52,14 @@ def _newest(root: Path) -> tuple[str, int, Path]:
     return jobs[0].name, steps[0][0], Path(steps[0][1])
 
 
+def _never_trained(compare, stopped: Path, final: Path) -> bool:
+    """The model's entries are identical at the stop's checkpoint and at the end."""
+    if stopped == final or not (stopped / "COMMIT").exists():
+        return False
+    changed = compare(str(stopped), str(final)).state_differs
+    return not any(key.startswith("model.") for key, _ in changed)
+
+
 def check_resume(
     command: list[str] = typer.Argument(
         ..., help="The training command, after --: e.g. -- torchrun --nproc-per-node 2 train.py --lr 3e-4"
@@ -92,9 +100,10 @@ def check_resume(
         out.print(f"[red]NOT CHECKED:[/red] {escape(str(exc))}")
         raise typer.Exit(2) from None
     said = (work / "resumed.log").read_text(errors="replace")
-    if f"resumed at step {stop_at} from" not in said:
+    if f"checkpoint of step {stop_at}" not in said:
         out.print(
-            f"[red]NOT CHECKED:[/red] the third run did not resume at step {stop_at} (log {work / 'resumed.log'})"
+            f"[red]NOT CHECKED:[/red] the third run did not resume from the checkpoint of step {stop_at} "
+            f"(log {work / 'resumed.log'})"
         )
         raise typer.Exit(2)
     if a_step != b_step:
@@ -110,6 +119,13 @@ def check_resume(
             "start from different states); a script that draws from it would not reproduce: seed it",
             highlight=False,
         )
+    if result.equal and _never_trained(compare, b_dir.parent / f"step-{stop_at}", b_dir):
+        out.print(
+            f"[red]NOT CHECKED:[/red] the model's parameters are the same at step {stop_at} and at step {b_step}: "
+            "the run never changed them (a loss of 0, a learning rate of 0, frozen parameters?), so identical "
+            "end states prove nothing about the resume"
+        )
+        raise typer.Exit(2)
     if result.equal:
         out.print(f"[green]RESUMES EXACTLY[/green]: {len(result.same)} entries identical ({escape(where)})")
         return

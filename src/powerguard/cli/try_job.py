@@ -182,7 +182,17 @@ def _print(console: Console, r: dict) -> None:
         console.print(f"  - {escape(cause)}", highlight=False)
     if r.get("rng_differs"):
         console.print(f"note: RNG states differ ({escape(', '.join(r['rng_differs']))}): an unseeded generator")
-    if r.get("bit_exact") and lost == 0:
+    failures = r.get("checkpoint_failures") or []
+    for f in failures:
+        console.print(f"  [red]rank {f['rank']}'s {f['request']} checkpoint failed[/red]: {escape(str(f['error']))}")
+    if failures:
+        console.print(
+            "[red]DRILL NOT OK[/red]: a checkpoint request was not answered in time (the run "
+            + ("resumed bit-exact" if r.get("bit_exact") else "resumed, its last state DIFFERING")
+            + f", {lost} steps lost): on a real outage with less battery there would be no checkpoint "
+            '(docs/frameworks/pytorch.md, "Evaluation and other quiet phases")'
+        )
+    elif r.get("bit_exact") and lost == 0:
         console.print(
             f"[green]DRILL OK[/green]: the job survived the outage, resumed at step {r.get('restored_step')}, lost no "
             f"step, and its last state is identical to the uninterrupted run's ({r.get('entries_same')} entries)"
@@ -270,6 +280,7 @@ def try_job(
         json_out.write_text(json.dumps(report, indent=2, default=str) + "\n")
     _print(out, report)
     ok = report.get("bit_exact") and (report.get("work") or {}).get("lost_steps") == 0
+    ok = ok and not report.get("checkpoint_failures")
     if own and ok:
         shutil.rmtree(work, ignore_errors=True)
     elif not ok:

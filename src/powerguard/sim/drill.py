@@ -44,7 +44,7 @@ from powerguard.schemas import (
 from .errors import DrillError
 from .site import SimSite
 
-SCENARIOS = ("outage", "flap", "race", "real-ups", "fsd", "blackout")
+SCENARIOS = ("outage", "flap", "race", "real-ups", "fsd", "eval", "blackout")
 Notify = Callable[[float, str, str], None]  # (seconds since start, phase, text)
 
 
@@ -160,7 +160,9 @@ async def run_drill(site: SimSite, scenario: str, *, notify: Notify, bus: Bus, w
     ``ups_driver="nut"``; nothing measured before): the UPS's runtime estimate jumps from 600 s
     to 100 s, below the shutdown reserve, and its load jumps, while the job trains. ``fsd`` is
     the same server ordering a forced shutdown (NUT's FSD flag) 10 s into the hold: no time for
-    a final checkpoint, the job stops on the newest hold checkpoint."""
+    a final checkpoint, the job stops on the newest hold checkpoint. ``eval``: the utility fails
+    while the job runs a 20 s evaluation (inside ``guard.quiescent()``): the checkpoint is served
+    at once, not after the evaluation."""
     if scenario not in SCENARIOS:
         raise ValueError(f"scenario must be one of {', '.join(SCENARIOS)}")
     world = site.opts.nodes * site.opts.ranks_per_node
@@ -232,6 +234,16 @@ async def run_drill(site: SimSite, scenario: str, *, notify: Notify, bus: Bus, w
                 say("outage", "the UPS's runtime estimate will drop from 600 s to 100 s, and its load jump")
             if scenario == "fsd":
                 site.battery.runtime_trace = ((0.0, 600.0),)
+            if scenario == "eval":
+                evals = site.workdir / EVAL_LOG
+                await _until(
+                    obs,
+                    lambda evals=evals: evals.exists() and evals.read_text().count(" start ") >= world,
+                    120,
+                    "every rank to start its evaluation",
+                    site,
+                )
+                say("outage", "the ranks evaluate (20 s, inside guard.quiescent()): the outage comes now")
             if kind == "blackout":
                 from .blackout import blackout_outage
 
@@ -290,6 +302,7 @@ async def run_drill(site: SimSite, scenario: str, *, notify: Notify, bus: Bus, w
 REAL_UPS_RUNTIME_TRACE = ((0.0, 600.0), (3.0, 100.0))
 REAL_UPS_LOAD_JUMPS = ((1.5, 20.0),)
 FSD_AFTER_HOLD_S = 10.0  # ``fsd``: the UPS orders a forced shutdown this long into the hold
+EVAL_LOG = "eval.txt"  # ``eval``: where the job notes its evaluations (in the site's work directory)
 
 
 def _saga_id(obs: Observed) -> str | None:
@@ -360,7 +373,7 @@ async def _one_outage(site: SimSite, obs: Observed, scenario: str, *, say, job: 
         stop_at = len(_lines(site))
         if site.final.exists():
             raise DrillError("training finished before the shutdown: run more --steps")
-        if scenario in ("outage", "real-ups", "fsd"):
+        if scenario in ("outage", "real-ups", "fsd", "eval"):
             await asyncio.sleep(1.0)
             t_ret = time.time()
             site.utility(on=True)
@@ -412,6 +425,9 @@ def _report(
     def action(e: CheckpointDurable) -> str:  # what the ack answers: <saga>/<job>/<ckpt|final|hold.N>
         return (e.data.request_id or "").rsplit("/", 1)[-1]
 
+    failures = sorted(
+        {(e.data.rank, action(e), e.data.error) for _, e in obs.of(CheckpointFailed, lambda e: e.data.job == job)}
+    )
     finals = sorted({e.data.step for _, e in durable if action(e) == "final"})
     holds = sorted({e.data.step for _, e in durable if action(e).startswith("hold.")})
     return {
@@ -429,6 +445,9 @@ def _report(
         "checkpoint_step": acked_steps[0] if acked_steps else None,
         "final_checkpoint_step": finals[-1] if finals else None,
         "hold_checkpoint_steps": holds,
+        # a rank that answered a request with a failure (a deadline the loop missed: a long
+        # evaluation outside guard.quiescent()), even when a later round made up for it
+        "checkpoint_failures": [{"rank": r, "request": a, "error": err} for r, a, err in failures],
         "restored_step": restored_step,
         "local_scope": site.opts.local_scope,
         "durability": {

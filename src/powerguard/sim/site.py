@@ -100,6 +100,7 @@ class SiteOptions:
     ups_off_after_s: float = 3.0  # blackout: the site limit (down on battery this long: tell the UPS)
     ups_off_delay_s: float = 3.0  # blackout: the UPS's delay between the command and its output going off
     job_command: list[str] = field(default_factory=list)  # `powerguard try`: the user's command instead of sim.train
+    train_args: list[str] = field(default_factory=list)  # more flags of sim.train (both runs): an evaluation
     # `powerguard try`: the job's environment (the agent's mode); "{nats_url}" in a value: the site's broker
     job_env: dict[str, str] = field(default_factory=dict)
 
@@ -453,6 +454,7 @@ class SimSite:
             str(out),
             "--step-sleep",
             str(o.step_sleep_s),
+            *o.train_args,
         ]
         if nats:
             assert self.nats is not None

@@ -8,6 +8,7 @@ and what the tests and benchmarks launch with ``torchrun``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import faulthandler
 import itertools
 import logging
@@ -72,7 +73,49 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--save-at", type=int, default=-1, help="a synchronous checkpoint at this step")
     p.add_argument("--pg-timeout-s", type=float, help="timeout of the training's own process group (default torch's)")
     p.add_argument("--http-port", type=int, help="serve POST /api/v1/trigger_checkpoint on rank 0")
+    p.add_argument(
+        "--grad-scaler",
+        action="store_true",
+        help="scale the loss with a GradScaler (its scale grows every 10 steps: state a resume must restore)",
+    )
+    p.add_argument("--eval-every", type=int, default=0, help="an evaluation after every N steps (0: none)")
+    p.add_argument(
+        "--eval-at", type=int, action="append", default=[], help="an evaluation after this step (repeatable)"
+    )
+    p.add_argument("--eval-s", type=float, default=0.0, help="... lasting this long (forward passes and all-reduces)")
+    p.add_argument(
+        "--eval-outside-quiescent",
+        action="store_true",
+        help="evaluate without guard.quiescent() (a request then waits for the next step boundary)",
+    )
+    p.add_argument("--eval-log", help="append '<rank> <step> start|end <time>' per evaluation to this file")
     return p.parse_args(argv)
+
+
+def evaluate(model, data, seconds: float) -> float:
+    """Forward passes over the data and an all-reduce of the loss for ``seconds`` (the ranks in
+    step, as DDP evaluation is): reads the model, changes nothing, draws no random number."""
+    model.eval()
+    total = torch.zeros(1)
+    deadline = time.monotonic() + seconds
+    with torch.no_grad():
+        while True:
+            x, y = data.tensors
+            total += nn.functional.mse_loss(model(x).squeeze(1), y)
+            dist.all_reduce(total)
+            done = torch.tensor([1 if time.monotonic() >= deadline else 0])
+            dist.all_reduce(done, op=dist.ReduceOp.MIN)  # every rank stops at the same pass
+            if done.item():
+                break
+            time.sleep(0.05)
+    model.train()
+    return total.item()
+
+
+def log_eval(path: str | None, rank: int, step: int, what: str) -> None:
+    if path:
+        with open(path, "a") as f:
+            f.write(f"{rank} {step} {what} {time.time():.3f}\n")
 
 
 def ordered_allreduce(_state, bucket):
@@ -112,11 +155,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     names = BusNames(prefix=args.prefix, stream=args.stream, agents=args.agents_bucket)
     node = rank_node(args)
+    scaler = torch.amp.GradScaler("cpu", growth_interval=10) if args.grad_scaler else None
     guard = CheckpointAgent(
         job=args.job,
         model=ddp,
         optimizer=opt,
         scheduler=sched,
+        extra_state={"scaler": scaler} if scaler is not None else None,
         local_dir=args.local_dir.format(node=node or "node"),  # a simulated node's own disk: ".../{node}"
         remote_url=args.remote_url,
         local_scope=args.local_scope,
@@ -147,8 +192,13 @@ def main(argv: list[str] | None = None) -> int:
                     time.sleep(3600)
                 opt.zero_grad()
                 loss = nn.functional.mse_loss(ddp(x).squeeze(1), y)
-                loss.backward()
-                opt.step()
+                if scaler is not None:
+                    scaler.scale(loss).backward()
+                    scaler.step(opt)
+                    scaler.update()
+                else:
+                    loss.backward()
+                    opt.step()
                 sched.step()
                 if args.progress:
                     with open(args.progress, "a") as f:
@@ -156,6 +206,12 @@ def main(argv: list[str] | None = None) -> int:
                 guard.step(step)
                 if step == args.save_at:
                     guard.save(step)
+                periodic = args.eval_every and step % args.eval_every == args.eval_every - 1
+                if (periodic or step in args.eval_at) and step + 1 < args.steps:
+                    log_eval(args.eval_log, rank, step, "start")
+                    with contextlib.nullcontext() if args.eval_outside_quiescent else guard.quiescent():
+                        evaluate(ddp, data, args.eval_s)
+                    log_eval(args.eval_log, rank, step, "end")
                 if args.step_sleep:
                     time.sleep(args.step_sleep)
                 step += 1

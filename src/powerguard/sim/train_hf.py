@@ -28,7 +28,12 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--samples", type=int, default=256)
     p.add_argument("--batch", type=int, default=4)
-    p.add_argument("--save-steps", type=int, default=0, help="the Trainer's own save schedule (0: none)")
+    p.add_argument(
+        "--save-steps",
+        type=int,
+        help="the Trainer's own save schedule (0: none; default: the Trainer's own defaults, save_strategy "
+        "'steps' every 500 steps and at the last step)",
+    )
     return p.parse_args(argv)
 
 
@@ -79,8 +84,8 @@ def main(argv: list[str] | None = None) -> int:
         data_seed=args.seed,
         use_cpu=True,
         ddp_backend="gloo",
-        save_strategy="steps" if args.save_steps else "no",
-        save_steps=args.save_steps or 500,
+        **({} if args.save_steps is None else {"save_strategy": "steps" if args.save_steps else "no"}),
+        **({"save_steps": args.save_steps} if args.save_steps else {}),
         logging_strategy="no",
         report_to=[],
         disable_tqdm=True,

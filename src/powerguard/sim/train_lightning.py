@@ -32,6 +32,18 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--samples", type=int, default=512)
     p.add_argument("--batch", type=int, default=16)
+    p.add_argument(
+        "--docs-loader",
+        action="store_true",
+        help="the loader as docs/frameworks/lightning.md builds it: a plain shuffled DataLoader without a "
+        "generator, wrapped in ResumableLoader, Lightning's use_distributed_sampler left on",
+    )
+    p.add_argument(
+        "--lightnings-sigterm",
+        action="store_true",
+        help="no SIGTERM handler of the script's own: Lightning's alone (it only sets a flag its loop reads "
+        "between batches), as in Lightning's own examples",
+    )
     return p.parse_args(argv)
 
 
@@ -71,6 +83,8 @@ def main(argv: list[str] | None = None) -> int:
             if args.progress:
                 with open(args.progress, "a") as f:
                     f.write(f"{trainer.global_rank} {trainer.global_step} {time.time():.3f}\n")
+            if trainer.global_step == 1:
+                print(f"rank {trainer.global_rank}: {trainer.num_training_batches} batches per epoch", flush=True)
             if args.step_sleep:
                 time.sleep(args.step_sleep)
 
@@ -80,10 +94,13 @@ def main(argv: list[str] | None = None) -> int:
     y = (x @ torch.randn(32, 1, generator=g)).squeeze(1) + 0.1 * torch.randn(args.samples, generator=g)
     data = TensorDataset(x, y)
     world, rank = int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("RANK", 0))
-    sampler = DistributedSampler(data, num_replicas=world, rank=rank, shuffle=True, seed=args.seed)
-    loader = ResumableLoader(
-        DataLoader(data, batch_size=args.batch, sampler=sampler, generator=torch.Generator().manual_seed(args.seed))
-    )
+    if args.docs_loader:  # the docs' way: Lightning's distributed sampler, no generator of its own
+        loader = ResumableLoader(DataLoader(data, batch_size=args.batch, shuffle=True))
+    else:
+        sampler = DistributedSampler(data, num_replicas=world, rank=rank, shuffle=True, seed=args.seed)
+        loader = ResumableLoader(
+            DataLoader(data, batch_size=args.batch, sampler=sampler, generator=torch.Generator().manual_seed(args.seed))
+        )
     model = Regression()
     guard = callback_class("pytorch_lightning")(dirpath=args.local_dir, **guard_options(args))
     strategy = DDPStrategy(process_group_backend="gloo") if world > 1 else "auto"
@@ -92,14 +109,15 @@ def main(argv: list[str] | None = None) -> int:
         devices=world,
         strategy=strategy,
         max_steps=args.steps,
-        use_distributed_sampler=False,  # the loader above is already per rank
+        use_distributed_sampler=args.docs_loader,  # else the loader above is already per rank
         callbacks=[Pace(), guard],  # the progress line of a step before a pause in it
         logger=False,
         enable_checkpointing=False,
         enable_progress_bar=False,
         enable_model_summary=False,
     )
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a scheduler's stop: exit cleanly
+    if not args.lightnings_sigterm:
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a scheduler's stop: exit cleanly
     trainer.fit(model, loader, ckpt_path=latest_checkpoint(args.local_dir, job=args.job), weights_only=True)
     if args.out and trainer.global_rank == 0:
         torch.save({k: v.detach().clone() for k, v in model.state_dict().items()}, args.out)

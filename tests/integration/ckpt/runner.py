@@ -24,9 +24,10 @@ class Trainer:
         names=None,
         env: dict | None = None,
         module: str = "powerguard.sim.train",
+        nproc: int = 2,
         **options,
     ) -> None:
-        self.tmp, self.job, self.module = tmp, job, module
+        self.tmp, self.job, self.module, self.nproc = tmp, job, module, nproc
         self.args = ["--job", job, "--local-dir", str(tmp / "local")]
         if nats_url:
             self.args += [
@@ -40,7 +41,8 @@ class Trainer:
                 names.agents,
             ]
         for key, value in options.items():
-            self.args += [f"--{key.replace('_', '-')}", str(value)]
+            flag = f"--{key.replace('_', '-')}"
+            self.args += [flag] if value is True else [flag, str(value)]  # True: a switch
         self.env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
         if "POWERGUARD_TEST_FAILPOINT" in self.env:  # the wrapper module lives in the repository
             self.env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), self.env.get("PYTHONPATH")]))
@@ -54,7 +56,7 @@ class Trainer:
             str(TORCHRUN),
             "--standalone",
             "--nproc-per-node",
-            "2",
+            str(self.nproc),
             "-m",
             # crash tests run the job through a wrapper that installs the failpoint
             "tests.integration.ckpt.failpoints" if "POWERGUARD_TEST_FAILPOINT" in self.env else self.module,

@@ -140,15 +140,23 @@ async def test_the_remote_copy_raises_every_ranks_ack_to_durability_remote(bus, 
 
 
 async def test_bit_exact_resume_after_sigkill_right_after_the_ack(bus, nats_server, tmp_path):
+    """With a GradScaler (its scale doubling every 10 steps) registered as extra state."""
     reference = tmp_path / "a.pt"
-    await run(tmp_path / "A", "jexact", steps=STEPS, out=reference)
+    await run(tmp_path / "A", "jexact", steps=STEPS, out=reference, grad_scaler=True)
     acks = bus.subscribe(CheckpointDurable, deliver="all")
     await acks.start()
     b_dir = tmp_path / "B"
     b_dir.mkdir()
     progress = b_dir / "progress"
     t = await Trainer(
-        b_dir, "jexact", nats_url=nats_server.url, names=bus.names, steps=STEPS, step_sleep=0.05, progress=progress
+        b_dir,
+        "jexact",
+        nats_url=nats_server.url,
+        names=bus.names,
+        steps=STEPS,
+        step_sleep=0.05,
+        progress=progress,
+        grad_scaler=True,
     ).start()
     try:
         await registered(bus, "jexact")
@@ -163,7 +171,9 @@ async def test_bit_exact_resume_after_sigkill_right_after_the_ack(bus, nats_serv
     assert 0 < step < STEPS - 1
     resumed = bus.subscribe(JobResumed, deliver="new")  # not run B's own "started from step 0"
     await resumed.start()
-    t2 = await run(b_dir, "jexact", nats_url=nats_server.url, names=bus.names, steps=STEPS, out=tmp_path / "b.pt")
+    t2 = await run(
+        b_dir, "jexact", nats_url=nats_server.url, names=bus.names, steps=STEPS, out=tmp_path / "b.pt", grad_scaler=True
+    )
     (ev,) = await answers(resumed, 1)
     await resumed.aclose()
     assert f"restored step {step} from the local tier" in t2.output()

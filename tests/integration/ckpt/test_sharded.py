@@ -36,7 +36,7 @@ def test_a_sharded_job_resumes_bit_exact_against_an_uninterrupted_run(tmp_path, 
     ckpt = str(tmp_path / "ckpt")
     train(tmp_path, shard, "--steps", "25", "--save-at", "20", "--local-dir", ckpt, ranks=ranks)  # stopped after 24
     out = train(tmp_path, shard, "--steps", "40", "--local-dir", ckpt, "--out", str(tmp_path / "final.pt"), ranks=ranks)
-    assert f"powerguard: job j{shard} resumed at step 20 from the local tier" in out
+    assert f"powerguard: job j{shard} resumed at step 21 from the local tier's checkpoint of step 20" in out
     want, got = torch.load(tmp_path / "ref.pt"), torch.load(tmp_path / "final.pt")
     assert want.keys() == got.keys()
     differ = [k for k in want if not torch.equal(want[k], got[k])]
@@ -51,6 +51,6 @@ def test_an_fsdp2_checkpoint_of_4_ranks_on_2_is_refused_without_reshard_and_load
     assert "NoRestorableCheckpoint" in refused and "written by 4 ranks, this job has 2" in refused, refused[-3000:]
     # with reshard: DCP reshards the FSDP2 shards over 2 ranks; nothing trains after the restore
     out = train(tmp_path, "fsdp", "--steps", "21", "--reshard", "--local-dir", ckpt, "--out", "loaded.pt", ranks=2)
-    assert "powerguard: job jfsdp resumed at step 20 from the local tier" in out
+    assert "powerguard: job jfsdp resumed at step 21 from the local tier's checkpoint of step 20" in out
     want, got = torch.load(tmp_path / "saved.pt"), torch.load(tmp_path / "loaded.pt")
     assert want.keys() == got.keys() and all(torch.equal(want[k], got[k]) for k in want)

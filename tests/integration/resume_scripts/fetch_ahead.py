@@ -1,5 +1,6 @@
 """A loop that draws its next batch inside the current step (as nanoGPT's get_batch does) and
-does not register it: a resumed run trains on other batches. ``--fixed`` registers it."""
+does not register it: a resumed run trains on other batches. ``--fixed`` registers it;
+``--frozen`` trains with a learning rate of 0 (the parameters never change)."""
 
 import sys
 
@@ -11,7 +12,7 @@ fixed = "--fixed" in sys.argv
 steps = int(sys.argv[sys.argv.index("--steps") + 1]) if "--steps" in sys.argv else 12
 torch.manual_seed(0)
 model = torch.nn.Linear(8, 1)
-opt = torch.optim.SGD(model.parameters(), lr=0.1)
+opt = torch.optim.SGD(model.parameters(), lr=0.0 if "--frozen" in sys.argv else 0.1)
 ahead = {"batch": torch.randn(4, 8)}  # the first batch, drawn before the restore
 guard = CheckpointAgent(
     job="ahead",

@@ -110,6 +110,28 @@ def test_the_saver_and_the_restorer_meet_only_on_disk(tmp_path):
     assert empty.restore() is None
 
 
+def test_a_jobs_own_newer_checkpoint_stands_and_an_older_one_is_overwritten(tmp_path):
+    """Two checkpoint systems that agree: the job loaded its own checkpoint (nanoGPT's ckpt.pt)
+    of some step; PowerGuard's is loaded only when newer (it was loaded whatever its age, and
+    training went on from step 85 after the job had loaded its own of step 400)."""
+    model = torch.nn.Linear(4, 2)
+    ranks = Ranks()
+    fs, _ = L.fs_for(str(tmp_path))
+    state = TrainingState(model=model, optimizer=None, scheduler=None, extra_state=None, rank_state=None, rank=0)
+    retainer = Retainer(fs, str(tmp_path), "j", keep=5)
+    tier = SharedTier(ranks, fs, key=None, retainer=retainer)
+    saver = Saver(ranks, state, tier, job="j", root=str(tmp_path), fs=fs, key=None, every_s=0, overlap=False, node="n1")
+    for step in (5, 9):
+        saver.save(step)
+    retainer.join(5)
+    restorer = Restorer(ranks, state, job="j", root=str(tmp_path), fs=fs, remote_url=None, key=None, reshard=False)
+    assert restorer.restore(own_step=7).step == 9  # PowerGuard's is newer: it wins
+    assert restorer.restore(own_step=12) is None  # the job's own is newer: it stands
+    assert restorer.said(None).endswith(
+        "resumed at step 13 from its own checkpoint of step 12: no PowerGuard checkpoint is newer"
+    )
+
+
 @pytest.mark.parametrize(
     ("bad", "names"),
     [

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from powerguard.ckpt_agent import CommitError
+from powerguard.ckpt_agent import CommitError, NoRestorableCheckpoint
 from powerguard.ckpt_agent._framework import commit_directory, newest_valid, verify_directory
 from powerguard.ckpt_agent._layout import load_key
 from powerguard.ckpt_agent.lightning import latest_checkpoint
@@ -51,9 +51,38 @@ def test_uncommitted_foreign_and_other_world_size_checkpoints_are_not_resumed(tm
     _write(tmp_path, "j", 7, b"hf", framework="hf")
     with caplog.at_level(logging.WARNING, logger="powerguard.ckpt_agent"):
         assert latest_checkpoint(tmp_path, job="j", world_size=2).endswith("step-5/checkpoint.ckpt")
-        assert latest_checkpoint(tmp_path, job="j", world_size=4) is None
+        assert latest_checkpoint(tmp_path, job="j", world_size=4, allow_fresh_start=True) is None
     assert "no COMMIT" in caplog.text and "not a lightning checkpoint" in caplog.text
     assert "written by 2 ranks, this job has 4" in caplog.text
+
+
+@pytest.mark.parametrize("framework", ["lightning", "hf"])
+def test_committed_checkpoints_none_restorable_are_refused_by_name_not_a_silent_fresh_start(tmp_path, framework):
+    """A 2-rank job's checkpoints, the job restarted on 1 rank: it was a WARNING and a "fresh
+    start at step 0" (exit 0, the training lost); now NoRestorableCheckpoint names the newest,
+    why, and the way out; reshard=True resumes it (the whole DDP state), and with nothing
+    committed at all a first start is still None."""
+    from powerguard.ckpt_agent.hf import latest_checkpoint as hf_latest
+
+    def latest(**kw):
+        if framework == "lightning":
+            return latest_checkpoint(tmp_path, job="j", **kw)
+        return hf_latest(tmp_path, **kw)
+
+    assert latest(world_size=1) is None  # nothing committed: a first start
+    for step in (5, 8):
+        d = _checkpoint_dir(tmp_path, framework, step)
+        name = "checkpoint.ckpt" if framework == "lightning" else "pytorch_model.bin"
+        (d / name).write_bytes(_saved({"w": torch.ones(2)}))
+        commit_directory(str(d), step=step, world_size=2, framework=framework)
+    with pytest.raises(
+        NoRestorableCheckpoint,
+        match=r"2 committed .* none can be restored; the newest: .*-8.*"
+        r"written by 2 ranks, this job has 1.*reshard=True",
+    ):
+        latest(world_size=1)
+    assert "-8" in latest(world_size=1, reshard=True)
+    assert latest(world_size=1, allow_fresh_start=True) is None
 
 
 def test_commit_lists_every_file_and_refuses_a_subdirectory(tmp_path):
@@ -79,7 +108,8 @@ def test_a_keyed_commit_is_refused_without_the_site_key_match(tmp_path):
     assert latest_checkpoint(tmp_path, job="j", world_size=1, checksum_key_file=key_file)
     other = tmp_path / "other"
     other.write_bytes(b"o" * 32)
-    assert latest_checkpoint(tmp_path, job="j", world_size=1, checksum_key_file=other) is None
+    with pytest.raises(NoRestorableCheckpoint, match="signature does not match the site key"):
+        latest_checkpoint(tmp_path, job="j", world_size=1, checksum_key_file=other)
 
 
 class _RunsCode:

@@ -96,4 +96,4 @@ def test_every_start_says_in_one_line_on_stderr_where_it_resumed(tmp_path):
     first = [ln for ln in runs[0].stderr.splitlines() if ln.startswith("powerguard: job line")]
     again = [ln for ln in runs[1].stderr.splitlines() if ln.startswith("powerguard: job line")]
     assert first == [f"powerguard: job line: fresh start at step 0: no checkpoint in {tmp_path}/line"]
-    assert again == ["powerguard: job line resumed at step 9 from the local tier"]
+    assert again == ["powerguard: job line resumed at step 10 from the local tier's checkpoint of step 9"]

@@ -283,7 +283,8 @@ class BusThread:
                                 world_size=self.agent.world_size,
                                 step=self.step,
                                 error=f"rank {self.agent.rank}: no checkpoint by the deadline; the loop did not "
-                                f"reach a step boundary (last at step {self.step})",
+                                f"reach a step boundary (last at step {self.step}): a long evaluation or other "
+                                "work between steps? wrap it in guard.quiescent()",
                                 error_type="StepAgreementTimeout",
                             ),
                         )

@@ -25,7 +25,7 @@ from ._acks import Acks, Saved
 from ._agreement import Agreed
 from ._framework_files import check_framework_files
 from ._ranks import Ranks
-from .errors import CheckpointError, CommitError, CorruptCheckpoint
+from .errors import CheckpointError, CommitError, CorruptCheckpoint, NoRestorableCheckpoint, OtherWorldSize
 
 log = logging.getLogger("powerguard.ckpt_agent")
 
@@ -115,7 +115,7 @@ def verify_directory(directory: str, *, framework: str, world_size: int | None, 
     if commit.get("framework") != framework:
         raise CorruptCheckpoint(f"{directory}: not a {framework} checkpoint (COMMIT says {commit.get('framework')!r})")
     if world_size is not None and commit.get("world_size") != world_size:
-        raise CorruptCheckpoint(f"{directory}: written by {commit.get('world_size')} ranks, this job has {world_size}")
+        raise OtherWorldSize(f"{directory}: written by {commit.get('world_size')} ranks, this job has {world_size}")
     try:
         files = L.manifest_files(fs, directory, commit, key)
         L.verify_files(fs, directory, files, sorted(files), key)
@@ -130,14 +130,66 @@ def newest_valid(
 ) -> tuple[int, str] | None:
     """The newest ``(step, directory)`` of ``candidates`` that verifies; every one skipped is
     logged with its reason (a warning: an operator wants to know a checkpoint was bad)."""
+    found, _ = _newest(candidates, framework=framework, world_size=world_size, key=key)
+    return found
+
+
+def _newest(
+    candidates: list[tuple[int, str]], *, framework: str, world_size: int | None, key: bytes | None
+) -> tuple[tuple[int, str] | None, list[tuple[str, CheckpointError]]]:
+    """(the newest that verifies, every committed one refused before it: (directory, why))."""
+    refused: list[tuple[str, CheckpointError]] = []
     for step, directory in sorted(candidates, reverse=True):
         try:
             verify_directory(directory, framework=framework, world_size=world_size, key=key)
         except CheckpointError as exc:
             log.warning("skipping checkpoint %s: %s", directory, exc)
+            if os.path.exists(os.path.join(directory, L.COMMIT)):
+                refused.append((directory, exc))
             continue
         log.info("resuming from %s (step %d): committed, every file verified", directory, step)
-        return step, directory
+        return (step, directory), refused
+    return None, refused
+
+
+def resume_point(
+    candidates: list[tuple[int, str]],
+    *,
+    framework: str,
+    world_size: int,
+    key: bytes | None,
+    reshard: bool,
+    allow_fresh_start: bool,
+    where: str,
+) -> str | None:
+    """The checkpoint a framework job resumes from, with the promises of every integration: the
+    newest committed one of this world size that verifies; with ``reshard``, else the newest of
+    another world size that verifies (a framework's DDP checkpoint holds the whole model and
+    optimizer: they resume exactly, the data order is the new world's); None when there is no
+    committed checkpoint at all. Committed ones that none of these can restore raise
+    :class:`NoRestorableCheckpoint` naming the newest and why (a silent step 0 would throw the
+    job's training away), unless ``allow_fresh_start``."""
+    found, refused = _newest(candidates, framework=framework, world_size=world_size, key=key)
+    if found is not None:
+        return found[1]
+    if reshard:
+        other, _ = _newest(candidates, framework=framework, world_size=None, key=key)
+        if other is not None:
+            log.warning(
+                "resuming the %s checkpoint %s of another world size on %d rank(s) (reshard): the model and the "
+                "optimizer exactly; the data order and the other ranks' RNG are this world's",
+                framework,
+                other[1],
+                world_size,
+            )
+            return other[1]
+    if refused and not allow_fresh_start:
+        why = refused[0][1]
+        hint = "reshard=True resumes it on this world size" if isinstance(why, OtherWorldSize) else "fix the cause"
+        raise NoRestorableCheckpoint(
+            f"{len(refused)} committed {framework} checkpoint(s) under {where} and none can be restored; the "
+            f"newest: {why}. Training from step 0 would lose them: {hint}, or pass allow_fresh_start=True"
+        )
     return None
 
 

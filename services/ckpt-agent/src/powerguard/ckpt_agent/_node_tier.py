@@ -253,12 +253,13 @@ class NodeTier:
         self._replicator.start()
 
     # ------------------------------------------------------------------ restore
-    def restore(self) -> tuple[Restored | None, list[str]]:
-        """The newest step every file of which is verified on some node: each node gets what its
-        ranks need and it lacks from a node that has it, then DCP loads from the local directory.
-        (None, the committed steps refused with why) when there is no such step."""
+    def restore(self, newer_than: int | None = None) -> tuple[Restored | None, list[str]]:
+        """The newest step (above ``newer_than``) every file of which is verified on some node:
+        each node gets what its ranks need and it lacks from a node that has it, then DCP loads
+        from the local directory. (None, the committed steps refused with why) when there is none."""
         mine = [s for s, _ in L.list_steps(self.fs, self.root, self.job)] if self.leader else []
-        steps = sorted({s for got in self.ranks.gather(mine) for s in got}, reverse=True)
+        every = {s for got in self.ranks.gather(mine) for s in got}
+        steps = sorted((s for s in every if newer_than is None or s > newer_than), reverse=True)
         refused: list[str] = []
         for step in steps:
             directory = L.step_dir(self.root, self.job, step)

@@ -112,10 +112,13 @@ class Restorer:
         self.remote_url, self.key, self.reshard, self.nodes = remote_url, key, reshard, nodes
         self.allow_fresh_start = allow_fresh_start
         self.refused: list[str] = []  # the last restore's committed checkpoints it could not restore
+        self.own_step: int | None = None  # the last restore's: the job's own checkpoint's step
 
-    def restore(self) -> Restored | None:
+    def restore(self, *, own_step: int | None = None) -> Restored | None:
         """Every rank: the newest valid checkpoint, loaded; None when there is none. Every
-        skipped checkpoint is logged with its reason. One span (``restore <job>``)."""
+        skipped checkpoint is logged with its reason. One span (``restore <job>``). ``own_step``:
+        the job restored a checkpoint of its own at this step: only a newer one is loaded."""
+        self.own_step = own_step
         span = _spans.start(
             f"restore {self.job}",
             _spans.job_parent(),
@@ -137,7 +140,15 @@ class Restorer:
         """The line every start prints: where the job resumed, or that it starts fresh and why."""
         if got is not None:
             saga = f", saga {got.saga_id}" if got.saga_id else ""
-            return f"powerguard: job {self.job} resumed at step {got.step} from the {got.tier} tier{saga}"
+            return (
+                f"powerguard: job {self.job} resumed at step {got.step + 1} from the {got.tier} tier's checkpoint "
+                f"of step {got.step}{saga}"
+            )
+        if self.own_step is not None:
+            return (
+                f"powerguard: job {self.job} resumed at step {self.own_step + 1} from its own checkpoint of step "
+                f"{self.own_step}: no PowerGuard checkpoint is newer"
+            )
         if self.refused:
             return (
                 f"powerguard: job {self.job}: fresh start at step 0 (allow_fresh_start) over "
@@ -149,9 +160,11 @@ class Restorer:
     def _restore(self) -> Restored | None:
         rank = self.ranks.rank
         candidates = self.ranks.gather(self._candidates() if rank == 0 else None)[0]
+        if self.own_step is not None:  # the job's own checkpoint stands unless one of these is newer
+            candidates = [c for c in candidates if c[2] > self.own_step]
         refused: list[str] = []  # committed checkpoints that could not be restored, newest first
         if self.nodes is not None:  # every node's own disk (and its peers') first, then the remote tier
-            got, refused = self.nodes.restore()
+            got, refused = self.nodes.restore(newer_than=self.own_step)
             if got is not None:
                 return got
             candidates = [c for c in candidates if c[0] == "remote"]

@@ -36,6 +36,15 @@ class TrainingState:
         self.extra_state = extra_state if extra_state is not None else {}
         self.rank_state = rank_state if rank_state is not None else {}
         self.rank = rank
+        self.frozen_rng: dict[str, Any] | None = None  # a quiescent phase: the RNG as it entered
+
+    def freeze_rng(self) -> None:
+        """Save the RNG as it is now until :meth:`thaw_rng`: inside a quiescent phase the training
+        thread may draw numbers (an evaluation's sampler) while a checkpoint of the last step runs."""
+        self.frozen_rng = self._rng()
+
+    def thaw_rng(self) -> None:
+        self.frozen_rng = None
 
     def state_dict(self, step: int) -> dict[str, Any]:
         """The state dict of ``step`` (a DCP save writes it; a load fills a fresh one in place)."""
@@ -49,6 +58,12 @@ class TrainingState:
             sd[f"extra.{k}"] = v
         for k, v in self.rank_state.items():
             sd[f"rank{self.rank}.{k}"] = v
+        rng = self.frozen_rng if self.frozen_rng is not None else self._rng()
+        sd[f"rank{self.rank}.rng"] = rng  # per-rank key: a shared key would be deduplicated
+        return sd
+
+    @staticmethod
+    def _rng() -> dict[str, Any]:
         rng: dict[str, Any] = {
             "torch": torch.get_rng_state(),
             "python": _packed(_python_rng_state()),
@@ -56,8 +71,7 @@ class TrainingState:
         }
         if torch.cuda.is_available():
             rng["cuda"] = torch.cuda.get_rng_state_all()
-        sd[f"rank{self.rank}.rng"] = rng  # per-rank key: a shared key would be deduplicated
-        return sd
+        return rng
 
     def apply(self, sd: dict[str, Any]) -> int:
         """Write a loaded state dict back into the training's objects; the step it holds."""

@@ -21,6 +21,7 @@ from ._framework import FrameworkSaves
 from ._hold import Hold
 from ._node_tier import NodeTier
 from ._nodes import Topology
+from ._quiet import Quiet
 from ._ranks import Ranks
 from ._remote import RemoteCopier
 from ._restore import Restorer
@@ -68,6 +69,7 @@ class Parts:
     hold: Hold
     frameworks: FrameworkSaves | None
     remote: RemoteCopier | None
+    quiet: Quiet
 
 
 def wire(cfg: AgentConfig, training: TrainingParts, *, node: str | None, bus: BusOptions) -> Parts:
@@ -159,6 +161,7 @@ def wire(cfg: AgentConfig, training: TrainingParts, *, node: str | None, bus: Bu
             on_copied=acks.remote_copied,
         )
     hold = Hold(thread, ranks, poll_s=cfg.pause_poll_s)
+    quiet = Quiet(ranks, thread, poll_s=cfg.pause_poll_s, timeout_s=cfg.agree_timeout_s)
     return Parts(
         node,
         cfg.local_root,
@@ -175,6 +178,7 @@ def wire(cfg: AgentConfig, training: TrainingParts, *, node: str | None, bus: Bu
         hold,
         frameworks,
         remote,
+        quiet,
     )
 
 

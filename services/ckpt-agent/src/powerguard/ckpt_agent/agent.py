@@ -10,10 +10,12 @@ its progress record (``_progress.Progress``). The README's "How it works" draws 
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
 import os
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -21,12 +23,14 @@ import torch
 from powerguard.bus import BusNames
 from powerguard.schemas import CheckpointRequestData, HoldPolicy
 
+from . import _layout as L
 from ._acks import Saved
 from ._agreement import Decision, StepAgreementFailed, Wants, agreed
 from ._config import ARGUMENTS_DOC, AgentConfig
 from ._framework import Due
 from ._power import power_checkpoint
 from ._progress import Progress
+from ._quiet import Served
 from ._restore import framework_restored, resumed
 from ._wiring import BusOptions, TrainingParts, wire
 from .errors import CheckpointError
@@ -93,6 +97,8 @@ class CheckpointAgent:
             p.frameworks,
         )
         self._bus, self._remote, self._retainer, self._http = p.bus, p.remote, p.retainer, p.http
+        self.quiet = p.quiet
+        self._closed = False
         self.rank, self.world_size, self.distributed, self.node, self.local_root = (
             p.ranks.rank,
             p.ranks.world_size,
@@ -146,6 +152,7 @@ class CheckpointAgent:
         stop, self.progress.boundary_at = self.config.check.at_step(self.rank, step, self.progress.boundary_at)
         if stop:  # under `powerguard check-resume`: the checkpoint, then the stop
             self.save(step)
+            self.close()  # the agent's groups destroyed while the job's are up (a rank aborted at exit 1 in 7)
             raise SystemExit(0)
         if not self.agreement.boundary(time.monotonic()):
             return
@@ -195,7 +202,7 @@ class CheckpointAgent:
                     pause = self.hold.join(pause, requests) if ok else pause
                 if poll.go:
                     break
-                self.hold.wait()
+                self.hold.wait(pause)
         finally:
             self.progress.paused_s += self.hold.end(pause)
 
@@ -213,6 +220,58 @@ class CheckpointAgent:
             self._committed(step)
         return got.requests, info is not None
 
+    # ------------------------------------------------------------------ quiescent phases
+    @contextlib.contextmanager
+    def quiescent(self) -> Iterator[None]:
+        """Around code that leaves the training state as it is (an evaluation, logging, a data
+        reload): a checkpoint request that comes meanwhile is checkpointed at once, of the last
+        step's state (``guard.step(step)`` was its last call), by a thread of the agent, every
+        rank together, instead of waiting for the next step boundary past its deadline::
+
+            guard.step(step)
+            if step % eval_every == 0:
+                with guard.quiescent():
+                    evaluate(model)
+
+        Every rank enters and leaves it at the same step (as around any collective code); one that
+        leaves first waits there for the others. Inside, the model's parameters, the optimizer
+        and the extra state must not change (read-only evaluation: ``model.eval()`` and
+        ``torch.no_grad()``); the RNG is checkpointed as it was on entry. A request that asks the
+        ranks to pause (the final checkpoint before a shutdown) pauses them on leaving, before the
+        next step. Framework mode (Lightning, HF Trainer): the callbacks checkpoint at their own
+        boundaries; this is a no-op there."""
+        if self.frameworks is not None:
+            yield
+            return
+        step = self.progress.step
+        if not self.agreement.finish(self.config.agree_timeout_s):  # the pipelined one: its peers' too
+            log.warning("rank %d: the step agreement before the quiescent phase was left unfinished", self.rank)
+        self.state.freeze_rng()
+        self.quiet.begin(lambda pending: self._serve_quiet(step, pending))
+        try:
+            yield
+        finally:
+            try:
+                served = self.quiet.end()
+            finally:
+                self.state.thaw_rng()
+        if any(s.durable for s in served):
+            self._committed(step)
+        pausing = [r for s in served if s.durable for r in s.requests if r.then == "pause"]
+        if pausing:
+            self._pause(step, pausing)
+
+    def _serve_quiet(self, step: int, pending: Any) -> Served | None:
+        """The quiescent phase's thread: one checkpoint of ``step`` for every rank's pending
+        request (the training thread touches neither the saver nor the agent's groups meanwhile)."""
+        got = agreed(self.ranks, step, pending, job=self.job, framework=self.framework)
+        if got is None:
+            return None
+        if self.saver.unfinished:  # a periodic save in flight: committed first, one save at a time
+            self.saver.finish()
+        info = power_checkpoint(got, step, saver=self.saver, acks=self.acks, remote=self._remote)
+        return Served(got.requests, info is not None)
+
     # ------------------------------------------------------------------ saving and restoring
     def save(self, step: int) -> Saved:
         """Synchronous durable checkpoint of ``step`` on every rank (all ranks must call it)."""
@@ -227,17 +286,26 @@ class CheckpointAgent:
         if done is not None:
             self._committed(done[0])
 
-    def restore(self) -> int:
+    def restore(self, *, own_step: int | None = None) -> int:
         """Load the newest valid committed checkpoint (node-local tier, local, then remote);
         return the step to run next (0 when there is none). Every skipped checkpoint is logged
-        with its reason."""
+        with its reason.
+
+        ``own_step``: the job checkpoints on its own too and has restored its own checkpoint of
+        this step already (nanoGPT's ``ckpt.pt``, a trainer's ``--resume``): PowerGuard's is
+        loaded only when it is newer (it overwrites what the job loaded), else the job's state
+        stands and the step after ``own_step`` is returned; the line at the start says which."""
         try:
-            got = self.progress.restored = self.restorer.restore()
+            got = self.progress.restored = self.restorer.restore(own_step=own_step)
         finally:
             self.progress.restore_ended = time.time()
         if got is not None:
             self.progress.step = self.progress.last_committed_step = got.step
-        return got.step + 1 if got else 0
+            return got.step + 1
+        if own_step is not None:
+            self.progress.step = own_step
+            return own_step + 1
+        return 0
 
     def report_resumed(self) -> None:
         """Announce ``job.resumed`` once (rank 0), after the first step following a restore."""
@@ -308,7 +376,11 @@ class CheckpointAgent:
 
     # ------------------------------------------------------------------ shutdown
     def close(self) -> None:
-        """Finish a periodic save in flight, stop the remote copier, deregister."""
+        """Finish a periodic save in flight, stop the remote copier, deregister (once: a second
+        call does nothing)."""
+        if self._closed:
+            return
+        self._closed = True
         if self.frameworks is not None:  # a framework save that never finished: its watchdog goes
             self.frameworks.take()
         log.info(
@@ -323,7 +395,7 @@ class CheckpointAgent:
             log.info("rank %d: the last step agreement was left unfinished (a peer stopped first)", self.rank)
         try:
             self.wait()
-            if self.config.check.final and self.progress.step != self.last_committed_step:
+            if self.config.check.final and not self._own_layout_has(self.progress.step):
                 self.save(self.progress.step)  # the run's last state, compared by `powerguard check-resume`
         finally:
             self.saver.close()
@@ -335,6 +407,12 @@ class CheckpointAgent:
             if self.nodes is not None and not self.nodes.wait_replicated(60):
                 log.warning("rank %d: replication still running at close: the peers' copy may be short", self.rank)
             self.ranks.release(keep_replica=self.nodes is not None and self.nodes.replicating)
+
+    def _own_layout_has(self, step: int) -> bool:
+        """A committed checkpoint of ``step`` in the agent's own layout (``<local>/<job>/step-N``),
+        where `check-resume` and `try` read the run's last state: a framework's own save of the
+        last step (the HF Trainer's ``checkpoint-N`` in its output directory) is not there."""
+        return os.path.exists(os.path.join(L.step_dir(self.local_root, self.job, step), L.COMMIT))
 
     def wait_replicated(self, timeout_s: float | None = None) -> bool:
         """Node scope: wait until the last checkpoint's replication to the peers ended; True when it

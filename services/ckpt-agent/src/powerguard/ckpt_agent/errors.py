@@ -17,6 +17,10 @@ class CorruptCheckpoint(CheckpointError):
     """A committed checkpoint does not match its manifest (size or checksum)."""
 
 
+class OtherWorldSize(CheckpointError):
+    """A committed checkpoint that verifies was written by another number of ranks."""
+
+
 class StepAgreementTimeout(CheckpointError):
     """Not every rank reached the step boundary in time (a rank is hung or gone)."""
 

@@ -25,9 +25,10 @@ from transformers import TrainerCallback
 from powerguard.bus import BusNames
 
 from ._check import CheckMode
-from ._framework import env_world_size, newest_valid
+from ._framework import env_world_size, resume_point
 from ._layout import load_key
 from .agent import CheckpointAgent
+from .errors import CheckpointError
 
 log = logging.getLogger("powerguard.ckpt_agent")
 
@@ -39,10 +40,18 @@ def latest_checkpoint(
     *,
     world_size: int | None = None,
     checksum_key_file: str | os.PathLike | None = None,
+    reshard: bool = False,
+    allow_fresh_start: bool = False,
 ) -> str | None:
     """The newest committed ``checkpoint-<N>`` under ``output_dir`` whose every byte verifies
-    (for ``trainer.train(resume_from_checkpoint=...)``); None when there is none. Each skipped
-    one (uncommitted, corrupt, another world size) is logged with its reason."""
+    (for ``trainer.train(resume_from_checkpoint=...)``); None when there is none at all. Each
+    skipped one (uncommitted, corrupt, another world size) is logged with its reason.
+
+    Committed checkpoints of which none can be restored raise
+    :class:`~powerguard.ckpt_agent.NoRestorableCheckpoint` naming the newest and why (a silent
+    fresh start would lose the job's training); ``reshard=True`` resumes one of another world
+    size (the Trainer's DDP checkpoint holds the whole model and optimizer: they resume exactly;
+    the data order is the new world's); ``allow_fresh_start=True`` returns None instead."""
     root = CheckMode.from_env().framework_root(output_dir)  # `check-resume` / `try`: the check's directory
     try:
         names = os.listdir(root)
@@ -50,16 +59,19 @@ def latest_checkpoint(
         names = []
     candidates = [(int(m.group(1)), os.path.join(root, n)) for n in names if (m := _CHECKPOINT_DIR.match(n))]
     key_file = checksum_key_file or os.environ.get("POWERGUARD_CKPT_KEY_FILE")
-    found = newest_valid(
+    found = resume_point(
         candidates,
         framework="hf",
         world_size=world_size if world_size is not None else env_world_size(),
         key=load_key(key_file) if key_file else None,
+        reshard=reshard,
+        allow_fresh_start=allow_fresh_start,
+        where=str(root),
     )
     if found is None:
         log.info("no valid committed Trainer checkpoint under %s", root)
         return None
-    return found[1]
+    return found
 
 
 class PowerGuardCallback(TrainerCallback):
@@ -89,6 +101,13 @@ class PowerGuardCallback(TrainerCallback):
         return control
 
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
+        launched = env_world_size()
+        if self.agent is None and launched != args.world_size:
+            raise CheckpointError(
+                f"the launcher started {launched} processes but the Trainer runs with world_size "
+                f"{args.world_size}: {launched} independent trainers, whose checkpoints would be committed as "
+                "one job's (on CPU: TrainingArguments(use_cpu=True), or --use_cpu; check the distributed setup)"
+            )
         if self.agent is None:
             self.agent = CheckpointAgent(
                 job=self.job, model=model, local_dir=args.output_dir, framework="hf", **self._options

@@ -28,7 +28,7 @@ from powerguard.bus import BusNames
 
 from . import _layout as L
 from ._check import CheckMode
-from ._framework import env_world_size, newest_valid
+from ._framework import env_world_size, resume_point
 from ._state import _numpy_rng_state, _python_rng_state, _set_numpy_rng_state, _set_python_rng_state
 from .agent import CheckpointAgent
 from .errors import CheckpointError
@@ -44,24 +44,36 @@ def latest_checkpoint(
     job: str,
     world_size: int | None = None,
     checksum_key_file: str | os.PathLike | None = None,
+    reshard: bool = False,
+    allow_fresh_start: bool = False,
 ) -> str | None:
     """The newest committed checkpoint of ``job`` under ``dirpath`` whose every byte verifies
-    (for ``trainer.fit(ckpt_path=...)``); None when there is none. Each skipped one is logged
-    with its reason. ``world_size``: default the launcher's (``WORLD_SIZE``)."""
+    (for ``trainer.fit(ckpt_path=...)``); None when there is none at all. Each skipped one is
+    logged with its reason. ``world_size``: default the launcher's (``WORLD_SIZE``).
+
+    Committed checkpoints of which none can be restored (another world size, corrupt, signed with
+    another key) raise :class:`~powerguard.ckpt_agent.NoRestorableCheckpoint` naming the newest
+    and why, as the agent's ``restore()`` does: a silent fresh start would lose the job's training.
+    ``reshard=True`` resumes one of another world size (a DDP checkpoint holds the whole model and
+    optimizer: they resume exactly; the data order is the new world's); ``allow_fresh_start=True``
+    returns None instead of raising."""
     mode = CheckMode.from_env()  # under `powerguard check-resume` / `try`: the check's directory and job
     root, job = mode.framework_root(dirpath), mode.framework_job(job)
     key_file = checksum_key_file or os.environ.get("POWERGUARD_CKPT_KEY_FILE")
     fs, _ = L.fs_for(root)
-    found = newest_valid(
+    found = resume_point(
         L.list_steps(fs, root, job),
         framework="lightning",
         world_size=world_size if world_size is not None else env_world_size(),
         key=L.load_key(key_file) if key_file else None,
+        reshard=reshard,
+        allow_fresh_start=allow_fresh_start,
+        where=f"{root} (job {job})",
     )
     if found is None:
         log.info("no valid committed Lightning checkpoint of job %s under %s", job, root)
         return None
-    return os.path.join(found[1], CKPT_FILE)
+    return os.path.join(found, CKPT_FILE)
 
 
 class ResumableLoader:
@@ -69,25 +81,37 @@ class ResumableLoader:
     would have trained on (Lightning saves and restores its ``state_dict``; it does not fetch
     ahead from a loader with a length, so the batches handed out are the batches trained on).
     Skipping on resume reads the skipped batches (works with any loader). The wrapped loader must
-    give the same order for the same epoch (a seeded generator or ``DistributedSampler``)."""
+    give the same order for the same epoch (a seeded generator or ``DistributedSampler``).
+
+    Lightning gives a plain ``DataLoader`` its ``DistributedSampler`` itself, but not a wrapper:
+    in a distributed run the wrapper does it, as Lightning would (``DistributedSampler`` over the
+    world, shuffled when the loader shuffled, seed 0), the first time the loader is used, so each
+    rank trains on its share of the data (every rank trained on all of it before)."""
 
     def __init__(self, loader: Any) -> None:
         self.loader = loader
         self._skip = 0
         self._yielded = 0
+        self._sharded = False
+
+    def _inner(self) -> Any:
+        if not self._sharded:
+            self._sharded = True
+            self.loader = _distributed(self.loader)
+        return self.loader
 
     def __len__(self) -> int:
-        return len(self.loader)
+        return len(self._inner())
 
     def __getattr__(self, name: str) -> Any:  # sampler, batch_size, dataset... (Lightning reads them)
-        if name == "loader":
+        if name in ("loader", "_sharded"):
             raise AttributeError(name)
-        return getattr(self.loader, name)
+        return getattr(self._inner(), name)
 
     def __iter__(self):
         skip, self._skip = self._skip, 0
         self._yielded = 0
-        iterator = iter(self.loader)
+        iterator = iter(self._inner())
         for _ in range(skip):
             next(iterator)
             self._yielded += 1
@@ -100,7 +124,38 @@ class ResumableLoader:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         consumed = int(state.get("consumed", 0))
-        self._skip = consumed if 0 <= consumed < len(self.loader) else 0  # the end of an epoch: a new one
+        self._skip = consumed if 0 <= consumed < len(self) else 0  # the end of an epoch: a new one
+
+
+def _distributed(loader: Any) -> Any:
+    """``loader`` with a ``DistributedSampler`` over the world (as Lightning injects one into a
+    plain ``DataLoader``), or as it is: one process, a sampler of its own already, a batch sampler
+    of the user's, or not a ``DataLoader``."""
+    import torch.distributed as dist
+    from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, RandomSampler
+
+    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+        return loader
+    if not isinstance(loader, DataLoader) or isinstance(loader.sampler, DistributedSampler):
+        return loader
+    if loader.batch_size is None or type(loader.batch_sampler) is not BatchSampler:
+        log.warning("ResumableLoader: the loader has a batch sampler of its own: not sharded over the ranks")
+        return loader
+    sampler = DistributedSampler(loader.dataset, shuffle=isinstance(loader.sampler, RandomSampler), seed=0)
+    return DataLoader(
+        loader.dataset,
+        batch_size=loader.batch_size,
+        sampler=sampler,
+        num_workers=loader.num_workers,
+        collate_fn=loader.collate_fn,
+        pin_memory=loader.pin_memory,
+        drop_last=loader.drop_last,
+        timeout=loader.timeout,
+        worker_init_fn=loader.worker_init_fn,
+        generator=loader.generator,
+        persistent_workers=loader.persistent_workers,
+        **({"prefetch_factor": loader.prefetch_factor} if loader.num_workers else {}),
+    )
 
 
 def _rng_state() -> dict[str, Any]:
@@ -166,6 +221,7 @@ class _Callback:
         self._last_step: int | None = None
         self._rank = 0
         self._rngs: list[dict[str, Any]] | None = None  # every rank's RNG, while a checkpoint is written
+        self._resume_rng: dict[str, Any] | None = None  # this rank's, restored at the first batch after a resume
 
     @property
     def state_key(self) -> str:
@@ -227,9 +283,19 @@ class _Callback:
         return {"rng": self._rngs} if self._rngs is not None else {}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Keep this rank's RNG for the first training batch: Lightning builds the sanity check's
+        and the training's loader iterators after it loads the checkpoint, and an iterator of a
+        ``DataLoader`` without a generator of its own draws its base seed from the global RNG (the
+        interrupted run drew those before the checkpoint): restored now, a dropout mask would
+        differ from the uninterrupted run's."""
         rngs = state_dict.get("rng")
         if isinstance(rngs, list) and self._rank < len(rngs):
-            _set_rng_state(rngs[self._rank])
+            self._resume_rng = rngs[self._rank]
+
+    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        rng, self._resume_rng = self._resume_rng, None
+        if rng is not None:
+            _set_rng_state(rng)
             log.info("rank %d: RNG state restored from the checkpoint", self._rank)
 
     def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
