@@ -52,6 +52,16 @@ def _newest(root: Path) -> tuple[str, int, Path]:
     return jobs[0].name, steps[0][0], Path(steps[0][1])
 
 
+def _drawn_from(compare, stopped: Path, final: Path, differing: list[str]) -> list[str]:
+    """The RNG states among ``differing`` that the resumed run drew from (changed between the
+    stop's checkpoint and the end): a generator the script never uses differs between two runs
+    of an unseeded process, and says nothing about the script."""
+    if not differing or stopped == final or not (stopped / "COMMIT").exists():
+        return differing
+    changed = set(compare(str(stopped), str(final)).rng_differs)
+    return [k for k in differing if k in changed]
+
+
 def _never_trained(compare, stopped: Path, final: Path) -> bool:
     """The model's entries are identical at the stop's checkpoint and at the end."""
     if stopped == final or not (stopped / "COMMIT").exists():
@@ -113,10 +123,11 @@ def check_resume(
 
     result = compare(str(a_dir), str(b_dir))
     where = f"job {job}, step {a_step}: straight {a_dir} vs resumed at {stop_at} {b_dir}"
-    if result.rng_differs:
+    drawn = _drawn_from(compare, b_dir.parent / f"step-{stop_at}", b_dir, result.rng_differs)
+    if drawn:
         out.print(
-            f"note: RNG states differ ({escape(', '.join(result.rng_differs))}): an unseeded generator (two runs "
-            "start from different states); a script that draws from it would not reproduce: seed it",
+            f"note: RNG states differ ({escape(', '.join(drawn))}): an unseeded generator the script draws from (two "
+            "runs start from different states): it would not reproduce: seed it",
             highlight=False,
         )
     if result.equal and _never_trained(compare, b_dir.parent / f"step-{stop_at}", b_dir):
