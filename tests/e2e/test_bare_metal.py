@@ -370,7 +370,15 @@ async def test_the_guide_from_an_empty_host_to_a_drilled_site(tmp_path):
         for port in ("9101", "9102", "9103"):
             host.wait_ready(port, True)
         assert job_pid(host) == restarted
-        host.step("revoke")
+        host.step("revoke")  # pushed to the running broker: the old credential refused at once, no restart
+        old = host.powerguard(
+            "creds check /etc/powerguard/creds/agent-llama-70b.creds --config /etc/powerguard/site.yaml"
+        )
+        assert old.returncode == 1 and "refused" in old.stderr, old.stderr
+        new = host.powerguard(
+            "creds check /etc/powerguard/creds/agent-llama-70b-new.creds --config /etc/powerguard/site.yaml"
+        )
+        assert new.returncode == 0, new.stderr
         assert not host.steps, f"steps of the guide the test did not run: {list(host.steps)}"
     finally:
         if (pid := job_pid(host)) is not None:  # the job and its ranks (torchrun gives each its own session)

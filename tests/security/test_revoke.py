@@ -1,12 +1,24 @@
-"""Rotate and revoke one job's credential without re-issuing the others: `creds revoke` writes the
-account again with the revocation; after the server reloads resolver.conf the revoked credential
-is refused and every other one (the job's new one, another job's, the services') still connects."""
+"""Rotate and revoke one job's credential while the broker runs: `powerguard creds revoke` (the
+docs' procedure) signs the account again and pushes it to the running server, which closes the
+credential's open connection and refuses a new one within seconds, with no restart; every other
+credential (the job's new one, another job's, the services') still connects; resolver.conf keeps
+the revocation across a reload and a restart.
+
+Before: revoke re-signed the operator JWT and the procedure was a reload, which nats-server
+refuses for a changed operator ("config reload not supported for TrustedOperators"): the revoked
+credential kept its open connection and new ones until the broker restarted. The old test passed
+only because `creds init` and `creds revoke` landed in the same second (the same operator JWT)."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
+import subprocess
+import sys
+import time
 
+import nats
 import pytest
 
 from powerguard.bus import Bus, ConnectError
@@ -16,49 +28,76 @@ from tests.waiting import eventually
 from .conftest import start
 
 
-async def test_a_revoked_job_credential_is_refused_and_the_others_still_work(tmp_path):
+def powerguard(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "powerguard.cli", *args], capture_output=True, text=True, timeout=60, env=os.environ
+    )
+
+
+async def _refused(url: str, creds) -> str | None:
+    try:
+        bus = await Bus.connect(url, service="old", creds_file=creds, setup=False, connect_timeout=5, once=True)
+    except ConnectError as exc:
+        return str(exc)
+    await bus.close()
+    return None
+
+
+async def test_a_revoked_job_credential_is_cut_off_at_once_and_the_others_still_work(tmp_path):
     dep = start(tmp_path)
     try:
         old = dep.creds_of("agent", job="jobA")
+        # a realistic gap: a site revokes days after `creds init`, never in the same second
+        await asyncio.sleep(2.1)
         fresh = creds_mod.issue(dep.creds, "agent", job="jobA", out=dep.creds / "agent-jobA-2.creds")  # the rotation
-        await (await dep.connect("agent", job="jobA")).close()  # the old one works until revoked
+        pid = dep.server.pid
+        lost = asyncio.Event()  # the job's open connection, as its rank holds it
+        job = await nats.connect(dep.url, user_credentials=str(old), allow_reconnect=False, closed_cb=_set(lost))
 
-        name, _ = creds_mod.revoke(dep.creds, old)
-        assert name == "agent.jobA"
+        t0 = time.monotonic()
+        revoke = ("creds", "revoke", str(old), "--dir", str(dep.creds), "--url", dep.url)
+        out = await asyncio.to_thread(powerguard, *revoke)
+        assert out.returncode == 0, out.stderr
+        assert "pushed to 1 of 1 server(s)" in out.stderr, out.stderr
+        assert "checked: a new connection with it is refused" in out.stderr, out.stderr
+        await asyncio.wait_for(lost.wait(), 5)  # the open connection closed by the server
+        assert time.monotonic() - t0 < 5 + 10  # the command itself (its check) and the close
+        assert job.is_closed
+        refusal = await _refused(dep.url, old)
+        assert refusal and "refused the credential" in refusal, refusal
+        assert dep.server.pid == pid and dep.server.proc.poll() is None  # no restart
+        for path in (fresh, dep.creds_of("agent", job="jobB"), dep.creds_of("ups-monitor")):
+            assert await _refused(dep.url, path) is None, path
+
+        # the file the docs copy keeps it: a reload is accepted (the operator JWT is the one the
+        # server started with) and a restart still refuses the credential
         log = dep.server.log_file
-        before = log.read_text(errors="replace")
-        os.kill(dep.server.pid, signal.SIGHUP)  # the server reloads auth/resolver.conf
+        before = len(log.read_text(errors="replace"))
+        os.kill(dep.server.pid, signal.SIGHUP)
 
-        def reload_said() -> list[str]:  # what the server logged about the reload: its end shows it was processed
-            lines = log.read_text(errors="replace")[len(before) :].splitlines()
-            ended = ("Reloaded server configuration", "Failed to reload")
-            done = any(mark in ln for ln in lines for mark in ended)
+        def reload_said() -> list[str]:
+            lines = log.read_text(errors="replace")[before:].splitlines()
+            done = any(m in ln for ln in lines for m in ("Reloaded server configuration", "Failed to reload"))
             return lines if done else []
 
         said = await eventually(reload_said, timeout=30, what="the server's log saying the reload was done")
         assert not any("[ERR]" in ln for ln in said), f"the reload failed: {said}"
-
-        seen: list[str] = []  # what each try got, for the failure's message
-
-        async def refused() -> bool:
-            try:
-                bus = await Bus.connect(dep.url, service="old", creds_file=old, setup=False, connect_timeout=5)
-            except ConnectError as exc:
-                seen.append(str(exc))
-                return "refused the credential" in str(exc)
-            seen.append("connected")
-            await bus.close()
-            return False
-
-        try:
-            await eventually(refused, timeout=30, what="the revoked credential refused", every=0.5)
-        except AssertionError as exc:
-            raise AssertionError(f"{exc}; the last tries got {seen[-3:]}; the server's reload: {said}") from None
-        for path in (fresh, dep.creds_of("agent", job="jobB"), dep.creds_of("ups-monitor")):
-            bus = await Bus.connect(dep.url, service="ok", creds_file=path, setup=False, connect_timeout=5)
-            await bus.close()
+        dep.server.stop()
+        dep.server.start()
+        refusal = await _refused(dep.url, old)
+        assert refusal and "refused the credential" in refusal, refusal
+        assert await _refused(dep.url, fresh) is None
+        check = await asyncio.to_thread(powerguard, "creds", "check", str(old), "--url", dep.url)
+        assert check.returncode == 1 and "refused" in check.stderr, check.stderr
     finally:
         dep.server.stop()
+
+
+def _set(event: asyncio.Event):
+    async def cb(*_a) -> None:
+        event.set()
+
+    return cb
 
 
 def test_revoke_refuses_a_credential_of_another_account(tmp_path):
@@ -69,3 +108,15 @@ def test_revoke_refuses_a_credential_of_another_account(tmp_path):
     creds_mod.init(tmp_path / "b", names=BusNames(), sites=["dc1"])
     with pytest.raises(ConfigError, match="was not issued by the account"):
         creds_mod.revoke(tmp_path / "a", tmp_path / "b" / "observer.creds")
+
+
+def test_the_operator_jwt_is_signed_once_and_force_signs_a_new_one(tmp_path):
+    from powerguard.bus import BusNames
+
+    creds_mod.init(tmp_path, names=BusNames(), sites=["dc1"])
+    first = (tmp_path / "operator.jwt").read_text()
+    time.sleep(1.1)  # a later second: a JWT signed again would differ (its iat)
+    creds_mod.revoke(tmp_path, tmp_path / "observer.creds")
+    assert f'operator: "{first}"' in (tmp_path / "resolver.conf").read_text()
+    creds_mod.init(tmp_path, names=BusNames(), sites=["dc1"], force=True)
+    assert (tmp_path / "operator.jwt").read_text() != first

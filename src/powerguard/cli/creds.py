@@ -110,23 +110,86 @@ def issue(
 def revoke(
     creds_file: Path = typer.Argument(..., help="The credential to revoke (its user key: every copy of it)"),
     directory: Path = DIR,
+    config: Path = CONFIG,
+    url: str = URL,
+    ca: Path = CA,
+    offline: bool = typer.Option(
+        False, "--offline", help="Only write resolver.conf (the servers learn it at their next restart or reload)"
+    ),
 ) -> None:
-    """Revoke one credential (a job's, a leaked one) and keep every other: the account, re-signed
-    with the revocation, is written to resolver.conf; copy it to the server's auth/resolver.conf
-    and reload the server (systemctl reload powerguard-nats, or SIGHUP)."""
+    """Revoke one credential (a job's, a leaked one) and keep every other, while the servers run:
+    the account, signed again with the revocation, is pushed to every server of the cluster
+    (NATS's account-update path, as the deployment's system user), which closes the credential's
+    open connections and refuses new ones at once; then a new connection with it is tried, to
+    show it refused. resolver.conf is written too: copy it to the server's auth/resolver.conf so
+    a restart keeps the revocation."""
     from powerguard.bus import creds
-    from powerguard.schemas import PowerGuardError
+    from powerguard.bus.env import connection
+    from powerguard.schemas import PowerGuardError, load_site
 
     try:
-        name, user = creds.revoke(directory, creds_file)
+        done = creds.revoke(directory, creds_file)
     except PowerGuardError as exc:
         err.print(f"[red]error:[/red] {exc}", highlight=False)
         raise typer.Exit(1) from None
+    who = f"{done.name or '?'} ({done.user})"
+    err.print(f"revoked {who} in the account; wrote {directory / 'resolver.conf'}", highlight=False)
+    keep = f"copy {directory / 'resolver.conf'} to the server's auth/resolver.conf: a restart then keeps the revocation"
+    if offline:
+        err.print(f"not pushed (--offline): {keep}, then reload the server (systemctl reload powerguard-nats)")
+        return
+    from powerguard.bus import BusError
+    from powerguard.bus.revocation import push, try_connect
+
+    try:
+        site = load_site(config) if config else None
+        server, auth = connection(site.nats if site else None, url=url, creds=creds.system_creds(directory), ca=ca)
+        pushed = asyncio.run(push(server, auth, done.account, done.account_jwt))
+    except (BusError, PowerGuardError, OSError) as exc:
+        err.print(f"[red]error:[/red] the servers were not told: {exc}", highlight=False)
+        err.print(f"the credential still works until they are: run this again, or {keep} and reload the server")
+        raise typer.Exit(1) from None
+    missing = sorted(set(pushed.servers) - set(pushed.updated))
     err.print(
-        f"revoked {name or '?'} ({user}); wrote {directory / 'resolver.conf'}: copy it to the server's "
-        "auth/resolver.conf and reload the server",
+        f"pushed to {len(pushed.updated)} of {len(pushed.servers)} server(s) ({', '.join(pushed.updated)}): "
+        "they closed the credential's open connections",
         highlight=False,
     )
+    if missing or pushed.errors:
+        err.print(f"[red]error:[/red] not updated: {'; '.join(pushed.errors) or ', '.join(missing)}", highlight=False)
+        raise typer.Exit(1)
+    refusal = asyncio.run(try_connect(server, creds_file, auth))
+    if refusal is None:
+        err.print(f"[red]error:[/red] a new connection with {creds_file} was still accepted by {server}")
+        raise typer.Exit(1)
+    err.print(f"checked: a new connection with it is refused ({refusal.rsplit(': ', 1)[-1]})", highlight=False)
+    err.print(f"{keep}; check again any time: powerguard creds check {creds_file}", highlight=False)
+
+
+@creds_app.command("check")
+def check(
+    creds_file: Path = typer.Argument(..., help="A credential file"),
+    config: Path = CONFIG,
+    url: str = URL,
+    ca: Path = CA,
+) -> None:
+    """Whether the server accepts a credential now (exit 0) or refuses it (exit 1, with the
+    server's words): after a revocation, or to find why a job cannot connect."""
+    from powerguard.bus.env import connection
+    from powerguard.bus.revocation import try_connect
+    from powerguard.schemas import PowerGuardError, load_site
+
+    try:
+        site = load_site(config) if config else None
+        server, auth = connection(site.nats if site else None, url=url, ca=ca)
+        refusal = asyncio.run(try_connect(server, creds_file, auth))
+    except PowerGuardError as exc:
+        err.print(f"[red]error:[/red] {exc}", highlight=False)
+        raise typer.Exit(2) from None
+    if refusal:
+        err.print(f"refused: {refusal}", highlight=False)
+        raise typer.Exit(1)
+    err.print(f"accepted: {server} lets {creds_file} connect", highlight=False)
 
 
 def bootstrap(

@@ -115,8 +115,10 @@ class Bus:
         setup: bool = True,
         max_payload: int = DEFAULT_MAX_PAYLOAD,
         tracer_provider: TracerProvider | None = None,
+        once: bool = False,
     ) -> Bus:
-        """Connect (reconnecting forever once connected) and, with ``setup``, create the
+        """Connect (reconnecting forever once connected; with ``once``, one try and no
+        reconnect: a check of whether a server accepts a credential) and, with ``setup``, create the
         stream and KV buckets if they are missing (never changing existing ones). Raises
         :class:`ConnectError` when no server answers within ``connect_timeout``.
 
@@ -163,8 +165,8 @@ class Bus:
         options: dict[str, Any] = dict(
             servers=servers,
             name=service,
-            allow_reconnect=True,
-            max_reconnect_attempts=-1,
+            allow_reconnect=not once,
+            max_reconnect_attempts=0 if once else -1,
             reconnect_time_wait=0.25,
             connect_timeout=2,
             error_cb=on_error,

@@ -6,17 +6,27 @@ Layout of the credentials directory (keep it on the admin host; mode 0700)::
 
     operator.nk  system.nk  account.nk   the identity seeds (only needed to re-sign accounts)
     account-signing.nk                   signs users: whoever holds it can issue credentials
+    operator.jwt  system.jwt             signed once at init: the server reloads a resolver.conf
+                                         only while its operator JWT stays the same
     resolver.conf                        include it in nats.conf (operator, accounts, resolver)
     <role>.creds                         admin, ups-monitor, coordinator, power-control, observer, operator
+    system.creds                         a system-account user that may only push the account's
+                                         JWT to the running servers (`creds revoke`)
     deployment.json                      names and sites the credentials were made for
+
+Revocation (``creds revoke``) signs the account again with the user's key in its revocations and
+pushes it to every server of the cluster on ``$SYS.REQ.ACCOUNT.<account>.CLAIMS.UPDATE`` (NATS's
+own account-update path; :mod:`powerguard.bus.revocation`): the servers close the user's open
+connections and refuse new ones at once. resolver.conf carries the same account for restarts.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from powerguard.schemas import ConfigError
@@ -47,6 +57,8 @@ def init(directory: Path, *, names: BusNames, sites: list[str], force: bool = Fa
         raise ConfigError(f"{directory} already holds credentials (use --force to replace them all)")
     directory.mkdir(parents=True, exist_ok=True)
     os.chmod(directory, 0o700)
+    for old in ("operator.jwt", "system.jwt", "resolver.conf", "system.creds"):  # --force: signed anew
+        (directory / old).unlink(missing_ok=True)
     op, sys_acc, acc, signing = (
         jwt.new_key("operator"),
         jwt.new_key("account"),
@@ -64,20 +76,43 @@ def init(directory: Path, *, names: BusNames, sites: list[str], force: bool = Fa
     }
     _write_resolver(directory, meta)
     _write(directory / "deployment.json", json.dumps(meta, indent=2) + "\n", 0o644)
-    return [directory / "resolver.conf", *(issue(directory, role) for role in SERVICE_ROLES)]
+    return [
+        directory / "resolver.conf",
+        *(issue(directory, role) for role in SERVICE_ROLES),
+        system_creds(directory),
+    ]
 
 
 def _key(directory: Path, name: str):
     return jwt.key_from_seed((directory / f"{name}.nk").read_text().strip())
 
 
-def _write_resolver(directory: Path, meta: dict) -> None:
-    """The server's resolver.conf: the operator and both accounts, the PowerGuard account with
-    its signing key and its revocations (signed again by the operator each time)."""
-    op, sys_acc, acc, signing = (_key(directory, n) for n in ("operator", "system", "account", "account-signing"))
-    op_jwt = jwt.operator_jwt(op, name="powerguard", system_account=jwt.public(sys_acc))
-    sys_jwt = jwt.account_jwt(op, jwt.public(sys_acc), name="SYS", signing_keys=[], jetstream=False)
-    acc_jwt = jwt.account_jwt(
+def _signed_once(directory: Path, name: str, sign) -> str:
+    """The operator's (``operator``) or the system account's (``system``) JWT as first signed:
+    nats-server refuses to reload a configuration whose operator JWT changed ("config reload not
+    supported for TrustedOperators"), so they are signed once and kept. A deployment made before
+    they were kept takes them from its resolver.conf."""
+    path = directory / f"{name}.jwt"
+    if path.exists():
+        return path.read_text().strip()
+    token = None
+    old = directory / "resolver.conf"
+    if old.exists():
+        text = old.read_text()
+        if name == "operator":
+            m = re.search(r'^operator: "([^"]+)"', text, re.M)
+        else:
+            m = re.search(rf'^\s*{jwt.public(_key(directory, "system"))}: "([^"]+)"', text, re.M)
+        token = m[1] if m else None
+    token = token or sign()
+    _write(path, token)
+    return token
+
+
+def account_jwt(directory: Path, meta: dict) -> str:
+    """The PowerGuard account signed with its signing key and ``meta``'s revocations."""
+    op, acc, signing = (_key(directory, n) for n in ("operator", "account", "account-signing"))
+    return jwt.account_jwt(
         op,
         jwt.public(acc),
         name="POWERGUARD",
@@ -85,23 +120,68 @@ def _write_resolver(directory: Path, meta: dict) -> None:
         jetstream=True,
         revocations=meta.get("revocations") or None,
     )
+
+
+def _write_resolver(directory: Path, meta: dict) -> str:
+    """The server's resolver.conf: the operator and both accounts (as first signed), the
+    PowerGuard account with its signing key and its revocations. Returns the account's JWT."""
+    op, sys_acc = _key(directory, "operator"), _key(directory, "system")
+    op_jwt = _signed_once(
+        directory, "operator", lambda: jwt.operator_jwt(op, name="powerguard", system_account=jwt.public(sys_acc))
+    )
+    sys_jwt = _signed_once(
+        directory,
+        "system",
+        lambda: jwt.account_jwt(op, jwt.public(sys_acc), name="SYS", signing_keys=[], jetstream=False),
+    )
+    acc_jwt = account_jwt(directory, meta)
     resolver = (
         "# generated by `powerguard creds init` / `creds revoke`: the shipped nats.conf includes it as\n"
-        "# auth/resolver.conf; after a change, reload the server (systemctl reload powerguard-nats)\n"
+        "# auth/resolver.conf. `creds revoke` also pushes the account to the running servers; this file\n"
+        "# keeps the revocation across a restart (or a reload: systemctl reload powerguard-nats)\n"
         f'operator: "{op_jwt}"\n'
         f"system_account: {jwt.public(sys_acc)}\n"
         "resolver: MEMORY\n"
         "resolver_preload: {\n"
         f'  {jwt.public(sys_acc)}: "{sys_jwt}"\n'
-        f'  {jwt.public(acc)}: "{acc_jwt}"\n'
+        f'  {meta["account"]}: "{acc_jwt}"\n'
         "}\n"
     )
     _write(directory / "resolver.conf", resolver, 0o644)
+    return acc_jwt
 
 
-def revoke(directory: Path, creds_file: Path) -> tuple[str, str]:
+def system_creds(directory: Path) -> Path:
+    """``system.creds``: a user of the system account that may publish only the PowerGuard
+    account's claims update (and ping the servers, to know how many must answer), made on first
+    use for a deployment made before it existed."""
+    directory = Path(directory)
+    path = directory / "system.creds"
+    if path.exists():
+        return path
+    meta = json.loads((directory / "deployment.json").read_text())
+    sys_acc, user = _key(directory, "system"), jwt.new_key("user")
+    perms = jwt.Permissions(
+        pub_allow=(f"$SYS.REQ.ACCOUNT.{meta['account']}.CLAIMS.UPDATE", "$SYS.REQ.SERVER.PING"),
+        sub_allow=("_INBOX.system.>",),
+    )
+    token = jwt.user_jwt(sys_acc, jwt.public(user), account=jwt.public(sys_acc), spec=jwt.UserSpec("system", perms))
+    _write(path, jwt.creds(token, jwt.seed_of(user)))
+    return path
+
+
+@dataclass(frozen=True)
+class Revoked:
+    name: str  # the credential's name (agent.<job>[.<node>], a role)
+    user: str  # its user key: every JWT of it issued until now is refused
+    account: str  # the account's public key
+    account_jwt: str  # the account, signed again with the revocation: what the servers must load
+
+
+def revoke(directory: Path, creds_file: Path) -> Revoked:
     """Revoke the user of ``creds_file`` (every JWT of its key issued until now) in the account:
-    rewrites resolver.conf; the others' credentials stay valid. Returns (name, public key)."""
+    rewrites resolver.conf; the others' credentials stay valid. The running servers learn it
+    only when :func:`powerguard.bus.revocation.push` sends them the returned account JWT."""
     directory = Path(directory)
     try:
         meta = json.loads((directory / "deployment.json").read_text())
@@ -111,10 +191,12 @@ def revoke(directory: Path, creds_file: Path) -> tuple[str, str]:
     if claims.get("nats", {}).get("issuer_account") != meta["account"]:
         raise ConfigError(f"{creds_file} was not issued by the account in {directory}")
     user = claims["sub"]
-    meta.setdefault("revocations", {})[user] = int(time.time())
-    _write_resolver(directory, meta)
+    # revoked: every JWT of the user issued at or before this second (its iat); a later second,
+    # never an earlier one than the newest it has (a credential issued in this second included)
+    meta.setdefault("revocations", {})[user] = max(int(time.time()), int(claims.get("iat", 0)))
+    acc_jwt = _write_resolver(directory, meta)
     _write(directory / "deployment.json", json.dumps(meta, indent=2) + "\n", 0o644)
-    return claims.get("name", ""), user
+    return Revoked(claims.get("name", ""), user, meta["account"], acc_jwt)
 
 
 def issue(
