@@ -33,6 +33,7 @@ coordinator: {shutdown_reserve_s: 90}
 def deployment(tmp_path, monkeypatch):
     monkeypatch.setenv("PG_CHECK_BMC_USER", "admin")
     (tmp_path / "bmc.pw").write_text("secret\n")
+    (tmp_path / "bmc.pw").chmod(0o640)  # the guide's mode: the services' group reads it
     site = tmp_path / "site.yaml"
     site.write_text(SITE.replace("PASSWORD_FILE", str(tmp_path / "bmc.pw")))
     creds_mod.init(tmp_path / "creds", names=BusNames(), sites=["dc1"])
@@ -131,3 +132,31 @@ def test_a_bad_job_adapter_option_is_named_not_a_traceback(deployment):
     )
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert "power_control.scheduler.options.jobs.train.argvv: Extra inputs are not permitted" in out.stderr
+
+
+def test_secrets_readable_by_every_user_and_a_ca_key_on_the_host_are_named(deployment, tmp_path):
+    """Before: a 0644 BMC password, a 0644 seed in the credentials directory and the CA's key
+    beside ca.pem passed the check."""
+    site, creds = deployment
+    (tmp_path / "bmc.pw").chmod(0o644)
+    (creds / "account-signing.nk").chmod(0o644)
+    tls = tmp_path / "tls"
+    subprocess.run(
+        ["sh", str(Path(__file__).parents[2] / "compose" / "make-certs.sh"), str(tls), "localhost"],
+        check=True,
+        capture_output=True,
+    )
+    site.write_text(site.read_text() + f"nats: {{tls_ca: {tls / 'ca.pem'}}}\n")
+    code, lines = check(site, creds)
+    assert code == 1
+    pw, nk = tmp_path / "bmc.pw", creds / "account-signing.nk"
+    assert any(
+        f"secret nodes[n1].bmc.password: {pw} (secret) is mode 0644" in ln and f"chmod 600 {pw}" in ln for ln in lines
+    ), lines
+    assert any(f"{nk}: mode -rw-r--r--" in ln for ln in lines), lines
+    assert any(f"{tls / 'ca-key.pem'} is on this host" in ln for ln in lines), lines
+    (tmp_path / "bmc.pw").chmod(0o600)
+    (creds / "account-signing.nk").chmod(0o600)
+    (tls / "ca-key.pem").unlink()  # moved offline, as the guide says
+    code, lines = check(site, creds)
+    assert code == 0, lines

@@ -6,6 +6,7 @@ existing stream are refused in words."""
 from __future__ import annotations
 
 import shutil
+import stat
 
 import pytest
 
@@ -68,3 +69,27 @@ def test_a_damaged_backup_is_refused_naming_the_file(tmp_path):
     (tmp_path / "S.snapshot").write_bytes(b"abc")
     with pytest.raises(BackupError, match=r"S\.snapshot: not the file the backup wrote"):
         verify(tmp_path)
+
+
+async def test_a_backup_is_private_and_never_costs_the_last_good_one(deployment, tmp_path):
+    """Before: the snapshots were written with the process's umask (0644: the event-id secret
+    readable by every user of the host) over the only copy."""
+    dep = deployment
+    admin = await dep.connect("admin")
+    latest = tmp_path / "backups" / "latest"
+    await backup(admin, latest)
+    first = (latest / "manifest.json").read_bytes()
+    assert stat.S_IMODE(latest.stat().st_mode) == 0o700
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in latest.iterdir()}
+    assert "manifest.json" in modes and set(modes.values()) == {0o600}, modes
+
+    # a backup that fails (the observer may not take snapshots) leaves the last good one in place
+    observer = await dep.connect("observer")
+    with pytest.raises(BackupError):
+        await backup(observer, latest, timeout=2)
+    assert (latest / "manifest.json").read_bytes() == first and verify(latest)
+
+    await backup(admin, latest)  # the next one: the one it replaces is kept
+    previous = latest.with_name("latest.previous")
+    assert (previous / "manifest.json").read_bytes() == first and verify(previous) and verify(latest)
+    assert not latest.with_name("latest.partial").exists()

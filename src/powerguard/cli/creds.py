@@ -17,7 +17,7 @@ creds_app = typer.Typer(
     help="NATS credentials: an operator, an account, one identity per service and one per training job.",
     no_args_is_help=True,
 )
-err = Console(stderr=True)
+err = Console(stderr=True, soft_wrap=True)  # paths and keys never broken over lines
 DIR = typer.Option(Path("creds"), "--dir", "-d", help="Credentials directory (keep it on the admin host)")
 
 
@@ -164,6 +164,25 @@ def revoke(
         raise typer.Exit(1)
     err.print(f"checked: a new connection with it is refused ({refusal.rsplit(': ', 1)[-1]})", highlight=False)
     err.print(f"{keep}; check again any time: powerguard creds check {creds_file}", highlight=False)
+
+
+@creds_app.command("backup")
+def backup(
+    out: Path = typer.Argument(..., help="The archive to write, e.g. /var/backups/powerguard/creds.tgz"),
+    directory: Path = DIR,
+) -> None:
+    """Archive the credentials directory (with account-signing.nk: it signs new credentials) as
+    a gzipped tar readable by its owner only (0600); the archive it replaces is kept as
+    OUT.previous. Keep it offline."""
+    from powerguard.bus import creds
+    from powerguard.schemas import PowerGuardError
+
+    try:
+        kept = creds.backup(directory, out)
+    except (PowerGuardError, OSError) as exc:
+        err.print(f"[red]error:[/red] {exc}", highlight=False)
+        raise typer.Exit(1) from None
+    err.print(f"wrote {out} (0600)" + (f"; the one before it is {kept}" if kept else ""), highlight=False)
 
 
 @creds_app.command("check")

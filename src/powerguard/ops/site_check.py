@@ -15,6 +15,7 @@ from pydantic import BaseModel
 
 from powerguard.bus.connect_checks import credential_name
 from powerguard.schemas import PowerGuardError, SecretRef, SiteConfig, load_site
+from powerguard.schemas.file_modes import exposure
 
 from .findings import Finding, failed, ok, problem
 
@@ -86,7 +87,10 @@ def secrets(site: SiteConfig) -> list[Finding]:
         except PowerGuardError as exc:
             out.append(problem(f"secret {path}", f"{ref}: {exc}", _owner(path)))
         else:
-            out.append(ok(f"secret {path}", f"{ref} resolves", _owner(path)))
+            if ref.file is not None and (why := exposure(ref.file)):
+                out.append(problem(f"secret {path}", why, _owner(path)))
+            else:
+                out.append(ok(f"secret {path}", f"{ref} resolves", _owner(path)))
     return out
 
 
@@ -195,11 +199,38 @@ def credentials(site: SiteConfig, creds_dir: Path | None, given: dict[str, Path]
             out.append(problem(where, f"{path}: {why}", about))
             continue
         out.append(ok(where, f"{path}: {party}'s", about))
+    if creds_dir is not None and creds_dir.is_dir():
+        out += _creds_dir_secrets(creds_dir)
     nats = site.nats
     for field in ("creds_file", "nkey_seed_file", "tls_ca", "tls_cert", "tls_key"):
         value = getattr(nats, field)
         if value is not None and not Path(value).is_file():
             out.append(problem(f"nats.{field}", f"{value} does not exist"))
+        elif value is not None and field in ("creds_file", "nkey_seed_file", "tls_key") and (why := exposure(value)):
+            out.append(problem(f"nats.{field}", why))
+    if nats.tls_ca is not None and (ca_key := Path(nats.tls_ca).with_name("ca-key.pem")).exists():
+        out.append(
+            problem(
+                "nats.tls_ca",
+                f"{ca_key} is on this host: it signs certificates every PowerGuard client trusts; move it offline "
+                "(docs/deploy-bare-metal.md, TLS and credentials)",
+            )
+        )
+    return out
+
+
+def _creds_dir_secrets(creds_dir: Path) -> list[Finding]:
+    """The credentials directory 0700 and every seed and other credential in it 0600 (the
+    parties' own are checked with them)."""
+    out = []
+    mode = stat.S_IMODE(creds_dir.stat().st_mode)
+    if mode & 0o077:
+        out.append(problem(f"credentials {creds_dir}", f"mode {mode:04o}: chmod 700 {creds_dir}"))
+    for path in sorted([*creds_dir.glob("*.nk"), *creds_dir.glob("*.creds")]):
+        if path.name in {f"{p}.creds" for p in PARTIES}:
+            continue
+        if (why := _private(path)) is not None:
+            out.append(problem(f"credentials {creds_dir}", f"{path}: {why}"))
     return out
 
 

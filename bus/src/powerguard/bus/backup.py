@@ -8,6 +8,11 @@ A backup is a directory: ``<stream>.json`` (the stream's configuration and state
 and ``<stream>.snapshot`` (the server's snapshot bytes, S2-compressed tar, kept as they came),
 written to temporary names, fsynced, then renamed; ``manifest.json`` last, naming each file's
 size and SHA-256. A restore checks the manifest first and refuses a stream that already exists.
+
+A backup holds the deployment's secrets (the event-id key in ``pg_ups``): every file is 0600 in
+a 0700 directory. It never overwrites the only good copy: a new one is written beside the old
+(``<dir>.partial``) and takes its name only when complete; the one it replaces is kept as
+``<dir>.previous`` (:func:`rotate_into`).
 """
 
 from __future__ import annotations
@@ -16,9 +21,12 @@ import asyncio
 import hashlib
 import json
 import os
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from powerguard.schemas.file_modes import write_private
 
 from .client import Bus
 from .errors import BusError
@@ -57,13 +65,33 @@ async def _request(bus: Bus, subject: str, payload: dict | bytes, timeout: float
     return json.loads(msg.data or b"{}")
 
 
-def _write_durably(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def previous_of(path: Path) -> Path:
+    return path.with_name(path.name + ".previous")
+
+
+def rotate_into(partial: Path, final: Path) -> Path | None:
+    """``partial`` (complete and fsynced) becomes ``final``; a ``final`` already there is kept as
+    ``<final>.previous`` (the older previous deleted first). At every moment one complete copy
+    has one of the two names. Returns where the replaced copy went (None: there was none)."""
+    kept = None
+    if final.exists():
+        kept = previous_of(final)
+        if kept.is_dir():
+            shutil.rmtree(kept)
+        elif kept.exists():
+            kept.unlink()
+        os.replace(final, kept)
+    os.replace(partial, final)
+    _fsync_dir(final.parent)
+    return kept
 
 
 async def snapshot(bus: Bus, stream: str, directory: Path, *, timeout: float = 30.0) -> Saved:
@@ -97,17 +125,25 @@ async def snapshot(bus: Bus, stream: str, directory: Path, *, timeout: float = 3
     finally:
         await sub.unsubscribe()
     data = b"".join(chunks)
-    _write_durably(directory / f"{stream}.snapshot", data)
+    write_private(directory / f"{stream}.snapshot", data)
     meta = {"config": reply.get("config"), "state": reply.get("state"), "taken": time.time()}
-    _write_durably(directory / f"{stream}.json", json.dumps(meta, indent=2).encode())
+    write_private(directory / f"{stream}.json", json.dumps(meta, indent=2).encode())
     return Saved(stream, len(data), int((reply.get("state") or {}).get("messages", 0)))
 
 
 async def backup(bus: Bus, directory: Path, *, timeout: float = 30.0) -> list[Saved]:
-    """Every PowerGuard stream into ``directory`` (made if missing), then its manifest."""
-    os.makedirs(directory, exist_ok=True)
-    saved = [await snapshot(bus, s, directory, timeout=timeout) for s in streams_of(bus)]
-    _manifest(directory, saved)
+    """Every PowerGuard stream into ``directory``, then its manifest: written as
+    ``<directory>.partial`` (0700) and renamed when complete (:func:`rotate_into`)."""
+    directory = Path(directory)
+    partial = directory.with_name(directory.name + ".partial")
+    if partial.exists():  # an earlier backup that did not finish
+        shutil.rmtree(partial)
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    partial.mkdir(mode=0o700)
+    os.chmod(partial, 0o700)
+    saved = [await snapshot(bus, s, partial, timeout=timeout) for s in streams_of(bus)]
+    _manifest(partial, saved)
+    rotate_into(partial, directory)
     return saved
 
 
@@ -118,12 +154,8 @@ def _manifest(directory: Path, saved: list[Saved]) -> None:
             p = directory / f"{s.stream}{suffix}"
             files[p.name] = {"bytes": p.stat().st_size, "sha256": hashlib.sha256(p.read_bytes()).hexdigest()}
     manifest = {"streams": [s.stream for s in saved], "files": files, "taken": time.time()}
-    _write_durably(directory / "manifest.json", json.dumps(manifest, indent=2).encode())
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    write_private(directory / "manifest.json", json.dumps(manifest, indent=2).encode())
+    _fsync_dir(directory)
 
 
 def verify(directory: Path) -> list[str]:
@@ -131,7 +163,9 @@ def verify(directory: Path) -> list[str]:
     try:
         manifest = json.loads((directory / "manifest.json").read_text())
     except (OSError, ValueError) as exc:
-        raise BackupError(f"{directory}: no readable manifest.json ({exc}): not a complete backup") from None
+        older = previous_of(Path(directory))
+        hint = f"; the backup before it is {older}" if (older / "manifest.json").exists() else ""
+        raise BackupError(f"{directory}: no readable manifest.json ({exc}): not a complete backup{hint}") from None
     for name, want in manifest["files"].items():
         path = directory / name
         try:

@@ -143,6 +143,11 @@ class Bus:
         if creds_file:
             credential_name(creds_file)  # a missing or garbage file is named now, not as a TypeError later
         check_files(nkey_seed_file=nkey_seed_file, tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key)
+        from powerguard.schemas.file_modes import warn_if_exposed
+
+        for path, what in ((creds_file, "NATS credential"), (nkey_seed_file, "nkey seed"), (tls_key, "TLS key")):
+            if path:
+                warn_if_exposed(path, what, log)
 
         async def on_error(exc: Exception) -> None:
             if not connected[0]:

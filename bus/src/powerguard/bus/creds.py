@@ -232,6 +232,28 @@ def issue(
     return path
 
 
+def backup(directory: Path, out: Path) -> Path | None:
+    """The credentials directory as a gzipped tar at ``out``: 0600 from its first byte, written
+    beside the last one and renamed over it when complete, which is kept as ``<out>.previous``
+    (never the only good copy overwritten). Returns where the replaced one went (None: none)."""
+    import io
+    import tarfile
+
+    from powerguard.schemas.file_modes import write_private
+
+    from .backup import rotate_into
+
+    directory, out = Path(directory), Path(out)
+    if not (directory / "deployment.json").exists():
+        raise ConfigError(f"{directory}: not a credentials directory (no deployment.json)")
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        tar.add(directory, arcname=directory.name)
+    partial = out.with_name(out.name + ".partial")
+    write_private(partial, buf.getvalue())
+    return rotate_into(partial, out)
+
+
 def inbox_of(creds_file: str | Path) -> str | None:
     """The reply-subject prefix a credential may subscribe to (``_INBOX.<its name>``)."""
     try:

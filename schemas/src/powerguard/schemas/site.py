@@ -12,6 +12,7 @@ typo (``coordinater:``) must never leave a service on its defaults.
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -54,6 +55,9 @@ class SecretRef(BaseModel):
                 raise SecretNotFound(f"environment variable {self.env} is not set")
             return SecretStr(value)
         assert self.file is not None
+        from .file_modes import warn_if_exposed
+
+        warn_if_exposed(self.file, "secret", logging.getLogger("powerguard.secrets"))
         try:
             return SecretStr(self.file.read_text().rstrip("\r\n"))
         except OSError as exc:

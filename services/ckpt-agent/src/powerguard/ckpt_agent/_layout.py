@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import logging
 import os
 import re
 import time
@@ -64,6 +65,9 @@ def keyed_digest(key: bytes, data: bytes) -> str:
 
 def load_key(path: str | os.PathLike) -> bytes:
     """The site's checkpoint key from a file (at least 16 bytes; any length, hashed to 64)."""
+    from powerguard.schemas.file_modes import warn_if_exposed
+
+    warn_if_exposed(path, "checkpoint key", logging.getLogger("powerguard.ckpt_agent"))
     try:
         raw = Path(path).read_bytes().strip()
     except OSError as exc:
