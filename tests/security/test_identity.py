@@ -106,3 +106,28 @@ async def test_11_a_rank_that_moved_node_is_filed_on_its_newest_and_its_old_key_
         await kv.put("jobB.n3.1", AgentData(job="jobB", rank=1, world_size=2, node="n3"))  # seen after the delete
         await eventually(lambda: 1 in c.registry.jobs()["jobB"].ranks, 15, "rank 1")
         assert c.registry.jobs()["jobB"].ranks == {0: "n2", 1: "n3"}
+
+
+async def test_11_the_console_shows_an_agent_record_only_as_what_its_key_says(deployment):
+    """Before: the console (its feed skipped the coordinator's identity rule) showed jobA's
+    records naming jobB on node n9 and a job payroll-train."""
+    from powerguard.console import ConsoleState, Feed
+
+    dep = deployment
+    attacker = await dep.connect("agent", job="jobA")
+    state = ConsoleState()
+    feed = Feed(await dep.connect("observer"), state)
+    await feed.start()
+    try:
+        kv = await attacker.agents()
+        await kv.put("jobA.n1.0", AgentData(job="jobB", rank=0, world_size=2, node="n9", step=5))
+        await kv.put("jobA.n1.1", AgentData(job="payroll-train", rank=1, world_size=2, node="n1", step=5))
+        # jobA's own record, written last: the watch hands records over in the order they were
+        # written, so once it is shown the forged ones before it were processed
+        await kv.put("jobA.n1.2", AgentData(job="jobA", rank=2, world_size=3, node="n1", step=7))
+        await eventually(lambda: "jobA.n1.2" in state.agents, 15, "jobA's own record on the console")
+        shown = {(a.job, a.node) for a in state.agents.values()}
+        assert shown == {("jobA", "n1")}, shown
+        assert not any(j["name"] in ("jobB", "payroll-train") for j in state.snapshot()["jobs"])
+    finally:
+        await feed.stop()

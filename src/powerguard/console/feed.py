@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from powerguard.bus import Bus
+from powerguard.bus.agents import identity_mismatch
 from powerguard.schemas import AgentData, SiteConfig
 
 from .state import ConsoleState
@@ -88,13 +89,22 @@ class Feed:
         await self._watch(kv.raw.watchall(), self._agent, lambda: list(self.state.agents))
 
     async def _agent(self, key: str, value: bytes | None) -> None:
+        """One ``pg_agents`` record, shown only as what its key says (the coordinator's rule,
+        :func:`powerguard.bus.agents.identity_mismatch`): the server binds the key to the
+        writer's job (and node); what the record says inside is only the writer's word."""
         if not value:
             self.state.set_agent(key, None)
             return
         try:
-            self.state.set_agent(key, AgentData.model_validate_json(value))
+            agent = AgentData.model_validate_json(value)
         except ValueError as exc:
             log.warning("agent record %s ignored: %s", key, exc)
+            return
+        if (mismatch := identity_mismatch(agent, key)) is not None:
+            log.warning("agent record %s ignored: %s", key, mismatch)
+            self.state.set_agent(key, None)
+            return
+        self.state.set_agent(key, agent)
 
     async def _sagas(self) -> None:
         from powerguard.coordinator.store import SagaStore

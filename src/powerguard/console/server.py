@@ -10,15 +10,14 @@ site that points its own name at 127.0.0.1 (DNS rebinding) is refused, token or 
 from __future__ import annotations
 
 import asyncio
-import base64
-import hmac
 import json
 import ssl
 from importlib import resources
 from typing import Any
 
 from aiohttp import web
-from yarl import URL
+
+from powerguard.bus.http_guard import LOOPBACK, authorized, host_refusal
 
 from .feed import Feed
 from .state import ConsoleState, timeline_svg
@@ -29,49 +28,6 @@ KEEPALIVE_S = 10.0
 
 def _static(name: str) -> str:
     return resources.files("powerguard.console").joinpath("static", name).read_text(encoding="utf-8")
-
-
-LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
-
-
-def _same(given: str, token: str) -> bool:
-    """Constant-time comparison of any credential a client sends (bytes: a non-ASCII string is
-    a wrong credential, never an error)."""
-    return hmac.compare_digest(given.encode("utf-8", "surrogateescape"), token.encode("utf-8"))
-
-
-def _authorized(request: web.Request, token: str | None) -> bool:
-    if token is None:
-        return True
-    header = request.headers.get("Authorization", "")
-    if header.startswith("Bearer "):
-        return _same(header[7:].strip(), token)
-    if header.startswith("Basic "):
-        try:
-            _, _, password = base64.b64decode(header[6:], validate=True).decode().partition(":")
-        except ValueError:
-            return False
-        return _same(password, token)
-    return False
-
-
-def _host_allowed(request: web.Request, allowed: frozenset[str]) -> str | None:
-    """Why the request's Host or Origin is refused (None: both name a host we serve)."""
-    try:
-        host = (URL(f"//{request.headers.get('Host', '')}").host or "").lower().strip("[]")
-    except ValueError:
-        host = ""
-    if host not in allowed:
-        return f"Host {request.headers.get('Host', '')!r} is not a name this console serves (--allow-host)"
-    origin = request.headers.get("Origin")
-    if origin is not None and origin != "null":
-        try:
-            o = (URL(origin).host or "").lower().strip("[]")
-        except ValueError:
-            o = ""
-        if o not in allowed:
-            return f"Origin {origin!r} is not a site this console serves (--allow-host)"
-    return None
 
 
 def make_app(
@@ -85,9 +41,9 @@ def make_app(
 
     @web.middleware
     async def auth(request: web.Request, handler):
-        if request.path != "/healthz" and (why := _host_allowed(request, allowed)) is not None:
-            raise web.HTTPMisdirectedRequest(text=why + "\n")
-        if request.path != "/healthz" and not _authorized(request, token):
+        if request.path != "/healthz" and (why := host_refusal(request, allowed, what="this console")) is not None:
+            raise web.HTTPMisdirectedRequest(text=f"{why} (--allow-host)\n")
+        if request.path != "/healthz" and not authorized(request, token):
             raise web.HTTPUnauthorized(headers={"WWW-Authenticate": 'Basic realm="powerguard console"'})
         response = await handler(request)
         response.headers.setdefault("Cache-Control", "no-store")

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import shutil
+import urllib.error
 import urllib.request
 from datetime import timedelta
 
@@ -255,6 +257,9 @@ async def test_hung_rank_cannot_hang_the_checkpoint_past_its_deadline(bus, nats_
 
 
 async def test_http_trigger_publishes_a_manual_request(bus, nats_server, tmp_path):
+    """Only a JSON request naming loopback is taken. Before: a cross-site POST (Origin and Host
+    evil.example, text/plain, empty body: what a web page in a browser on the node can send
+    without a CORS preflight) was answered 202 with a request on the bus."""
     import socket
 
     with socket.socket() as s:
@@ -262,26 +267,58 @@ async def test_http_trigger_publishes_a_manual_request(bus, nats_server, tmp_pat
         port = s.getsockname()[1]
     acks = bus.subscribe(CheckpointDurable, deliver="all")
     await acks.start()
+    (tmp_path / "token").write_text("s3cret\n")
+    (tmp_path / "token").chmod(0o600)
     t = await Trainer(
-        tmp_path, "jhttp", nats_url=nats_server.url, names=bus.names, steps=100_000, step_sleep=0.02, http_port=port
+        tmp_path,
+        "jhttp",
+        nats_url=nats_server.url,
+        names=bus.names,
+        steps=100_000,
+        step_sleep=0.02,
+        http_port=port,
+        env={"POWERGUARD_TRIGGER_TOKEN_FILE": str(tmp_path / "token")},
     ).start()
+    url = f"http://127.0.0.1:{port}/api/v1/trigger_checkpoint"
+
+    def post(headers: dict[str, str], data: bytes = b"") -> tuple[int, str]:
+        req = urllib.request.Request(url, data=data, method="POST", headers=headers)
+        try:
+            with urllib.request.urlopen(req, timeout=5) as r:
+                return r.status, r.read().decode()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read().decode()
+
+    json_type = {"Content-Type": "application/json", "Authorization": "Bearer s3cret"}
     try:
         await registered(bus, "jhttp")
-
-        def post() -> int:
-            req = urllib.request.Request(f"http://127.0.0.1:{port}/api/v1/trigger_checkpoint", data=b"", method="POST")
-            with urllib.request.urlopen(req, timeout=5) as r:
-                return r.status
-
         for _ in range(50):  # the endpoint comes up with rank 0's agent
             try:
-                assert await asyncio.to_thread(post) == 202
+                await asyncio.to_thread(post, {})
                 break
             except OSError:
                 await asyncio.sleep(0.1)
+        refused = [
+            ({"Content-Type": "text/plain", "Origin": "http://evil.example", "Host": "evil.example"}, 421),
+            ({"Content-Type": "text/plain", "Authorization": "Bearer s3cret"}, 415),
+            ({"Authorization": "Bearer s3cret"}, 415),
+            ({**json_type, "Host": "evil.example"}, 421),
+            ({**json_type, "Origin": "https://evil.example"}, 421),
+            ({**json_type, "Authorization": "Bearer wrong"}, 401),
+            ({"Content-Type": "application/json"}, 401),
+        ]
+        for headers, code in refused:
+            got_code, body = await asyncio.to_thread(post, headers)
+            assert got_code == code, (headers, got_code, body)
+        code, body = await asyncio.to_thread(post, json_type, b"{}")
+        assert code == 202, body
+        rid = json.loads(body)["request_id"]
+        # every refused request was answered before this one was published: one request stored
+        info = await bus.js.stream_info(bus.names.jobs_stream, subjects_filter=bus.subjects.ckpt_trigger("jhttp"))
+        assert info.state.subjects == {bus.subjects.ckpt_trigger("jhttp"): 1}
         got = await answers(acks, 2)
     finally:
         await t.kill()
         await acks.aclose()
     assert {a.data.rank for a in got} == {0, 1}
-    assert all(a.data.request_id.startswith("manual-") for a in got)
+    assert {a.data.request_id for a in got} == {rid}

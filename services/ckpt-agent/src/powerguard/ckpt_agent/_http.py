@@ -1,7 +1,13 @@
 """``POST /api/v1/trigger_checkpoint``: the interface existing apcupsd/NUT scripts call
-(``curl -X POST http://localhost:5000/api/v1/trigger_checkpoint``); it publishes a manual
-checkpoint request for this job on the job's own trigger subject, which every rank then
-honours at one step."""
+(``curl -X POST -H 'Content-Type: application/json' -d '{}' http://localhost:5000/api/v1/trigger_checkpoint``);
+it publishes a manual checkpoint request for this job on the job's own trigger subject, which
+every rank then honours at one step.
+
+It listens on loopback, where a web page in a browser on the node reaches it too: it takes only
+``Content-Type: application/json`` (a page can send that across sites only after a CORS
+preflight, which it never answers), only a ``Host`` and ``Origin`` that name loopback (no DNS
+rebinding), and with ``POWERGUARD_TRIGGER_TOKEN`` (or ``..._FILE``) set, only a request that
+carries it (``Authorization: Bearer``); :mod:`powerguard.bus.http_guard`, as the console."""
 
 from __future__ import annotations
 
@@ -9,11 +15,37 @@ import logging
 
 from aiohttp import web
 
+from powerguard.bus.env import env_secret
+from powerguard.bus.http_guard import LOOPBACK, authorized, host_refusal
+
 log = logging.getLogger("powerguard.ckpt_agent.http")
 
 
-async def serve_trigger(bus_thread, *, port: int, host: str = "127.0.0.1") -> web.AppRunner:
+def refusal(request: web.Request, token: str | None) -> web.Response | None:
+    """The answer to a request the trigger must not take (None: take it)."""
+    if (why := host_refusal(request, LOOPBACK, what="the checkpoint trigger")) is not None:
+        return web.json_response({"error": why}, status=421)
+    if not authorized(request, token):
+        return web.json_response(
+            {"error": "a token is required: Authorization: Bearer <POWERGUARD_TRIGGER_TOKEN>"},
+            status=401,
+            headers={"WWW-Authenticate": 'Bearer realm="powerguard trigger"'},
+        )
+    if request.content_type != "application/json":
+        return web.json_response(
+            {"error": f"Content-Type must be application/json, not {request.content_type!r} (send -d '{{}}')"},
+            status=415,
+        )
+    return None
+
+
+async def serve_trigger(bus_thread, *, port: int, host: str = "127.0.0.1", token: str | None = None) -> web.AppRunner:
+    token = token if token is not None else env_secret("POWERGUARD_TRIGGER_TOKEN")
+
     async def trigger(request: web.Request) -> web.Response:
+        if (refused := refusal(request, token)) is not None:
+            log.warning("trigger request refused (%s)", refused.text)
+            return refused
         try:
             body = await request.json() if request.can_read_body else {}
         except ValueError:
