@@ -33,6 +33,7 @@ app.add_typer(schemas_app, name="schemas")
 
 from .backup import backup as backup_cmd  # noqa: E402
 from .backup import restore as restore_cmd  # noqa: E402
+from .ckpt_key import ckpt_key_app  # noqa: E402
 from .config import config_app  # noqa: E402
 from .creds import bootstrap, creds_app  # noqa: E402
 from .power import power_app  # noqa: E402
@@ -40,6 +41,7 @@ from .power import power_app  # noqa: E402
 app.add_typer(power_app, name="power")
 app.add_typer(creds_app, name="creds")
 app.add_typer(config_app, name="config")
+app.add_typer(ckpt_key_app, name="ckpt-key")
 app.command("bootstrap", epilog=EPILOG)(bootstrap)
 app.command("backup", epilog=EPILOG)(backup_cmd)
 app.command("restore", epilog=EPILOG)(restore_cmd)

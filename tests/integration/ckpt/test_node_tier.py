@@ -94,6 +94,20 @@ async def test_a_corrupt_replica_is_skipped_for_the_next_copy_with_the_reason(tm
     assert equal_params(c.final(), reference)
 
 
+async def test_a_copy_planted_on_one_node_is_refused_by_name_and_not_spread(tmp_path, reference):
+    """Whoever can write n0's disk (the node whose COMMIT is read first) puts a copy of step 40 under
+    the name step-50 there. Before: the first COMMIT that authenticated was the reference, the other
+    nodes were filled from it, and the job resumed at step 51 with step 40's state (a rollback
+    spread to every node). Now it is refused by name on n0 and reaches no other node."""
+    c = await checkpointed(tmp_path)
+    shutil.copytree(c.disk("n0") / "jnodes" / "step-40", c.disk("n0") / "jnodes" / "step-50")
+    out = await c.run(steps=STEPS)
+    assert "step-50 on node n0: holds step 40, stored as step 50" in out, out[-3000:]
+    assert "restored step 40 from the node-local tier, local" in out
+    assert not (c.disk("n1") / "jnodes" / "step-50").exists() and not (c.disk("n2") / "jnodes" / "step-50").exists()
+    assert equal_params(c.final(), reference)
+
+
 async def test_a_node_gone_for_good_resumes_on_fewer_ranks_only_when_asked(tmp_path):
     c = await checkpointed(tmp_path)
     shutil.rmtree(c.disk("n1"))

@@ -94,7 +94,7 @@ def test_the_saver_and_the_restorer_meet_only_on_disk(tmp_path):
     fs, _ = L.fs_for(str(tmp_path))
     state = TrainingState(model=model, optimizer=None, scheduler=None, extra_state=None, rank_state=None, rank=0)
     retainer = Retainer(fs, str(tmp_path), "j", keep=2)
-    tier = SharedTier(ranks, fs, key=None, retainer=retainer)
+    tier = SharedTier(ranks, fs, job="j", key=None, retainer=retainer)
     saver = Saver(ranks, state, tier, job="j", root=str(tmp_path), fs=fs, key=None, every_s=0, overlap=False, node="n1")
     saved = saver.save(5, saga_id="s1")
     assert saved.path == L.step_dir(str(tmp_path), "j", 5) and saved.durability == "local"
@@ -102,11 +102,11 @@ def test_the_saver_and_the_restorer_meet_only_on_disk(tmp_path):
     want = {k: v.clone() for k, v in model.state_dict().items()}
     with torch.no_grad():
         model.weight.zero_()
-    restorer = Restorer(ranks, state, job="j", root=str(tmp_path), fs=fs, remote_url=None, key=None, reshard=False)
+    restorer = Restorer(ranks, state, job="j", root=str(tmp_path), fs=fs, remote_url=None, keys=None, reshard=False)
     got = restorer.restore()
     assert (got.step, got.tier, got.saga_id) == (5, "local", "s1")  # the saga its COMMIT names
     assert all(torch.equal(model.state_dict()[k], v) for k, v in want.items())  # bit-exact
-    empty = Restorer(ranks, state, job="other", root=str(tmp_path), fs=fs, remote_url=None, key=None, reshard=False)
+    empty = Restorer(ranks, state, job="other", root=str(tmp_path), fs=fs, remote_url=None, keys=None, reshard=False)
     assert empty.restore() is None
 
 
@@ -119,12 +119,12 @@ def test_a_jobs_own_newer_checkpoint_stands_and_an_older_one_is_overwritten(tmp_
     fs, _ = L.fs_for(str(tmp_path))
     state = TrainingState(model=model, optimizer=None, scheduler=None, extra_state=None, rank_state=None, rank=0)
     retainer = Retainer(fs, str(tmp_path), "j", keep=5)
-    tier = SharedTier(ranks, fs, key=None, retainer=retainer)
+    tier = SharedTier(ranks, fs, job="j", key=None, retainer=retainer)
     saver = Saver(ranks, state, tier, job="j", root=str(tmp_path), fs=fs, key=None, every_s=0, overlap=False, node="n1")
     for step in (5, 9):
         saver.save(step)
     retainer.join(5)
-    restorer = Restorer(ranks, state, job="j", root=str(tmp_path), fs=fs, remote_url=None, key=None, reshard=False)
+    restorer = Restorer(ranks, state, job="j", root=str(tmp_path), fs=fs, remote_url=None, keys=None, reshard=False)
     assert restorer.restore(own_step=7).step == 9  # PowerGuard's is newer: it wins
     assert restorer.restore(own_step=12) is None  # the job's own is newer: it stands
     assert restorer.said(None).endswith(
@@ -141,6 +141,7 @@ def test_a_jobs_own_newer_checkpoint_stands_and_an_older_one_is_overwritten(tmp_
         ({"framework": "keras"}, "framework"),
         ({"framework": "hf", "remote_url": "file:///x"}, "shared local tier only"),
         ({"writer_threads": 0}, "writer_threads"),
+        ({"allow_rollback": -1}, "allow_rollback"),
     ],
 )
 def test_settings_are_checked_once_and_name_what_is_wrong(tmp_path, bad, names):
@@ -166,6 +167,7 @@ def test_settings_are_checked_once_and_name_what_is_wrong(tmp_path, bad, names):
         framework=None,
         allow_fresh_start=False,
         writer_threads=None,
+        allow_rollback=None,
     )
     assert set(ok) == AgentConfig.ARGUMENTS  # every setting the agent takes, and no other
     assert AgentConfig.checked(**ok).local_root == str(tmp_path)

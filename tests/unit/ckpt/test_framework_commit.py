@@ -13,7 +13,7 @@ import torch
 
 from powerguard.ckpt_agent import CommitError, NoRestorableCheckpoint
 from powerguard.ckpt_agent._framework import commit_directory, newest_valid, verify_directory
-from powerguard.ckpt_agent._layout import load_key
+from powerguard.ckpt_agent._layout import job_key, load_key
 from powerguard.ckpt_agent.lightning import latest_checkpoint
 
 
@@ -29,7 +29,7 @@ def _write(root, job, step, payload: bytes, *, framework="lightning", commit=Tru
     d.mkdir(parents=True)
     (d / "checkpoint.ckpt").write_bytes(_saved({"state": payload}))
     if commit:
-        commit_directory(str(d), step=step, world_size=2, framework=framework, saga_id="s1")
+        commit_directory(str(d), job=job, step=step, world_size=2, framework=framework, saga_id="s1")
     return d
 
 
@@ -74,7 +74,7 @@ def test_committed_checkpoints_none_restorable_are_refused_by_name_not_a_silent_
         d = _checkpoint_dir(tmp_path, framework, step)
         name = "checkpoint.ckpt" if framework == "lightning" else "pytorch_model.bin"
         (d / name).write_bytes(_saved({"w": torch.ones(2)}))
-        commit_directory(str(d), step=step, world_size=2, framework=framework)
+        commit_directory(str(d), job="j", step=step, world_size=2, framework=framework)
     with pytest.raises(
         NoRestorableCheckpoint,
         match=r"2 committed .* none can be restored; the newest: .*-8.*"
@@ -95,7 +95,7 @@ def test_commit_lists_every_file_and_refuses_a_subdirectory(tmp_path):
     sub = tmp_path / "k" / "step-1"
     (sub / "nested").mkdir(parents=True)
     with pytest.raises(CommitError, match="not a plain file"):
-        commit_directory(str(sub), step=1, world_size=1, framework="hf")
+        commit_directory(str(sub), job="k", step=1, world_size=1, framework="hf")
 
 
 def test_a_keyed_commit_is_refused_without_the_site_key_match(tmp_path):
@@ -104,11 +104,11 @@ def test_a_keyed_commit_is_refused_without_the_site_key_match(tmp_path):
     d = tmp_path / "j" / "step-1"
     d.mkdir(parents=True)
     (d / "checkpoint.ckpt").write_bytes(_saved({"w": torch.ones(2)}))
-    commit_directory(str(d), step=1, world_size=1, framework="lightning", key=load_key(key_file))
+    commit_directory(str(d), job="j", step=1, world_size=1, framework="lightning", key=job_key(load_key(key_file), "j"))
     assert latest_checkpoint(tmp_path, job="j", world_size=1, checksum_key_file=key_file)
     other = tmp_path / "other"
     other.write_bytes(b"o" * 32)
-    with pytest.raises(NoRestorableCheckpoint, match="signature does not match the site key"):
+    with pytest.raises(NoRestorableCheckpoint, match="signature does not match the job's key"):
         latest_checkpoint(tmp_path, job="j", world_size=1, checksum_key_file=other)
 
 
@@ -148,7 +148,7 @@ def test_13_a_forged_framework_file_is_never_offered_for_resume_and_the_previous
             (d / "rng_state.pth").write_bytes(_saved(rng))
         payload = {"step": step, "w": torch.arange(4.0)} if step == 10 else _RunsCode(str(marker))
         (d / name).write_bytes(_saved(payload))
-        commit_directory(str(d), step=step, world_size=1, framework=framework)
+        commit_directory(str(d), job="j", step=step, world_size=1, framework=framework)
     with caplog.at_level(logging.WARNING, logger="powerguard.ckpt_agent"):
         if framework == "lightning":
             found = latest_checkpoint(tmp_path, job="j", world_size=1)

@@ -40,7 +40,7 @@ def test_a_keyed_restore_loads_only_what_the_key_signed(tmp_path, caplog, monkey
     with pytest.raises(NoRestorableCheckpoint, match=r"2 committed checkpoint\(s\) and none can be restored"):
         stranger.restore()  # a checkpoint signed with another key, or none, must not load: and never a silent step 0
     stranger.close()
-    assert "does not match the site key" in caplog.text and "not signed with the site key" in caplog.text
+    assert "does not match the job's key" in caplog.text and "not signed with a checkpoint key" in caplog.text
     monkeypatch.setenv("POWERGUARD_CKPT_KEY_FILE", str(key))  # the environment names the key too
     from_env, _ = _agent(tmp_path)
     assert from_env.restore() == 6

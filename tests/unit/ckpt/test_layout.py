@@ -14,7 +14,9 @@ FS = fsspec.filesystem("file")
 
 
 def make(root, step, *, commit=True, payload=b"x" * 1000, key=None):
-    """A one-rank checkpoint written the way the agent writes one (signed when ``key``)."""
+    """A one-rank checkpoint written the way the agent writes one (signed with the job's key
+    derived from the site ``key``, when given)."""
+    key = L.job_key(key, "job") if key is not None else None
     d = L.step_dir(str(root), "job", step)
     FS.makedirs(d, exist_ok=True)
     (root / "job" / f"step-{step}" / "__0_0.distcp").write_bytes(payload)
@@ -27,6 +29,8 @@ def make(root, step, *, commit=True, payload=b"x" * 1000, key=None):
         L.write_commit(
             FS,
             d,
+            job="job",
+            tier="local",
             step=step,
             world_size=1,
             digests={0: mdigest},
@@ -91,7 +95,8 @@ def test_a_manifest_naming_a_file_outside_the_checkpoint_is_refused(tmp_path, na
     FS.makedirs(d, exist_ok=True)
     (tmp_path / "job" / "step-5" / ".metadata").write_bytes(b"meta")
     mdigest, _, _ = L.write_manifest(FS, d, 0, 5, {name: {"size": 1, "xxh3": "0" * 32}})
-    L.write_commit(FS, d, step=5, world_size=1, digests={0: mdigest}, metadata_digest=L.digest_bytes(b"meta"))
+    meta = L.digest_bytes(b"meta")
+    L.write_commit(FS, d, job="job", tier="local", step=5, world_size=1, digests={0: mdigest}, metadata_digest=meta)
     with pytest.raises(CorruptCheckpoint, match="outside the checkpoint"):
         verify_checkpoint(d)
 
@@ -135,11 +140,11 @@ def test_a_site_key_refuses_a_checkpoint_forged_on_a_writable_tier(tmp_path):
     with pytest.raises(CorruptCheckpoint, match=r"COMMIT signature does not match|keyed digest"):
         verify_checkpoint(d, key=key)
     unsigned = make(tmp_path, 40)  # written before the site had a key, or by someone without it
-    with pytest.raises(CorruptCheckpoint, match="not signed with the site key"):
+    with pytest.raises(CorruptCheckpoint, match="not signed with a checkpoint key"):
         verify_checkpoint(unsigned, key=key)
     other = tmp_path / "other.key"
     other.write_bytes(b"o" * 32)
-    with pytest.raises(CorruptCheckpoint, match="does not match the site key"):
+    with pytest.raises(CorruptCheckpoint, match="does not match the job's key"):
         verify_checkpoint(make(tmp_path, 50, key=key), key=L.load_key(other))
 
 
@@ -152,7 +157,7 @@ def test_the_verify_command_checks_the_signature_with_a_key_file(tmp_path, capsy
     assert main(["verify", "--key-file", str(key_file), signed]) == 0
     assert main(["verify", "--key-file", str(key_file), unsigned]) == 1
     out = capsys.readouterr().out
-    assert "signed with the site key" in out and "not signed with the site key" in out
+    assert "signed with job 'job''s key" in out and "not signed with a checkpoint key" in out
     short = tmp_path / "short.key"
     short.write_bytes(b"k")
     assert main(["verify", "--key-file", str(short), signed]) == 2

@@ -119,7 +119,7 @@ class _Job:
             model=self.model, optimizer=None, scheduler=None, extra_state=None, rank_state=None, rank=0
         )
         self.retainer = Retainer(self.fs, self.root, "j", keep=5)
-        tier = SharedTier(self.ranks, self.fs, key=None, retainer=self.retainer)
+        tier = SharedTier(self.ranks, self.fs, job="j", key=None, retainer=self.retainer)
         self.saver = Saver(
             self.ranks, self.state, tier, job="j", root=self.root, fs=self.fs, key=None,
             every_s=0, overlap=False, node="n1", writers=4,
@@ -135,7 +135,7 @@ class _Job:
 
     def restorer(self, **kw) -> Restorer:
         return Restorer(
-            self.ranks, self.state, job="j", root=self.root, fs=self.fs, remote_url=None, key=None,
+            self.ranks, self.state, job="j", root=self.root, fs=self.fs, remote_url=None, keys=None,
             reshard=False, **kw,
         )  # fmt: skip
 

@@ -77,10 +77,18 @@ class Drive:
         return self._feed(p)
 
     def ack(
-        self, job: str, rank: int, *, ok: bool = True, request_id: str | None = "auto", step: int = 101
+        self,
+        job: str,
+        rank: int,
+        *,
+        ok: bool = True,
+        request_id: str | None = "auto",
+        step: int = 101,
+        commit: str | None = None,
     ) -> list[Command]:
         rid = f"s1/{job}/ckpt" if request_id == "auto" else request_id
-        return self._feed(Ack(job=job, rank=rank, request_id=rid, step=step, ok=ok, error=None if ok else "disk full"))
+        error = None if ok else "disk full"
+        return self._feed(Ack(job=job, rank=rank, request_id=rid, step=step, ok=ok, error=error, commit=commit))
 
     def ack_all(self, job: str) -> list[Command]:
         out = []

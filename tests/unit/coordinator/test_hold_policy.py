@@ -37,11 +37,13 @@ def test_final_checkpoint_when_the_budget_left_falls_to_twice_the_measured_check
     assert final.args["deadline"] == d.now + 4 and final.args["request_id"] == "s1/j1/final"
     assert d.ack("j1", 0, request_id="s1/j1/ckpt", step=150) == []  # the power round's id does not count
     for r in range(3):
-        d.ack("j1", r, request_id="s1/j1/final", step=150)
+        d.ack("j1", r, request_id="s1/j1/final", step=150, commit="c" * 32 if r == 0 else None)
     assert d.state == "final_checkpoint"
     cmds = d.ack("j1", 3, request_id="s1/j1/final", step=150)
     assert d.state == "shutting_down"
-    assert d.kinds(cmds) == [("job_stop", "j1"), ("shutdown", "n1"), ("shutdown", "n2")]
+    # the step every rank made durable is announced first (a restore never picks an older one)
+    assert d.kinds(cmds) == [("ckpt_recorded", "j1"), ("job_stop", "j1"), ("shutdown", "n1"), ("shutdown", "n2")]
+    assert cmds[0].args == {"step": 150, "commit": "c" * 32}  # the COMMIT rank 0's ack named
     plan = d.rec.jobs["j1"]
     assert plan.final_note == "committed at step 150"
     assert (plan.stop_step, plan.stop_step_exact, plan.durable_step) == (150, True, 150)

@@ -126,6 +126,7 @@ def permissions(
             _api("STREAM.INFO", f"KV_{n.agents}"),
             _api("DIRECT.GET", stream, s.ckpt_request(j)),  # catch up after a reconnect
             _api("DIRECT.GET", stream, s.ckpt_release(j)),
+            _api("DIRECT.GET", stream, s.ckpt_recorded(j)),  # a restore's floor: the step every rank acked
         )
         # the same operations through the site's JetStream domain: the ranks behind a compute
         # node's leaf nats-server reach them only so (the server maps them onto the ones above)
@@ -153,6 +154,7 @@ def permissions(
             s.commands,
             s.ckpt_request("*"),
             s.ckpt_release("*"),
+            s.ckpt_recorded("*"),
             s.saga("*"),
             s.dlq(role),
             _api("STREAM.INFO", stream),

@@ -21,11 +21,13 @@ from .checkpoints import (
     CheckpointDurableData,
     CheckpointFailed,
     CheckpointFailedData,
+    CheckpointRecorded,
     CheckpointRequestData,
     CheckpointRequested,
     CheckpointTriggered,
     Durations,
     HoldReleased,
+    RecordedData,
     ReleaseData,
 )
 from .commands import (
@@ -197,6 +199,8 @@ __all__ = [
     "HOLD_POLICIES",
     "HoldPolicy",
     "HoldReleased",
+    "CheckpointRecorded",
+    "RecordedData",
     "ReleaseData",
     "UnknownEventType",
     "UnsupportedVersion",

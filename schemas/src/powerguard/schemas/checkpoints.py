@@ -102,6 +102,13 @@ class CheckpointDurableData(CheckpointAckData):
     bytes: int = Field(ge=0, description="Bytes this rank wrote")
     durations: Durations = Field(default_factory=Durations)
     digest: str = Field(description="xxh3-128 of this rank's manifest")
+    commit: str | None = Field(
+        default=None,
+        pattern=r"^[0-9a-f]{32}$",
+        description="What identifies the committed checkpoint's contents (its job, step, world size and every "
+        "rank's manifest digest; the same on every node and tier): the coordinator records it, and a restore takes "
+        "the copy the acks named",
+    )
     durability: str = Field(
         default="local",
         pattern=r"^(local|replicated:[0-9]{1,5}|remote)$",
@@ -109,6 +116,25 @@ class CheckpointDurableData(CheckpointAckData):
         "or a node's own disk), replicated:k (every file of the job is also on k other nodes' disks, so any "
         "k nodes may be lost), remote (also on the remote tier)",
     )
+
+
+class RecordedData(Data):
+    job: str
+    saga_id: str | None = None
+    step: int = Field(ge=0, description="Every rank of the job acked this step durable")
+    commit: str | None = Field(default=None, pattern=r"^[0-9a-f]{32}$", description="The COMMIT the acks named")
+
+
+class CheckpointRecorded(Envelope):
+    """The coordinator recorded a step of this job as durable on every rank: a restore never
+    picks an older one (unless the operator names it), and takes the copy the acks named."""
+
+    type: Literal["io.powerguard.ckpt.v1.recorded"] = "io.powerguard.ckpt.v1.recorded"
+    data: RecordedData
+    SUBJECT_TEMPLATE = "{prefix}.ckpt.{job}.recorded"
+
+    def nats_subject(self, subjects: Subjects) -> str:
+        return subjects.ckpt_recorded(self.data.job)
 
 
 class CheckpointFailedData(CheckpointAckData):

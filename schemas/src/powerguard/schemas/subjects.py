@@ -18,6 +18,7 @@ of the events stream is writable by an agent::
     pg.result.ups.<ups>          what the UPS did                   power-control
     pg.ckpt.<job>.request        checkpoint requests                coordinator
     pg.ckpt.<job>.release        paused ranks may train on          coordinator
+    pg.ckpt.<job>.recorded       the step every rank acked durable  coordinator
     pg.ckpt.<job>.trigger        a checkpoint asked over HTTP       the job's own agents
     pg.ckpt.<job>.<rank>.ack     checkpoint acks (durable / failed) the job's agents
     pg.ckpt.<job>.resumed        the job trains again               the job's agents
@@ -92,6 +93,9 @@ class Subjects:
     def ckpt_release(self, job: str) -> str:
         return f"{self.prefix}.ckpt.{_job_or_star(job)}.release"
 
+    def ckpt_recorded(self, job: str) -> str:
+        return f"{self.prefix}.ckpt.{_job_or_star(job)}.recorded"
+
     def ckpt_ack(self, job: str, rank: int | str) -> str:
         return f"{self.prefix}.ckpt.{_job_or_star(job)}.{_rank(rank)}.ack"
 
@@ -154,6 +158,7 @@ class Subjects:
             *(f"{p}.{t}.>" for t in ("power", "drill", "cmd", "result", "saga", "dlq")),
             f"{p}.ckpt.*.request",
             f"{p}.ckpt.*.release",
+            f"{p}.ckpt.*.recorded",
         ]
 
 

@@ -14,9 +14,9 @@ import json
 import os
 import sys
 
-from ._layout import load_key
+from ._layout import load_job_keys
 from .errors import CheckpointError, CorruptCheckpoint
-from .verify import verify_checkpoint
+from .verify import placed, verify_checkpoint
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -28,25 +28,28 @@ def main(argv: list[str] | None = None) -> int:
     v.add_argument(
         "--key-file",
         default=os.environ.get("POWERGUARD_CKPT_KEY_FILE"),
-        help="the site's checkpoint key: also require its signature (default: $POWERGUARD_CKPT_KEY_FILE)",
+        help="the site's checkpoint key, or a job's (`powerguard ckpt-key issue`): also require the job's "
+        "signature (default: $POWERGUARD_CKPT_KEY_FILE)",
     )
     args = p.parse_args(argv)
-    try:
-        key = load_key(args.key_file) if args.key_file else None
-    except CheckpointError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    key = None
     bad = 0
     for d in args.dirs:
         try:
-            commit = verify_checkpoint(d, key=key)
+            keys = load_job_keys(args.key_file, placed(d)[0] or "") if args.key_file else None
+        except CheckpointError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        key = keys
+        try:
+            commit = verify_checkpoint(d, keys=keys)
             result = {
                 "dir": d,
                 "trusted": True,
                 "step": commit.get("step"),
                 "world_size": commit.get("world_size"),
                 "reason": f"COMMIT, {len(commit.get('manifests', {}))} manifest(s), every file and .metadata verified"
-                + (" and signed with the site key" if key else ""),
+                + (f" and signed with job {commit.get('job')!r}'s key" if key else ""),
             }
         except (CorruptCheckpoint, OSError, KeyError, ValueError) as exc:
             bad += 1

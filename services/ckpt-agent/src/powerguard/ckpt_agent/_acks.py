@@ -37,6 +37,7 @@ class Saved:
     total_s: float
     agree_s: float = 0.0  # waiting for every rank to agree on the step (power-event saves)
     durability: str = "local"  # local | replicated:k (node scope: every file on k+1 nodes' disks)
+    commit: str | None = None  # the committed contents' id (_layout.commit_id): the acks name it
 
     def durations(self) -> Durations:
         return Durations(agree_s=self.agree_s, write_s=self.write_s, commit_s=self.commit_s, total_s=self.total_s)
@@ -79,6 +80,7 @@ class Acks:
                     path=info.path,
                     bytes=info.bytes,
                     digest=info.digest,
+                    commit=info.commit,
                     durations=info.durations(),
                     durability=info.durability,
                 ),

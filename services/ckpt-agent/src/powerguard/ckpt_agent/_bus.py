@@ -28,11 +28,13 @@ from powerguard.schemas import (
     AgentRegistered,
     CheckpointFailed,
     CheckpointFailedData,
+    CheckpointRecorded,
     CheckpointRequestData,
     CheckpointRequested,
     CheckpointTriggered,
     Envelope,
     HoldReleased,
+    RecordedData,
 )
 
 log = logging.getLogger(__name__)
@@ -339,6 +341,20 @@ class BusThread:
     def publish_nowait(self, event: Envelope, ctx: otel_context.Context | None = None) -> None:
         """Publish from the training thread without waiting (errors are logged)."""
         asyncio.run_coroutine_threadsafe(self._publish(event, ctx), self.loop)
+
+    def recorded(self, timeout: float = 10.0) -> RecordedData | None:
+        """What the coordinator last recorded for this job (``pg.ckpt.<job>.recorded``): the step
+        every rank acked durable and the COMMIT the acks named. None when nothing is recorded, or
+        when it cannot be read now (not connected, no answer: logged)."""
+        if self.bus is None:
+            log.warning("rank %d: not connected: the coordinator's record of this job is not read", self.agent.rank)
+            return None
+        try:
+            got = self.run(self.bus.last(self.bus.subjects.ckpt_recorded(self.agent.job)), timeout)
+        except Exception as exc:
+            log.warning("rank %d: the coordinator's record of this job not read: %s", self.agent.rank, exc)
+            return None
+        return got.event.data if got is not None and isinstance(got.event, CheckpointRecorded) else None
 
     def run(self, coro, timeout: float = 10.0):
         """Run a coroutine on the bus loop and wait for its result."""

@@ -63,8 +63,11 @@ ARGUMENTS_DOC = """Keyword-only arguments:
   writer_threads: parallel writers (files) per rank of a synchronous save (a power checkpoint);
     None (default): one per 16 MiB of the rank's state, at least 4 and at most 16, and never a
     file under 16 MiB (a state under 64 MiB writes fewer files).
-  checksum_key_file: the site's checkpoint key (default: env ``POWERGUARD_CKPT_KEY_FILE``):
-    keyed digests on save; a restore trusts only what it signed.
+  checksum_key_file: the job's checkpoint key (``powerguard ckpt-key issue --job JOB``) or the
+    site's (default: env ``POWERGUARD_CKPT_KEY_FILE``): keyed digests on save; a restore trusts
+    only what this job's key signed. A job key lets the job's container sign for that job only.
+  allow_rollback: restore this step although the coordinator recorded a newer one as acked by
+    every rank (default: env ``POWERGUARD_ALLOW_ROLLBACK``; None: a rollback is refused).
   framework: ``"lightning"`` or ``"hf"``: the framework writes the checkpoints (its callback in
     :mod:`powerguard.ckpt_agent.lightning` / :mod:`powerguard.ckpt_agent.hf` sets this); a
     request agreed at a step becomes :attr:`CheckpointAgent.due`, the framework saves,
@@ -101,6 +104,7 @@ class AgentConfig:
             "framework",
             "allow_fresh_start",
             "writer_threads",
+            "allow_rollback",
         }
     )
 
@@ -122,9 +126,10 @@ class AgentConfig:
     reshard: bool
     pipelined: bool
     framework: str | None
-    key: bytes | None
+    key: L.Keys | None  # the job's checkpoint keys (the file's: a job key, or the site key derived)
     allow_fresh_start: bool = False
     writer_threads: int | None = None
+    allow_rollback: int | None = None  # a step the operator named: restored although older than the record
     check: CheckMode = field(default_factory=CheckMode)  # powerguard check-resume's mode (the environment)
 
     @classmethod
@@ -159,6 +164,13 @@ class AgentConfig:
             raise ValueError("agree_every_s must be at least 0")
         if kw["hold_policy"] is not None and kw["hold_policy"] not in HOLD_POLICIES:
             raise ValueError(f"hold_policy must be one of {', '.join(HOLD_POLICIES)}, not {kw['hold_policy']!r}")
+        if kw["allow_rollback"] is None and os.environ.get("POWERGUARD_ALLOW_ROLLBACK"):
+            text = os.environ["POWERGUARD_ALLOW_ROLLBACK"].strip()
+            if not text.isdigit():
+                raise ValueError(f"POWERGUARD_ALLOW_ROLLBACK must be a step number, not {text!r}")
+            kw["allow_rollback"] = int(text)
+        if kw["allow_rollback"] is not None and kw["allow_rollback"] < 0:
+            raise ValueError("allow_rollback must be a step number (at least 0)")
         check = CheckMode.from_env()
         if framework is not None and check.stop_at is not None:
             raise ValueError(
@@ -172,7 +184,7 @@ class AgentConfig:
         key_file = checksum_key_file or os.environ.get("POWERGUARD_CKPT_KEY_FILE")
         return cls(
             local_root=os.path.abspath(os.fspath(local_dir)),
-            key=L.load_key(key_file) if key_file else None,
+            key=L.load_job_keys(key_file, kw["job"]) if key_file else None,
             pipelined=pipelined_agreement,
             check=check,
             **kw,

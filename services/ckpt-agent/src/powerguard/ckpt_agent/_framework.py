@@ -53,6 +53,7 @@ class Due:
 def commit_directory(
     directory: str,
     *,
+    job: str,
     step: int,
     world_size: int,
     framework: str,
@@ -90,6 +91,8 @@ def commit_directory(
         L.write_commit(
             fs,
             directory,
+            job=job,
+            tier="local",
             step=step,
             world_size=world_size,
             digests={0: digest},
@@ -104,13 +107,23 @@ def commit_directory(
     return digest, nbytes
 
 
-def verify_directory(directory: str, *, framework: str, world_size: int | None, key: bytes | None = None) -> None:
+def verify_directory(
+    directory: str,
+    *,
+    framework: str,
+    world_size: int | None,
+    keys: L.Keys | None = None,
+    job: str | None = None,
+    step: int | None = None,
+) -> None:
     """Raise :class:`CorruptCheckpoint` with the reason unless ``directory`` holds a committed
-    checkpoint of ``framework`` whose every file matches its manifest (and, with a site key, whose
-    COMMIT the site signed), and whose files the framework loads name no code (with or without a
-    key: :mod:`._framework_files`)."""
+    checkpoint of ``framework`` whose every file matches its manifest (and, with a key, whose
+    COMMIT the job's key signed), written for ``job`` and ``step`` (None: not checked), and whose
+    files the framework loads name no code (with or without a key: :mod:`._framework_files`)."""
     fs, _ = L.fs_for(directory)
     commit = L.read_commit(fs, directory)
+    L.check_binding(commit, job=job, step=step, tier="local", where=directory)
+    key = keys.for_commit(commit, directory) if keys is not None else None
     L.authenticate(commit, key, directory)
     if commit.get("framework") != framework:
         raise CorruptCheckpoint(f"{directory}: not a {framework} checkpoint (COMMIT says {commit.get('framework')!r})")
@@ -126,22 +139,27 @@ def verify_directory(directory: str, *, framework: str, world_size: int | None, 
 
 
 def newest_valid(
-    candidates: list[tuple[int, str]], *, framework: str, world_size: int | None, key: bytes | None = None
+    candidates: list[tuple[int, str]],
+    *,
+    framework: str,
+    world_size: int | None,
+    keys: L.Keys | None = None,
+    job: str | None = None,
 ) -> tuple[int, str] | None:
     """The newest ``(step, directory)`` of ``candidates`` that verifies; every one skipped is
     logged with its reason (a warning: an operator wants to know a checkpoint was bad)."""
-    found, _ = _newest(candidates, framework=framework, world_size=world_size, key=key)
+    found, _ = _newest(candidates, framework=framework, world_size=world_size, keys=keys, job=job)
     return found
 
 
 def _newest(
-    candidates: list[tuple[int, str]], *, framework: str, world_size: int | None, key: bytes | None
+    candidates: list[tuple[int, str]], *, framework: str, world_size: int | None, keys: L.Keys | None, job: str | None
 ) -> tuple[tuple[int, str] | None, list[tuple[str, CheckpointError]]]:
     """(the newest that verifies, every committed one refused before it: (directory, why))."""
     refused: list[tuple[str, CheckpointError]] = []
     for step, directory in sorted(candidates, reverse=True):
         try:
-            verify_directory(directory, framework=framework, world_size=world_size, key=key)
+            verify_directory(directory, framework=framework, world_size=world_size, keys=keys, job=job, step=step)
         except CheckpointError as exc:
             log.warning("skipping checkpoint %s: %s", directory, exc)
             if os.path.exists(os.path.join(directory, L.COMMIT)):
@@ -157,7 +175,8 @@ def resume_point(
     *,
     framework: str,
     world_size: int,
-    key: bytes | None,
+    keys: L.Keys | None,
+    job: str | None,
     reshard: bool,
     allow_fresh_start: bool,
     where: str,
@@ -169,11 +188,11 @@ def resume_point(
     committed checkpoint at all. Committed ones that none of these can restore raise
     :class:`NoRestorableCheckpoint` naming the newest and why (a silent step 0 would throw the
     job's training away), unless ``allow_fresh_start``."""
-    found, refused = _newest(candidates, framework=framework, world_size=world_size, key=key)
+    found, refused = _newest(candidates, framework=framework, world_size=world_size, keys=keys, job=job)
     if found is not None:
         return found[1]
     if reshard:
-        other, _ = _newest(candidates, framework=framework, world_size=None, key=key)
+        other, _ = _newest(candidates, framework=framework, world_size=None, keys=keys, job=job)
         if other is not None:
             log.warning(
                 "resuming the %s checkpoint %s of another world size on %d rank(s) (reshard): the model and the "
@@ -205,8 +224,8 @@ class FrameworkSaves:
     """The checkpoint a framework must write (:attr:`due`), its deadline's watchdog, and the
     commit of what the framework wrote (rank 0 commits, every rank gets the result)."""
 
-    def __init__(self, ranks: Ranks, acks: Acks, *, framework: str, key: bytes | None) -> None:
-        self.ranks, self.acks, self.framework, self.key = ranks, acks, framework, key
+    def __init__(self, ranks: Ranks, acks: Acks, *, job: str, framework: str, key: bytes | None) -> None:
+        self.ranks, self.acks, self.job, self.framework, self.key = ranks, acks, job, framework, key
         self.due: Due | None = None
 
     def defer(self, step: int, agreed: Agreed) -> Due:
@@ -257,6 +276,7 @@ class FrameworkSaves:
             try:
                 result = commit_directory(
                     directory,
+                    job=self.job,
                     step=step,
                     world_size=self.ranks.world_size,
                     framework=self.framework,
@@ -280,7 +300,10 @@ class FrameworkSaves:
             digest, nbytes = self.commit(directory, due.step, saga, error)
             t_end = time.perf_counter()
             rank = self.ranks.rank
-            saved = Saved(directory, nbytes if rank == 0 else 0, digest, 0.0, t_end - t0, t_end - t0, due.agree_s)
+            contents = L.contents_id(self.job, due.step, self.ranks.world_size, {"0": digest})
+            saved = Saved(
+                directory, nbytes if rank == 0 else 0, digest, 0.0, t_end - t0, t_end - t0, due.agree_s, commit=contents
+            )
             log.info("rank %d: %s checkpoint of step %d committed in %s", rank, self.framework, due.step, directory)
             due.span.set_attribute("powerguard.bytes", nbytes)
             self.acks.durable(due.requests, due.step, saved, ctx=_spans.inside(due.span))

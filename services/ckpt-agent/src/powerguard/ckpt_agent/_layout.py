@@ -4,13 +4,21 @@
         __<r>_0.distcp ...      DCP data files, written by the ranks
         .metadata               DCP metadata (rank 0)
         MANIFEST.rank<r>.json   per rank: files it wrote, sizes, xxh3-128
-        COMMIT                  rank 0, last: step, world size, manifest digests
+        COMMIT                  rank 0, last: job, step, tier, world size, manifest digests
 
 A checkpoint counts only with a COMMIT whose manifests match the files. xxh3 finds corruption,
 not forgery: whoever can write a tier can rewrite a file and every checksum after it. With a
-site key (``POWERGUARD_CKPT_KEY_FILE``) every file, manifest and the DCP metadata also carry a
+key (``POWERGUARD_CKPT_KEY_FILE``) every file, manifest and the DCP metadata also carry a
 keyed BLAKE2b-256 digest and COMMIT a MAC over itself; a restore with the key refuses a
 checkpoint the key did not sign before it reads a byte of its contents.
+
+COMMIT names the job, the step and the tier it was written for (format 2): a restore refuses by
+name a checkpoint of another job, one stored under another step's name (moved, copied) and one
+written for another tier (:func:`check_binding`), with or without a key; with a key the names
+are under the MAC. The key that signs is the job's own: a job key file (``powerguard ckpt-key
+issue --job J``) is used as it is, the site key is derived per job (:func:`job_key`), so a job's
+container given only its own key cannot sign for another job. A format-1 COMMIT (before the
+binding) names no job: it is checked with the site key itself, and by its step.
 """
 
 from __future__ import annotations
@@ -33,7 +41,9 @@ import xxhash
 from .errors import CheckpointError, CorruptCheckpoint
 
 COMMIT = "COMMIT"
-FORMAT = 1
+FORMAT = 2  # 2: COMMIT names its job and tier (1: step and world size only)
+TIERS = ("local", "node", "remote")  # the shared local tier, the node-local tier, the remote tier
+JOB_KEY_HEADER = "powerguard-ckpt-job-key v1"
 _STEP = re.compile(r"^step-(\d+)$")
 _CHUNK = 8 * 1024 * 1024
 
@@ -65,21 +75,117 @@ def keyed_digest(key: bytes, data: bytes) -> str:
 
 def load_key(path: str | os.PathLike) -> bytes:
     """The site's checkpoint key from a file (at least 16 bytes; any length, hashed to 64)."""
+    raw = _read_key_file(path)
+    if raw.startswith(JOB_KEY_HEADER.encode()):
+        raise CheckpointError(f"checkpoint key {path}: a job's key, where the site key is needed")
+    return _site_secret(raw, path)
+
+
+def _read_key_file(path: str | os.PathLike) -> bytes:
     from powerguard.schemas.file_modes import warn_if_exposed
 
     warn_if_exposed(path, "checkpoint key", logging.getLogger("powerguard.ckpt_agent"))
     try:
-        raw = Path(path).read_bytes().strip()
+        return Path(path).read_bytes().strip()
     except OSError as exc:
         raise CheckpointError(f"checkpoint key {path}: {exc.strerror}") from None
+
+
+def _site_secret(raw: bytes, path) -> bytes:
     if len(raw) < 16:
         raise CheckpointError(f"checkpoint key {path}: {len(raw)} bytes, at least 16 are needed")
     return hashlib.sha512(raw).digest()  # BLAKE2b keys are at most 64 bytes
 
 
+def job_key(site: bytes, job: str) -> bytes:
+    """The key that signs ``job``'s checkpoints, derived from the site's (keyed BLAKE2b-512 of the
+    job's name, personalised): whoever holds it signs for that job only."""
+    return hashlib.blake2b(job.encode(), key=site, digest_size=64, person=b"pg-ckpt-job").digest()
+
+
+def job_key_file_text(site: bytes, job: str) -> str:
+    """What ``powerguard ckpt-key issue`` writes: the header, the job, the key in hex."""
+    return f"{JOB_KEY_HEADER}\njob: {job}\nkey: {job_key(site, job).hex()}\n"
+
+
+@dataclass(frozen=True)
+class Keys:
+    """A job's checkpoint keys: ``job`` signs and checks its checkpoints; ``site`` (None when the
+    file held the job's own key) checks a format-1 checkpoint, signed before the binding."""
+
+    job: bytes
+    site: bytes | None = None
+
+    def for_commit(self, commit: dict[str, Any], where: str) -> bytes:
+        """The key that signed ``commit`` if it is this job's."""
+        if int(commit.get("format", 1)) >= 2:
+            return self.job
+        if self.site is None:
+            raise CorruptCheckpoint(
+                f"{where}: signed with the site key before checkpoints named their job (format 1); this job "
+                "holds only its own key: restore it once with the site key"
+            )
+        return self.site
+
+
+def load_job_keys(path: str | os.PathLike, job: str) -> Keys:
+    """The keys of ``job`` from a key file: a job key file issued for ``job`` (another job's is
+    refused by name), or the site key (then derived; a warning says the container can sign for
+    every job)."""
+    raw = _read_key_file(path)
+    if raw.startswith(JOB_KEY_HEADER.encode()):
+        fields = dict(line.split(": ", 1) for line in raw.decode(errors="replace").splitlines()[1:] if ": " in line)
+        if fields.get("job") != job:
+            raise CheckpointError(f"checkpoint key {path} is job {fields.get('job')!r}'s, not {job!r}'s")
+        try:
+            key = bytes.fromhex(fields.get("key", ""))
+        except ValueError:
+            key = b""
+        if len(key) != 64:
+            raise CheckpointError(f"checkpoint key {path}: not a key `powerguard ckpt-key issue` wrote")
+        return Keys(key)
+    site = _site_secret(raw, path)
+    logging.getLogger("powerguard.ckpt_agent").info(
+        "checkpoint key %s is the site key: this job signs with its own key derived from it, but whoever "
+        "reads the file can sign for every job (give each job its own: powerguard ckpt-key issue --job %s)",
+        path,
+        job,
+    )
+    return Keys(job_key(site, job), site)
+
+
 def _mac(key: bytes, commit: dict[str, Any]) -> str:
     body = json.dumps({k: v for k, v in commit.items() if k != "mac"}, sort_keys=True).encode()
     return keyed_digest(key, body)
+
+
+def check_binding(commit: dict[str, Any], *, job: str | None, step: int | None, tier: str | None, where: str) -> None:
+    """Refuse by name a COMMIT written for another job, stored under another step's name, or
+    written for another tier (None: not checked). A format-1 COMMIT names no job or tier: its step
+    is still checked."""
+    bound = int(commit.get("format", 1)) >= 2
+    if bound and job is not None and commit.get("job") != job:
+        raise CorruptCheckpoint(f"{where}: job {commit.get('job')!r}'s checkpoint, not job {job!r}'s (moved or copied)")
+    if step is not None and commit.get("step") != step:
+        raise CorruptCheckpoint(
+            f"{where}: holds step {commit.get('step')}, stored as step {step} (moved or copied from another step)"
+        )
+    if bound and tier is not None and commit.get("tier") != tier:
+        raise CorruptCheckpoint(f"{where}: written for the {commit.get('tier')} tier, found in the {tier} tier")
+
+
+def commit_id(commit: dict[str, Any]) -> str:
+    """What identifies a checkpoint's contents, the same on every node and tier that holds it
+    (its job, step, world size and every rank's manifest digest, which cover every data file;
+    not when or where COMMIT was written): the acks name it, and a restore of the step the
+    coordinator recorded takes the copy the acks named. Every rank computes it from what the
+    save gathered (:func:`contents_id`)."""
+    return contents_id(commit.get("job"), commit.get("step"), commit.get("world_size"), commit.get("manifests") or {})
+
+
+def contents_id(job: Any, step: Any, world_size: Any, manifests: dict[str, str]) -> str:
+    body = {"job": job, "step": step, "world_size": world_size, "manifests": dict(sorted(manifests.items()))}
+    return digest_bytes(json.dumps(body, sort_keys=True).encode())
 
 
 def authenticate(commit: dict[str, Any], key: bytes | None, where: str) -> None:
@@ -88,9 +194,11 @@ def authenticate(commit: dict[str, Any], key: bytes | None, where: str) -> None:
         return
     mac = commit.get("mac")
     if not isinstance(mac, str) or not isinstance(commit.get("keyed"), dict):
-        raise CorruptCheckpoint(f"{where}: not signed with the site key (written without it)")
+        raise CorruptCheckpoint(f"{where}: not signed with a checkpoint key (written without one)")
     if not hmac.compare_digest(mac, _mac(key, commit)):
-        raise CorruptCheckpoint(f"{where}: COMMIT signature does not match the site key (tampered, or another key)")
+        raise CorruptCheckpoint(
+            f"{where}: COMMIT signature does not match the job's key (tampered, another job's, or another key)"
+        )
 
 
 def fs_for(url: str) -> tuple[fsspec.AbstractFileSystem, str]:
@@ -170,6 +278,8 @@ def write_commit(
     fs,
     directory: str,
     *,
+    job: str,
+    tier: str,
     step: int,
     world_size: int,
     digests: dict[int, str],
@@ -178,9 +288,14 @@ def write_commit(
     key: bytes | None = None,
     keyed_manifests: dict[int, str] | None = None,
     metadata: bytes | None = None,
-) -> None:
+) -> dict[str, Any]:
+    """Write COMMIT durably (last, over every manifest and the metadata); returns it."""
+    if tier not in TIERS:
+        raise ValueError(f"tier must be one of {', '.join(TIERS)}")
     body = {
         "format": FORMAT,
+        "job": job,
+        "tier": tier,
         "step": step,
         "world_size": world_size,
         "created": time.time(),
@@ -200,6 +315,19 @@ def write_commit(
     write_durable(fs, f"{directory}/{COMMIT}", json.dumps(body, sort_keys=True).encode())
     if is_local(fs):
         fsync_dir(os.path.dirname(directory.rstrip("/")))
+    return body
+
+
+def rebound(commit: dict[str, Any], *, tier: str, key: bytes | None) -> bytes:
+    """A COMMIT for a copy of the checkpoint in another tier (the remote copy): the same contents,
+    its tier named and, with a key, signed again. A format-1 COMMIT is copied as it is."""
+    if int(commit.get("format", 1)) < 2:
+        return json.dumps(commit, sort_keys=True).encode()
+    body = {k: v for k, v in commit.items() if k != "mac"}
+    body["tier"] = tier
+    if key is not None and "keyed" in body:
+        body["mac"] = _mac(key, body)
+    return json.dumps(body, sort_keys=True).encode()
 
 
 def hash_file(fs, path: str, key: bytes | None = None) -> tuple[int, str, str | None]:

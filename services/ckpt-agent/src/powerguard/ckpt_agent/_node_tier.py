@@ -18,7 +18,7 @@ from . import _layout as L
 from ._metadata import SafeFileSystemReader
 from ._nodes import Topology, exchange, node_files, verified_here
 from ._ranks import Ranks
-from ._restore import Restored, check_world, commit_saga, load
+from ._restore import Floor, Restored, check_world, commit_saga, load
 from ._retainer import Retainer
 from ._state import TrainingState
 from ._tiers import Written, commit_written
@@ -42,7 +42,7 @@ class NodeTier:
         node: str,
         job: str,
         root: str,
-        key: bytes | None,
+        keys: L.Keys | None,
         replicas: int,
         reshard: bool,
         retainer: Retainer,
@@ -52,7 +52,9 @@ class NodeTier:
         self.ranks, self.fs, self.state, self._topo, self.node = ranks, fs, state, topo, node
         self.readers = readers  # files each rank loads at once; the leader verifies its node's with all
         self._node_readers = readers * len(topo.ranks(node))  # the leader alone verifies the node's files
-        self.job, self.root, self.key, self.replicas, self.reshard = job, root, key, replicas, reshard
+        self.job, self.root, self.replicas, self.reshard = job, root, replicas, reshard
+        self.keys = keys
+        self.key = keys.job if keys is not None else None  # signs this job's checkpoints
         self.retainer = retainer
         # (step, [(rank, manifest digest, bytes) of this node's ranks], level, directory) once this
         # node's files are on its peers and that raises their durability (the acks say so again)
@@ -87,7 +89,12 @@ class NodeTier:
         return {metadata.storage_data[i.storage_index].relative_path for i in planner.create_local_plan().items}
 
     def _fill_nodes(
-        self, directory: str, have: dict[str, set[str]], files: dict[str, dict[str, Any]], needed: dict[str, set[str]]
+        self,
+        directory: str,
+        have: dict[str, set[str]],
+        files: dict[str, dict[str, Any]],
+        needed: dict[str, set[str]],
+        key: bytes | None,
     ) -> tuple[list[str], dict[str, int]]:
         """Send every node the data files its ranks need and it does not have, from the nearest
         node before it that has them: ring rounds of :func:`exchange` (round j: from the node j
@@ -111,7 +118,7 @@ class NodeTier:
                 [(os.path.join(directory, f), files[f]) for f in take[self.node]],
                 self._topo.leader(src),
                 self.ranks.save_group,
-                key=self.key,
+                key=key,
             )
             if take[self.node]:
                 fetched[src] = len(take[self.node])
@@ -154,7 +161,7 @@ class NodeTier:
         files = {f: e for fl in manifests.values() for f, e in fl.items()}
         have = {n: set(node_files(self._topo, n, manifests)) for n in self._topo.order}
         needed = self._needed_by_node(directory)
-        problems, _ = self._fill_nodes(directory, have, files, needed)
+        problems, _ = self._fill_nodes(directory, have, files, needed, self.key)
         if problems:
             log.error("rank %d: %s", self.rank, "; ".join(problems))
         if not self.ranks.all_ok(not problems):
@@ -171,6 +178,8 @@ class NodeTier:
                 commit_written(
                     self.fs,
                     directory,
+                    job=self.job,
+                    tier="node",
                     step=step,
                     world_size=self.ranks.world_size,
                     written=results,
@@ -253,18 +262,23 @@ class NodeTier:
         self._replicator.start()
 
     # ------------------------------------------------------------------ restore
-    def restore(self, newer_than: int | None = None) -> tuple[Restored | None, list[str]]:
+    def restore(self, newer_than: int | None = None, floor: Floor | None = None) -> tuple[Restored | None, list[str]]:
         """The newest step (above ``newer_than``) every file of which is verified on some node:
         each node gets what its ranks need and it lacks from a node that has it, then DCP loads
-        from the local directory. (None, the committed steps refused with why) when there is none."""
+        from the local directory. (None, the committed steps refused with why) when there is none.
+        ``floor``: what the coordinator recorded for the job (an older step is a rollback, the
+        recorded step's copy must be the one its acks named)."""
         mine = [s for s, _ in L.list_steps(self.fs, self.root, self.job)] if self.leader else []
         every = {s for got in self.ranks.gather(mine) for s in got}
         steps = sorted((s for s in every if newer_than is None or s > newer_than), reverse=True)
         refused: list[str] = []
         for step in steps:
             directory = L.step_dir(self.root, self.job, step)
+            if floor is not None and (why := floor.refusal(step)):
+                refused.append(f"{directory}: {why}")
+                continue
             try:
-                reason, fetched = self._gather_checkpoint(directory)
+                reason, fetched = self._gather_checkpoint(directory, step, floor.named(step) if floor else None)
             except CheckpointError as exc:
                 reason, fetched = str(exc), ""
             if reason:
@@ -281,8 +295,13 @@ class NodeTier:
             return Restored(loaded, "peer" if fetched else "local", saga, seconds), refused
         return None, refused
 
-    def _reference_commit(self, directory: str) -> tuple[dict | None, bytes | None, str]:
-        """The checkpoint's COMMIT as some node holds it (authenticated with the site key)."""
+    def _reference_commit(
+        self, directory: str, step: int, named: str | None
+    ) -> tuple[dict | None, bytes | None, str, bytes | None]:
+        """The checkpoint's COMMIT as some node holds it: this job's, of this step, of this tier,
+        authenticated with the key; with ``named`` (the COMMIT the job's acks named, as the
+        coordinator recorded it) that one only, never merely the first that authenticates. Returns
+        (it, its bytes, why there is none, the key that signed it)."""
         raw = None
         if self.leader:
             try:
@@ -294,23 +313,28 @@ class NodeTier:
         for r, body in enumerate(self.ranks.gather(raw)):
             if body is None:
                 continue
+            where = f"{directory} on node {self._topo.nodes[r]}"
             try:
                 c = json.loads(body)
-                L.authenticate(c, self.key, f"{directory} on node {self._topo.nodes[r]}")
+                L.check_binding(c, job=self.job, step=step, tier="node", where=where)
+                key = self.keys.for_commit(c, where) if self.keys is not None else None
+                L.authenticate(c, key, where)
+                if named is not None and L.commit_id(c) != named:
+                    raise CorruptCheckpoint(f"{where}: not the checkpoint the job's acks named (another copy)")
                 check_world(c, world_size=self.ranks.world_size, reshard=self.reshard, rank=self.rank)
-                return c, body, ""
+                return c, body, "", key
             except (CorruptCheckpoint, ValueError) as exc:
                 why.append(str(exc))
-        return None, None, "; ".join(why) or "no node has its COMMIT"
+        return None, None, "; ".join(why) or "no node has its COMMIT", None
 
-    def _gather_checkpoint(self, directory: str) -> tuple[str | None, str]:
+    def _gather_checkpoint(self, directory: str, step: int, named: str | None = None) -> tuple[str | None, str]:
         """Make ``directory`` complete on every node for its own ranks. Returns (why not, what
         this node fetched)."""
-        commit, commit_raw, why = self._reference_commit(directory)
+        commit, commit_raw, why, key = self._reference_commit(directory, step, named)
         if commit is None:
             return why, ""
         have, manifests, bad = (
-            verified_here(directory, commit, self.key, threads=self._node_readers) if self.leader else (set(), {}, [])
+            verified_here(directory, commit, key, threads=self._node_readers) if self.leader else (set(), {}, [])
         )
         for b in bad:  # a copy that does not verify is never a source; another node's copy is used
             log.warning("rank %d: node %s's copy skipped: %s", self.rank, self.node, b)
@@ -322,7 +346,7 @@ class NodeTier:
         reports = self.ranks.gather((have, manifests, offer) if self.leader else None)
         problems: list[str] = []
         if self.leader:
-            problems = self._store_small(directory, commit, commit_raw, small, have, reports)
+            problems = self._store_small(directory, commit, commit_raw, small, have, reports, key)
         reasons = [p for got in self.ranks.gather(problems) for p in got]
         if reasons:
             return "; ".join(reasons), ""
@@ -333,24 +357,25 @@ class NodeTier:
         files = {f: e for fl in lists.values() for f, e in fl.items()}
         holds = {n: set(reports[self._topo.leader(n)][0]) for n in self._topo.order}
         needed = self._needed_by_node(directory)
-        problems, fetched = self._fill_nodes(directory, holds, files, needed)
+        problems, fetched = self._fill_nodes(directory, holds, files, needed, key)
         reasons = [p for got in self.ranks.gather(problems) for p in got]
         if reasons:
             return "; ".join(reasons), ""
         node_fetched = self.ranks.gather(fetched if self.leader else None)[self._topo.leader(self.node)]
         return None, ", ".join(f"{k} file(s) from node {s}" for s, k in sorted(node_fetched.items()))
 
-    def _store_small(self, directory, commit, commit_raw, small, have, reports) -> list[str]:
+    def _store_small(self, directory, commit, commit_raw, small, have, reports, key) -> list[str]:
         """A leader writes the COMMIT, manifests and ``.metadata`` its node lacks, each checked
-        against COMMIT's digests (and keyed digests) before it is written."""
+        against COMMIT's digests (and keyed digests) before it is written; a COMMIT of other
+        contents than the reference's (planted, or of another save) is replaced by it."""
         problems = []
         try:
             L.makedirs_durable(directory)
-            if not os.path.exists(os.path.join(directory, L.COMMIT)):
+            if _commit_id_at(directory) != L.commit_id(commit):
                 L.write_durable(self.fs, os.path.join(directory, L.COMMIT), commit_raw)
             for name in sorted(small - have):
                 body = next((rep[2][name] for rep in reports if rep is not None and name in rep[2]), None)
-                wrong = "verified on no node" if body is None else _small_mismatch(commit, name, body, self.key)
+                wrong = "verified on no node" if body is None else _small_mismatch(commit, name, body, key)
                 if wrong:
                     problems.append(f"{name}: {wrong}")
                     continue
@@ -358,6 +383,15 @@ class NodeTier:
         except OSError as exc:
             problems.append(f"node {self.node}: {exc}")
         return problems
+
+
+def _commit_id_at(directory: str) -> str | None:
+    """The contents' id of the COMMIT in ``directory`` (None: none, or unreadable)."""
+    try:
+        with open(os.path.join(directory, L.COMMIT), "rb") as f:
+            return L.commit_id(json.loads(f.read()))
+    except (OSError, ValueError):
+        return None
 
 
 def _copies(durability: str) -> int:

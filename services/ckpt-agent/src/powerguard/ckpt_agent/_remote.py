@@ -1,12 +1,14 @@
 """Remote tier: rank 0 copies committed local checkpoints to an fsspec URL in a background
 thread (periodically, and on request when the deadline leaves time). Data files first, then
-the manifests, then the remote ``COMMIT``: a copy cut short is never trusted. On a file system
+the manifests, then the remote ``COMMIT`` (naming the remote tier, signed again with the job's
+key): a copy cut short is never trusted. On a file system
 of this host's (``file://``: a disk, an NFS mount) every file and every directory the copy makes
 is fsynced before the ``COMMIT`` is written: a copy reported committed (an ack raised to
 ``remote``) survives a power cut of the host that holds it (tests/powercut, ``remote=True``)."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import queue
@@ -28,9 +30,11 @@ class RemoteCopier:
         job: str,
         keep: int,
         every_s: float,
+        key: bytes | None = None,
         on_copied: Callable[[int, str], None] | None = None,
     ) -> None:
         self.local_root, self.remote_url, self.job = local_root, remote_url, job
+        self.key = key  # signs the remote copy's COMMIT (it names the remote tier)
         self.keep, self.every_s = keep, every_s
         self.fs, self.root = L.fs_for(remote_url)
         self.copied: set[int] = {
@@ -111,7 +115,8 @@ class RemoteCopier:
         if local:
             L.fsync_dir(dst)  # every data file's name, before the COMMIT names them complete
         with open(os.path.join(src, L.COMMIT), "rb") as f:
-            L.write_durable(self.fs, f"{dst}/{L.COMMIT}", f.read())
+            commit = L.rebound(json.loads(f.read()), tier="remote", key=self.key)
+        L.write_durable(self.fs, f"{dst}/{L.COMMIT}", commit)
         elapsed = time.perf_counter() - t0
         self.throughput = max(1e6, size / max(elapsed, 1e-6))
         self.copied.add(step)

@@ -37,8 +37,35 @@ class Restored:
     seconds: float  # loading it
 
 
+@dataclass(frozen=True)
+class Floor:
+    """What the coordinator recorded for the job (its ``pg.ckpt.<job>.recorded`` event): the step
+    every rank acked durable and the COMMIT the acks named. A restore never picks an older step
+    (a rollback: someone removed or hid the newer ones) unless the operator named that step
+    (``allow_rollback``, ``POWERGUARD_ALLOW_ROLLBACK``)."""
+
+    step: int
+    commit: str | None = None  # :func:`_layout.commit_id` of the acked COMMIT
+    saga_id: str | None = None
+    allow_rollback: int | None = None
+
+    def refusal(self, step: int) -> str | None:
+        """Why ``step`` must not be restored (None: it may)."""
+        if step >= self.step or step == self.allow_rollback:
+            return None
+        saga = f" (saga {self.saga_id})" if self.saga_id else ""
+        return (
+            f"step {step} is older than step {self.step}, which the coordinator recorded as acked by every rank"
+            f"{saga}: a rollback; to restore it, name it: allow_rollback={step} (POWERGUARD_ALLOW_ROLLBACK={step})"
+        )
+
+    def named(self, step: int) -> str | None:
+        """The COMMIT the acks named for ``step`` (None: not recorded)."""
+        return self.commit if step == self.step else None
+
+
 class NodeRestore(Protocol):
-    def restore(self) -> tuple[Restored | None, list[str]]:
+    def restore(self, newer_than: int | None = None, floor: Floor | None = None) -> tuple[Restored | None, list[str]]:
         """What it restored, or None and the committed checkpoints it refused ("dir: why")."""
         ...
 
@@ -101,7 +128,7 @@ class Restorer:
         root: str,
         fs: Any,
         remote_url: str | None,
-        key: bytes | None,
+        keys: L.Keys | None,
         reshard: bool,
         nodes: NodeRestore | None = None,
         allow_fresh_start: bool = False,
@@ -109,16 +136,18 @@ class Restorer:
     ) -> None:
         self.ranks, self.state, self.job, self.root, self.fs = ranks, state, job, root, fs
         self.readers = readers  # files each rank verifies at once
-        self.remote_url, self.key, self.reshard, self.nodes = remote_url, key, reshard, nodes
+        self.remote_url, self.keys, self.reshard, self.nodes = remote_url, keys, reshard, nodes
         self.allow_fresh_start = allow_fresh_start
         self.refused: list[str] = []  # the last restore's committed checkpoints it could not restore
         self.own_step: int | None = None  # the last restore's: the job's own checkpoint's step
+        self.floor: Floor | None = None  # the last restore's: what the coordinator recorded
 
-    def restore(self, *, own_step: int | None = None) -> Restored | None:
+    def restore(self, *, own_step: int | None = None, floor: Floor | None = None) -> Restored | None:
         """Every rank: the newest valid checkpoint, loaded; None when there is none. Every
         skipped checkpoint is logged with its reason. One span (``restore <job>``). ``own_step``:
-        the job restored a checkpoint of its own at this step: only a newer one is loaded."""
-        self.own_step = own_step
+        the job restored a checkpoint of its own at this step: only a newer one is loaded.
+        ``floor``: what the coordinator recorded (no step older than it, unless named)."""
+        self.own_step, self.floor = own_step, floor
         span = _spans.start(
             f"restore {self.job}",
             _spans.job_parent(),
@@ -163,22 +192,27 @@ class Restorer:
         if self.own_step is not None:  # the job's own checkpoint stands unless one of these is newer
             candidates = [c for c in candidates if c[2] > self.own_step]
         refused: list[str] = []  # committed checkpoints that could not be restored, newest first
+        floor = self.floor
         if self.nodes is not None:  # every node's own disk (and its peers') first, then the remote tier
-            got, refused = self.nodes.restore(newer_than=self.own_step)
+            got, refused = self.nodes.restore(newer_than=self.own_step, floor=floor)
             if got is not None:
                 return got
             candidates = [c for c in candidates if c[0] == "remote"]
-        for tier, url, _step, committed in candidates:
+        for tier, url, step, committed in candidates:
+            if committed and floor is not None and (why := floor.refusal(step)):
+                log.warning("rank %d: skipping %s checkpoint %s: %s", rank, tier, url, why)
+                refused.append(f"{url}: {why}")
+                continue
             fs, path = L.fs_for(url)
             # verified while loaded (each file hashed in the one pass that loads it), unless a fresh
             # start is allowed: a file failing half-way leaves the model part loaded, which only a
             # load of another checkpoint (every tensor again) or stopping may follow
             pipelined = L.is_local(fs) and not self.allow_fresh_start
-            reason, files = self._verify(fs, path, contents=not pipelined)
+            reason, files, key = self._verify(fs, path, tier, step, contents=not pipelined)
             loaded = None
             if not reason and pipelined:
                 try:
-                    reader = VerifyingReader(path, files=files, key=self.key, threads=self.readers)
+                    reader = VerifyingReader(path, files=files, key=key, threads=self.readers)
                     loaded, seconds = load(self.state, reader, self.ranks)
                 except CheckpointException as exc:
                     reason = corrupt_reason(exc)
@@ -193,9 +227,9 @@ class Restorer:
                     refused.append(f"{url}: {reason}")
                 continue
             log.info("rank %d: restored step %d from the %s tier (%s)", rank, loaded, tier, url)
-            if self.key is None and rank == 0:
+            if self.keys is None and rank == 0:
                 log.info(
-                    "rank 0: no site key (POWERGUARD_CKPT_KEY_FILE): the checksums found no corruption, but "
+                    "rank 0: no checkpoint key (POWERGUARD_CKPT_KEY_FILE): the checksums found no corruption, but "
                     "whoever can write the tier could have rewritten them (forgery is not detected); nothing "
                     "read ran code (.metadata and state read without unpickling arbitrary objects)"
                 )
@@ -206,6 +240,13 @@ class Restorer:
                 f"rank {rank}: job {self.job} has {len(refused)} committed checkpoint(s) and none can be "
                 f"restored; the newest: {refused[0]}. Training from step 0 would lose them: fix the cause "
                 "(reshard=True resumes one written by more ranks), or pass allow_fresh_start=True"
+            )
+        if floor is not None and not self.allow_fresh_start and self.own_step is None:
+            saga = f" (saga {floor.saga_id})" if floor.saga_id else ""
+            raise NoRestorableCheckpoint(
+                f"rank {rank}: job {self.job}: the coordinator recorded step {floor.step} as acked by every rank"
+                f"{saga}, and no checkpoint of it or a later step is here: training from step 0 would lose it "
+                "(restore the tier, or pass allow_fresh_start=True)"
             )
         log.info("rank %d: no valid checkpoint for job %s; starting from step 0", rank, self.job)
         return None
@@ -220,30 +261,40 @@ class Restorer:
                 out.append(("remote", d if "://" in d else f"{proto}://{d}", s, _committed(rfs, d)))
         return out
 
-    def _verify(self, fs, path: str, *, contents: bool) -> tuple[str | None, dict[str, dict[str, Any]]]:
+    def _verify(
+        self, fs, path: str, tier: str, step: int, *, contents: bool
+    ) -> tuple[str | None, dict[str, dict[str, Any]], bytes | None]:
         """Every rank checks a share of the files; all agree. Returns (the reason it is bad or
-        None, the files the manifests list). With a site key, COMMIT's signature is checked
-        first: an unsigned checkpoint is not read. Without ``contents`` the files are checked by
-        size here and in full as they are loaded (:class:`VerifyingReader`)."""
+        None, the files the manifests list, the key that signed it). With a key, COMMIT's
+        signature is checked first: an unsigned checkpoint is not read; with or without one, a
+        COMMIT of another job, step or tier is refused by name (:func:`_layout.check_binding`), and
+        the step the coordinator recorded must be the COMMIT its acks named. Without ``contents``
+        the files are checked by size here and in full as they are loaded (:class:`VerifyingReader`)."""
         rank, world = self.ranks.rank, self.ranks.world_size
-        reason, files = None, {}
+        reason, files, key = None, {}, None
         try:
             commit = L.read_commit(fs, path)
-            L.authenticate(commit, self.key, path)
+            # a plain copy from another job, step or tier is named as such (then the key decides)
+            L.check_binding(commit, job=self.job, step=step, tier=tier, where=path)
+            key = self.keys.for_commit(commit, path) if self.keys is not None else None
+            L.authenticate(commit, key, path)
+            named = self.floor.named(step) if self.floor is not None else None
+            if named is not None and L.commit_id(commit) != named:
+                raise CorruptCheckpoint(f"{path}: not the checkpoint of step {step} the job's acks named")
             check_world(commit, world_size=world, reshard=self.reshard, rank=rank)
-            files = L.manifest_files(fs, path, commit, self.key)
+            files = L.manifest_files(fs, path, commit, key)
             names = sorted(files)[rank::world]
             if contents:
-                L.verify_files(fs, path, files, names, self.key, threads=self.readers)
+                L.verify_files(fs, path, files, names, key, threads=self.readers)
             else:
                 precheck_sizes(path, {n: files[n] for n in names})
             if rank == 0:
-                L.verify_metadata(fs, path, commit, self.key)
-                check_metadata(fs, path)  # without a site key a forger recomputes the checksum
+                L.verify_metadata(fs, path, commit, key)
+                check_metadata(fs, path)  # without a key a forger recomputes the checksum
         except (CorruptCheckpoint, OSError, KeyError, ValueError) as exc:
             reason = str(exc)
         reasons = [r for r in self.ranks.gather(reason) if r]
-        return ("; ".join(reasons) if reasons else None), files
+        return ("; ".join(reasons) if reasons else None), files, key
 
 
 def corrupt_reason(exc: CheckpointException) -> str | None:

@@ -157,13 +157,28 @@ class Saver:
         t_end = time.perf_counter()
         self._last_local = time.monotonic()
         log.info("rank %d: step %d durable in %s (%.1f MB, %.2fs)", rank, step, directory, nbytes / 1e6, t_end - t0)
-        return Saved(directory, nbytes, digest, t_write - t0, t_end - t_write, t_end - t0, durability=durability)
+        contents = L.contents_id(self.job, step, self.ranks.world_size, {str(w.rank): w.digest for w in written})
+        return Saved(
+            directory,
+            nbytes,
+            digest,
+            t_write - t0,
+            t_end - t_write,
+            t_end - t0,
+            durability=durability,
+            commit=contents,
+        )
 
     def _existing(self, directory: str, step: int, elapsed: float) -> Saved:
         with open(os.path.join(directory, L.manifest_name(self.ranks.rank)), "rb") as f:
             body = f.read()
         files = json.loads(body)["files"]
-        return Saved(directory, sum(f["size"] for f in files.values()), L.digest_bytes(body), 0.0, elapsed, elapsed)
+        try:
+            contents = L.commit_id(L.read_commit(self.fs, directory))
+        except CheckpointError:
+            contents = None
+        nbytes = sum(f["size"] for f in files.values())
+        return Saved(directory, nbytes, L.digest_bytes(body), 0.0, elapsed, elapsed, commit=contents)
 
     # ------------------------------------------------------------------ periodic (async)
     def _before_optimizer_step(self, *_: Any) -> None:

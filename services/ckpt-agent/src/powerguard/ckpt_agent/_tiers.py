@@ -34,6 +34,8 @@ def commit_written(
     fs: Any,
     directory: str,
     *,
+    job: str,
+    tier: str,
     step: int,
     world_size: int,
     written: list[Written],
@@ -41,10 +43,12 @@ def commit_written(
     key: bytes | None,
     extra: dict | None,
 ) -> None:
-    """``COMMIT`` over every rank's manifest and the metadata (keyed with a site key)."""
+    """``COMMIT`` over every rank's manifest and the metadata (keyed with the job's key)."""
     L.write_commit(
         fs,
         directory,
+        job=job,
+        tier=tier,
         step=step,
         world_size=world_size,
         digests={w.rank: w.digest for w in written},
@@ -75,8 +79,8 @@ class SharedTier:
 
     bodies = False
 
-    def __init__(self, ranks: Ranks, fs: Any, *, key: bytes | None, retainer: Retainer) -> None:
-        self.ranks, self.fs, self.key, self.retainer = ranks, fs, key, retainer
+    def __init__(self, ranks: Ranks, fs: Any, *, job: str, key: bytes | None, retainer: Retainer) -> None:
+        self.ranks, self.fs, self.job, self.key, self.retainer = ranks, fs, job, key, retainer
 
     @property
     def leader(self) -> bool:
@@ -91,6 +95,8 @@ class SharedTier:
                 commit_written(
                     self.fs,
                     directory,
+                    job=self.job,
+                    tier="local",
                     step=step,
                     world_size=self.ranks.world_size,
                     written=written,

@@ -93,6 +93,7 @@ def wire(cfg: AgentConfig, training: TrainingParts, *, node: str | None, bus: Bu
         rank=ranks.rank,
     )
     fs, _ = L.fs_for(cfg.local_root)
+    signing = cfg.key.job if cfg.key is not None else None  # the job's own key signs its checkpoints
     retainer = Retainer(fs, cfg.local_root, cfg.job, cfg.keep)
     topo = Topology(tuple(ranks.gather(node)))  # which node each rank is on
     thread, http = (
@@ -109,7 +110,7 @@ def wire(cfg: AgentConfig, training: TrainingParts, *, node: str | None, bus: Bu
             node=node,
             job=cfg.job,
             root=cfg.local_root,
-            key=cfg.key,
+            keys=cfg.key,
             replicas=cfg.replicas,
             reshard=cfg.reshard,
             retainer=retainer,
@@ -119,11 +120,11 @@ def wire(cfg: AgentConfig, training: TrainingParts, *, node: str | None, bus: Bu
     saver = Saver(
         ranks,
         state,
-        nodes or SharedTier(ranks, fs, key=cfg.key, retainer=retainer),
+        nodes or SharedTier(ranks, fs, job=cfg.job, key=signing, retainer=retainer),
         job=cfg.job,
         root=cfg.local_root,
         fs=fs,
-        key=cfg.key,
+        key=signing,
         every_s=cfg.local_every_s,
         overlap=cfg.overlap_staging and t.optimizer is not None,
         node=node,
@@ -143,13 +144,15 @@ def wire(cfg: AgentConfig, training: TrainingParts, *, node: str | None, bus: Bu
         root=cfg.local_root,
         fs=fs,
         remote_url=cfg.remote_url,
-        key=cfg.key,
+        keys=cfg.key,
         reshard=cfg.reshard,
         nodes=nodes,
         allow_fresh_start=cfg.allow_fresh_start,
         readers=reader_threads(_local_ranks()),  # files each rank verifies and loads at once
     )
-    frameworks = FrameworkSaves(ranks, acks, framework=cfg.framework, key=cfg.key) if cfg.framework else None
+    frameworks = (
+        FrameworkSaves(ranks, acks, job=cfg.job, framework=cfg.framework, key=signing) if cfg.framework else None
+    )
     remote = None
     if cfg.remote_url and ranks.rank == 0:
         remote = RemoteCopier(
@@ -158,6 +161,7 @@ def wire(cfg: AgentConfig, training: TrainingParts, *, node: str | None, bus: Bu
             job=cfg.job,
             keep=cfg.keep_remote,
             every_s=cfg.remote_every_s,
+            key=signing,
             on_copied=acks.remote_copied,
         )
     hold = Hold(thread, ranks, poll_s=cfg.pause_poll_s)

@@ -31,7 +31,7 @@ from ._framework import Due
 from ._power import power_checkpoint
 from ._progress import Progress
 from ._quiet import Served
-from ._restore import framework_restored, resumed
+from ._restore import Floor, framework_restored, resumed
 from ._wiring import BusOptions, TrainingParts, wire
 from .errors import CheckpointError
 
@@ -78,6 +78,7 @@ class CheckpointAgent:
         framework: str | None = None,
         allow_fresh_start: bool = False,
         writer_threads: int | None = None,
+        allow_rollback: int | None = None,
     ) -> None:
         settings = {k: v for k, v in locals().items() if k in AgentConfig.ARGUMENTS}
         cfg = self.config = AgentConfig.checked(**settings)
@@ -296,7 +297,8 @@ class CheckpointAgent:
         loaded only when it is newer (it overwrites what the job loaded), else the job's state
         stands and the step after ``own_step`` is returned; the line at the start says which."""
         try:
-            got = self.progress.restored = self.restorer.restore(own_step=own_step)
+            floor = self._floor()
+            got = self.progress.restored = self.restorer.restore(own_step=own_step, floor=floor)
         finally:
             self.progress.restore_ended = time.time()
         if got is not None:
@@ -306,6 +308,19 @@ class CheckpointAgent:
             self.progress.step = own_step
             return own_step + 1
         return 0
+
+    def _floor(self) -> Floor | None:
+        """What the coordinator recorded for this job (rank 0 reads it on the bus, every rank gets
+        it): a restore takes no older step unless ``allow_rollback`` names it. Without a bus, or
+        with none recorded, None (and without a bus the rule cannot hold: rank 0 says so)."""
+        got = None
+        if self.rank == 0 and self._bus is not None:
+            recorded = self._bus.recorded()
+            if recorded is not None:
+                got = Floor(recorded.step, recorded.commit, recorded.saga_id, self.config.allow_rollback)
+        elif self.rank == 0 and self.config.key is not None:
+            log.info("rank 0: no bus: the restore cannot check for a rollback (the coordinator's record is not read)")
+        return self.ranks.gather(got)[0]
 
     def report_resumed(self) -> None:
         """Announce ``job.resumed`` once (rank 0), after the first step following a restore."""

@@ -26,7 +26,7 @@ from powerguard.bus import BusNames
 
 from ._check import CheckMode
 from ._framework import env_world_size, resume_point
-from ._layout import load_key
+from ._layout import load_job_keys
 from .agent import CheckpointAgent
 from .errors import CheckpointError
 
@@ -38,6 +38,7 @@ _CHECKPOINT_DIR = re.compile(r"^checkpoint-(\d+)$")  # the Trainer's PREFIX_CHEC
 def latest_checkpoint(
     output_dir: str | os.PathLike,
     *,
+    job: str | None = None,
     world_size: int | None = None,
     checksum_key_file: str | os.PathLike | None = None,
     reshard: bool = False,
@@ -51,19 +52,30 @@ def latest_checkpoint(
     :class:`~powerguard.ckpt_agent.NoRestorableCheckpoint` naming the newest and why (a silent
     fresh start would lose the job's training); ``reshard=True`` resumes one of another world
     size (the Trainer's DDP checkpoint holds the whole model and optimizer: they resume exactly;
-    the data order is the new world's); ``allow_fresh_start=True`` returns None instead."""
-    root = CheckMode.from_env().framework_root(output_dir)  # `check-resume` / `try`: the check's directory
+    the data order is the new world's); ``allow_fresh_start=True`` returns None instead.
+
+    ``job``: the callback's; a checkpoint committed for another job is refused by name. With a
+    checkpoint key it is needed (the key that signs is the job's own)."""
+    mode = CheckMode.from_env()
+    root = mode.framework_root(output_dir)  # `check-resume` / `try`: the check's directory
+    job = mode.framework_job(job) if job is not None else None
     try:
         names = os.listdir(root)
     except FileNotFoundError:
         names = []
     candidates = [(int(m.group(1)), os.path.join(root, n)) for n in names if (m := _CHECKPOINT_DIR.match(n))]
     key_file = checksum_key_file or os.environ.get("POWERGUARD_CKPT_KEY_FILE")
+    if key_file and job is None:
+        raise ValueError(
+            "latest_checkpoint(output_dir, job=...): with a checkpoint key, name the job "
+            "(its own key signs its checkpoints)"
+        )
     found = resume_point(
         candidates,
         framework="hf",
         world_size=world_size if world_size is not None else env_world_size(),
-        key=load_key(key_file) if key_file else None,
+        keys=load_job_keys(key_file, job) if key_file and job else None,
+        job=job,
         reshard=reshard,
         allow_fresh_start=allow_fresh_start,
         where=str(root),

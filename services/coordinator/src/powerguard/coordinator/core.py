@@ -290,7 +290,14 @@ class SiteCore:
             error = None if ok else d.error
             level = d.durability if ok else "local"
             return Ack(
-                job=d.job, rank=d.rank, request_id=d.request_id, step=d.step, ok=ok, error=error, durability=level
+                job=d.job,
+                rank=d.rank,
+                request_id=d.request_id,
+                step=d.step,
+                ok=ok,
+                error=error,
+                durability=level,
+                commit=d.commit if ok else None,
             )
         if isinstance(ev, NodeState):
             return NodeReport(node=d.node, state=d.state, detail=d.detail) if d.node in rec.nodes else None

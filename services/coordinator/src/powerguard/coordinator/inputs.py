@@ -32,6 +32,7 @@ class Ack:
     ok: bool = True
     error: str | None = None
     durability: str = "local"  # local | replicated:k | remote (a later ack of the same rank may raise it)
+    commit: str | None = None  # the committed checkpoint's contents id (the ckpt-agent's _layout.commit_id)
 
 
 @dataclass(frozen=True)
@@ -64,7 +65,9 @@ class Tick:
 Input = Power | Ack | NodeReport | Resumed | UpsReport | Tick
 
 
-CommandKind = Literal["ckpt_request", "release", "job_stop", "shutdown", "power_on", "job_restart", "ups_off"]
+CommandKind = Literal[
+    "ckpt_request", "release", "ckpt_recorded", "job_stop", "shutdown", "power_on", "job_restart", "ups_off"
+]
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from powerguard.schemas import (
+    CheckpointRecorded,
     CheckpointRequestData,
     CheckpointRequested,
     Envelope,
@@ -16,6 +17,7 @@ from powerguard.schemas import (
     JobStopRequested,
     PowerCommandData,
     PowerOnRequested,
+    RecordedData,
     ReleaseData,
     SagaData,
     SagaStateChanged,
@@ -58,6 +60,9 @@ def command_event(rec: SagaRecord, cmd: Command) -> Envelope:
         )
     if cmd.kind == "release":
         return HoldReleased(id=eid, source=SOURCE, data=ReleaseData(job=cmd.target, saga_id=rec.saga_id))
+    if cmd.kind == "ckpt_recorded":
+        data = RecordedData(job=cmd.target, saga_id=rec.saga_id, step=a["step"], commit=a.get("commit"))
+        return CheckpointRecorded(id=eid, source=SOURCE, data=data)
     # a drill's saga sends every power and job command as dry-run
     if cmd.kind in _JOB_COMMANDS:
         data = JobData(

@@ -66,6 +66,7 @@ class CkptRound(BaseModel):
     settled_at: float | None = None  # every rank answered, or the deadline passed
     levels: dict[int, str] = Field(default_factory=dict)  # rank -> the best durability it reported
     require: str = "local"  # the durability every rank must reach before the round counts answered
+    commit: str | None = None  # the committed checkpoint the acks named (its contents id)
 
     @property
     def missing(self) -> list[int]:
@@ -130,6 +131,8 @@ class JobPlan(CkptRound):
     hold: CkptRound | None = None  # the latest checkpoint during the hold (checkpoint-at-stop: hold.N)
     hold_rounds: int = 0  # how many were requested
     hold_step: int | None = None  # the newest step a hold checkpoint made durable on every rank
+    hold_commit: str | None = None  # the checkpoint of hold_step the acks named
+    recorded_step: int | None = None  # the newest durable step announced (pg.ckpt.<job>.recorded)
     stopped_at: float | None = None  # the shutdown was decided (job stop issued)
     stop_step: int | None = None  # newest step the job had trained when it was stopped
     stop_step_exact: bool = False  # ranks were waiting at that step (else: the newest step reported)
@@ -176,6 +179,16 @@ class JobPlan(CkptRound):
             if x is not None
         ]
         return max(steps) if steps else None
+
+    @property
+    def durable_commit(self) -> str | None:
+        """The checkpoint of :attr:`durable_step` the acks named (None: no ack named one)."""
+        step = self.durable_step
+        if self.final is not None and self.final.complete and self.final.step == step:
+            return self.final.commit
+        if self.complete and self.step == step:
+            return self.commit
+        return self.hold_commit if self.hold_step == step else None
 
     @property
     def paused(self) -> bool:

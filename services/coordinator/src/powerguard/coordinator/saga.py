@@ -176,7 +176,19 @@ def _settle(
         rec.at_risk = risk
         if new_nodes and jobs is not None:
             _join(rec, new_nodes, jobs() if callable(jobs) else jobs, policy.hold_policy)
+    _record_durable(rec, out)  # before the commands this input leads to (a job stop, then its restart)
     _advance(rec, now, topo, policy, out, jobs)
+    _record_durable(rec, out)  # a round the advance settled
+
+
+def _record_durable(rec: SagaRecord, out: list[Command]) -> None:
+    """Announce each job's newest step every rank made durable, once per step: a restore never
+    picks an older one, and takes the copy the acks named."""
+    for job, plan in rec.jobs.items():
+        step = plan.durable_step
+        if step is not None and (plan.recorded_step is None or step > plan.recorded_step):
+            plan.recorded_step = step
+            _issue(rec, out, "ckpt_recorded", job, f"recorded.{step}", step=step, commit=plan.durable_commit)
 
 
 def _join(rec: SagaRecord, nodes: list[str], jobs: dict[str, JobInfo], default_policy: HoldPolicy) -> None:
@@ -248,6 +260,8 @@ def _ack(rec: SagaRecord, a: Ack, now: float, require: str = "local") -> None:
     if a.ok:
         rnd.acked[a.rank] = a.step
         rnd.failed.pop(a.rank, None)
+        if a.commit is not None:
+            rnd.commit = a.commit
         if _strength(a.durability) >= _strength(rnd.levels.get(a.rank, "local")):
             rnd.levels[a.rank] = a.durability  # a later ack raises the level (replicas, the remote copy)
     elif a.rank not in rnd.acked:
@@ -696,8 +710,8 @@ def _hold_checkpoints(rec: SagaRecord, now: float, topo: Topology, policy: Polic
 def _settle_hold(plan: JobPlan, now: float) -> None:
     """A hold round answered (or out of time): its step counts once every rank made it durable."""
     h = plan.hold
-    if h is not None and not h.missing and h.step is not None:
-        plan.hold_step = max(h.step, plan.hold_step or h.step)
+    if h is not None and not h.missing and h.step is not None and h.step >= (plan.hold_step or 0):
+        plan.hold_step, plan.hold_commit = h.step, h.commit
 
 
 def hold_command(rec: SagaRecord, plan: JobPlan) -> Command:
