@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     guard = PowerGuardCallback(**guard_options(args))
     trainer = Trainer(model=model, args=training, train_dataset=Tokens(), callbacks=[Pace(), guard])
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a scheduler's stop: exit cleanly
-    trainer.train(resume_from_checkpoint=latest_checkpoint(args.local_dir))
+    trainer.train(resume_from_checkpoint=latest_checkpoint(args.local_dir, job=args.job))
     if args.out and trainer.is_world_process_zero():
         torch.save({k: v.detach().clone() for k, v in model.state_dict().items()}, args.out)
     return 0
