@@ -21,7 +21,9 @@ import os
 import random
 from pathlib import Path
 
+import nats
 import yaml
+from nats.js import errors as js_errors
 
 from powerguard.bus import Bus, BusNames, EmbeddedNats, embedded_cluster
 from powerguard.bus.names import StreamLimits
@@ -83,10 +85,25 @@ async def _kept(bus: Bus) -> str:
         return f"KV_{bus.names.sagas}: {type(exc).__name__}: {exc}"
 
 
+async def _read(bus: Bus, timeout_s: float = 30.0) -> tuple[str | None, str | None]:
+    """:func:`_state`, read again while the read itself fails (no answer: after a cut a cluster
+    elects each stream's leader before it answers; on a loaded machine that took longer than one
+    request's timeout), never past ``timeout_s``."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while True:
+        try:
+            return await _state(bus)
+        except (TimeoutError, nats.errors.Error, js_errors.APIError):
+            if loop.time() > deadline:
+                raise
+            await asyncio.sleep(0.2)
+
+
 async def _now(bus: Bus) -> tuple[str | None, str | None]:
     """The stored saga now (read again, up to 20 times, while a read finds none)."""
     for _ in range(20):
-        got = await _state(bus)
+        got = await _read(bus)
         if got[0] is not None:
             return got
         await asyncio.sleep(0.05)
@@ -100,7 +117,7 @@ async def _until(bus: Bus, states: tuple[str, ...], timeout_s: float) -> tuple[s
     deadline = loop.time() + timeout_s
     seen: tuple[str | None, str | None] = (None, None)
     while loop.time() < deadline:
-        got = await _state(bus)
+        got = await _read(bus)
         seen = got if got[0] is not None else seen
         if got[1] in states:
             return got
