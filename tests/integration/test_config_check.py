@@ -40,9 +40,10 @@ def deployment(tmp_path, monkeypatch):
     return site, tmp_path / "creds"
 
 
-def check(site: Path, creds: Path, *extra: str) -> tuple[int, list[str]]:
+def check(site: Path, creds: Path, *extra: str, online: bool = False) -> tuple[int, list[str]]:
+    mode = ["--url", "nats://127.0.0.1:1", "--timeout", "0.5"] if online else ["--offline"]
     out = subprocess.run(
-        [POWERGUARD, "config", "check", "--offline", "--site", str(site), "--creds-dir", str(creds), *extra],
+        [POWERGUARD, "config", "check", *mode, "--site", str(site), "--creds-dir", str(creds), *extra],
         capture_output=True,
         text=True,
         timeout=120,
@@ -160,3 +161,55 @@ def test_secrets_readable_by_every_user_and_a_ca_key_on_the_host_are_named(deplo
     (tls / "ca-key.pem").unlink()  # moved offline, as the guide says
     code, lines = check(site, creds)
     assert code == 0, lines
+
+
+BROKEN = {
+    "top-level typo": ("coordinater: {}\n", "coordinater: unknown top-level section"),
+    "coordinator value": ("coordinator: {shutdown_reserve_s: soon}\n", "coordinator.shutdown_reserve_s:"),
+    "power_control type": ("power_control: {device_timeout_s: abc}\n", "power_control.device_timeout_s:"),
+    "power_control scheduler typo": ("power_control: {scheduler: {kindd: slurm}}\n", "power_control.scheduler.kindd:"),
+    "ups_monitor type": ("ups_monitor: {timeout_s: [1]}\n", "ups_monitor.timeout_s:"),
+    "ups_monitor unknown key": ("ups_monitor: {pol_interval_s: 5}\n", "ups_monitor.pol_interval_s:"),
+}
+
+
+@pytest.mark.parametrize("online", [False, True], ids=["offline", "online"])
+@pytest.mark.parametrize("broken", sorted(BROKEN))
+def test_every_broken_site_file_is_one_line_online_and_offline(deployment, broken, online):
+    """Before: online, an error in the power_control or ups_monitor section was an 80-line
+    traceback (the live checks built those services' settings again, unguarded)."""
+    site, creds = deployment
+    text, names = BROKEN[broken]
+    if broken == "coordinator value":  # the file already has a coordinator section
+        site.write_text(site.read_text().replace("coordinator: {shutdown_reserve_s: 90}\n", text))
+    else:
+        site.write_text(site.read_text() + text)
+    code, lines = check(site, creds, online=online)  # asserts no traceback
+    assert code == 1
+    named = [ln for ln in lines if names in ln]
+    assert len(named) == 1 and named[0].startswith("PROBLEM "), lines
+
+
+SERVICES = {
+    "coordinator": [sys.executable, "-m", "powerguard.coordinator"],
+    "power-control": [sys.executable, "-m", "powerguard.power_control"],
+    "ups-monitor": [sys.executable, "-m", "powerguard.ups_monitor"],
+    "exporter": [sys.executable, "-m", "powerguard.bus.health"],
+    "console": [POWERGUARD, "console"],
+}
+
+
+@pytest.mark.parametrize("service", sorted(SERVICES))
+def test_each_service_exits_2_on_a_wrong_site_file_naming_the_field(deployment, service):
+    """Exit 2 is what the units do not restart (RestartPreventExitStatus=2): a wrong file stops the
+    unit with its reason as the journal's last line, instead of a restart every 2 s. Before, the
+    exporter and the console exited 1 (restarted forever)."""
+    site, _ = deployment
+    site.write_text(site.read_text().replace("coordinator: {shutdown_reserve_s: 90}", "coordinater: {}"))
+    out = subprocess.run(
+        [*SERVICES[service], "--config", str(site)], capture_output=True, text=True, timeout=120, env=os.environ
+    )
+    assert out.returncode == 2, (out.returncode, out.stderr[-2000:])
+    assert "Traceback" not in out.stderr
+    last = out.stderr.strip().splitlines()[-1]
+    assert "coordinater: unknown top-level section; did you mean 'coordinator'?" in last, out.stderr[-2000:]

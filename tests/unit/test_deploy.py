@@ -124,3 +124,13 @@ def test_alertmanager_config_checks():
         [amtool, "check-config", str(COMPOSE / "alertmanager" / "alertmanager.yml")], capture_output=True, text=True
     )
     assert check.returncode == 0, check.stdout + check.stderr
+
+
+def test_a_configuration_error_stops_a_unit_instead_of_looping():
+    """Every long-running service exits 2 on a wrong site file or flag
+    (tests/integration/test_config_check.py::test_each_service_exits_2_*); its unit restarts it on
+    any other exit, never on that one."""
+    units = Path(__file__).resolve().parents[2] / "packaging" / "systemd"
+    for name in ("coordinator", "power-control", "ups-monitor", "exporter", "console"):
+        text = (units / f"powerguard-{name}.service").read_text()
+        assert "Restart=always" in text and "RestartPreventExitStatus=2" in text, name

@@ -75,9 +75,13 @@ def check(
         parties = {p: path for p, path in parties.items() if p not in failed(found, "credential")}
         skip_ups = failed(found, "ups")
         skip_nodes = failed(found, "node")
-        found += await live_check.nats(cfg, parties, url=url, ca=ca, timeout_s=timeout_s)
-        found += await live_check.ups(cfg, skip_ups)
-        found += await live_check.devices(cfg, skip_nodes)
+        broken = {f.where.removeprefix("section ") for f in found if not f.ok and f.where.startswith("section ")}
+        found += await live_check.guarded("nats", live_check.nats(cfg, parties, url=url, ca=ca, timeout_s=timeout_s))
+        # a service whose own section is wrong is not run: its problem is said once, above
+        if "ups_monitor" not in broken:
+            found += await live_check.guarded("ups", live_check.ups(cfg, skip_ups))
+        if "power_control" not in broken:
+            found += await live_check.guarded("devices", live_check.devices(cfg, skip_nodes))
         return found
 
     found = asyncio.run(run())

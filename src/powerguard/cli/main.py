@@ -430,6 +430,14 @@ def console(
     try:
         t = target(config, url, creds, ca)
         t.require(*READERS, command="powerguard console")
+        if t.site is not None:  # the section the console reads (the reserve and budget it shows)
+            from powerguard.coordinator.policy import Policy
+
+            t.site.settings("coordinator", Policy)
+    except PowerGuardError as exc:  # the site file or the credential: exit 2, the unit does not restart
+        err.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
+        raise typer.Exit(2) from None
+    try:
         asyncio.run(
             run_console(
                 t,

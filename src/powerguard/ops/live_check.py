@@ -13,6 +13,16 @@ from powerguard.schemas import PowerGuardError, SiteConfig
 
 from .findings import Finding, ok, problem
 
+
+async def guarded(what: str, check) -> list[Finding]:
+    """A live check whose user-input error (a setting, a secret) is one problem line naming it,
+    never a traceback."""
+    try:
+        return await check
+    except PowerGuardError as exc:
+        return [problem(what, str(exc))]
+
+
 # who may read the stream's info, in the order tried
 STREAM_READERS = ("coordinator", "power-control", "observer", "operator", "admin")
 

@@ -199,16 +199,13 @@ class JetStreamHealth:
                 pass
 
 
-async def _serve(args: argparse.Namespace) -> None:
+async def _serve(args: argparse.Namespace, site) -> None:
     import signal
-
-    from powerguard.schemas import load_site
 
     from .env import connection
     from .http import HealthServer
     from .names import BusNames
 
-    site = load_site(args.config)
     url, auth = connection(site.nats, url=args.nats_url, creds=args.creds, ca=args.ca)
     bus = await Bus.connect(
         url, service="jetstream-exporter", names=BusNames.from_settings(site.nats), setup=False, **auth
@@ -251,11 +248,17 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     if not args.config:
         p.error("give --config site.yaml (or POWERGUARD_CONFIG)")
-    logging.basicConfig(level=logging.INFO)
-    from powerguard.schemas import PowerGuardError
+    from powerguard.schemas import PowerGuardError, load_site
 
+    from .logs import configure_logging
+
+    configure_logging("exporter")  # the services' one JSON format
     try:
-        asyncio.run(_serve(args))
+        site = load_site(args.config)
+    except PowerGuardError as exc:  # a configuration error: exit 2, which the unit does not restart
+        p.exit(2, f"error: {exc}\n")
+    try:
+        asyncio.run(_serve(args, site))
     except PowerGuardError as exc:
         p.exit(1, f"error: {exc}\n")
 
