@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed
 PROJECTS := -e ./schemas -e ./bus[embedded,otlp] -e ./snmp -e ./services/ups-monitor -e ./services/coordinator \
             -e ./services/power-control -e ./services/ckpt-agent[lightning,hf] -e .
 PYPROJECTS := pyproject.toml schemas/pyproject.toml bus/pyproject.toml snmp/pyproject.toml $(wildcard services/*/pyproject.toml) \
-              constraints.txt requirements-dev.txt
+              constraints.txt requirements-dev.txt VERSION
 
 .PHONY: venv test test-unit demo bench chaos schemas lint fmt clean help wheels
 
@@ -57,6 +57,8 @@ wheels: venv  ## PowerGuard's wheels: dist/wheels for management hosts (docs/dep
 	$(PIP) wheel -q --no-deps -w dist/wheels ./schemas ./bus ./snmp ./services/ups-monitor ./services/coordinator \
 	    ./services/power-control .
 	$(PIP) wheel -q --no-deps -w dist/agent-wheels ./services/ckpt-agent
+	cp constraints.txt dist/wheels/constraints.txt
+	cp constraints.txt dist/agent-wheels/constraints.txt
 	@ls dist/wheels dist/agent-wheels
 
 clean:

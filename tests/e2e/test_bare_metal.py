@@ -253,6 +253,45 @@ def wait_log(path: Path, needle: str, timeout: float = 90) -> None:
         time.sleep(0.3)
 
 
+PREVIOUS = "0.1.0"  # the release the site runs first; the tree's own VERSION is the upgrade
+
+
+def previous_release(tmp: Path) -> Path:
+    """The wheels of an older release, built as `make wheels` builds them from a copy of this tree
+    whose VERSION says PREVIOUS (the procedure under test is the version's: that the upgrade
+    replaces every package, that the services restart on the new one, that a rollback takes the
+    older one back)."""
+    src = tmp / "previous-src"
+    shutil.copytree(
+        ROOT,
+        src,
+        ignore=shutil.ignore_patterns(".venv", ".git", "dist", ".ci", "__pycache__", "*.pyc", "node_modules", "tests"),
+    )
+    (src / "VERSION").write_text(PREVIOUS + "\n")
+    out = tmp / "previous-wheels"
+    projects = ["./schemas", "./bus", "./snmp", "./services/ups-monitor", "./services/coordinator"]
+    projects += ["./services/power-control", "."]
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(out), *projects],
+        cwd=src,
+        check=True,
+        capture_output=True,
+        timeout=600,
+    )
+    shutil.copy(ROOT / "constraints.txt", out / "constraints.txt")
+    return out
+
+
+def versions(host: Host) -> dict[str, str]:
+    """The release each service reports on its /metrics (powerguard_build_info)."""
+    out = {}
+    for port in ("9101", "9102", "9103", "9104"):
+        with urllib.request.urlopen(f"http://127.0.0.1:{host.ports[port]}/metrics", timeout=5) as r:
+            m = re.search(r'^powerguard_build_info\{.*version="([^"]+)"', r.read().decode(), re.M)
+        out[port] = m[1] if m else None
+    return out
+
+
 def write_site(host: Host, site: dict, name: str = "site.yaml") -> Path:
     text = host.text(yaml.safe_dump(site, sort_keys=False))
     path = host.path(f"/etc/powerguard/{name}")
@@ -268,7 +307,13 @@ async def test_the_guide_from_an_empty_host_to_a_drilled_site(tmp_path):
     bmcs = {n: PyghmiBmc(tmp_path, n, boot_delay=0.3).start() for n in ("n1", "n2")}
     try:
         host.step("build", timeout=600)
+        # the site starts on the previous release: this tree's wheels are the upgrade
+        release = (ROOT / "VERSION").read_text().strip()
+        upgrade = tmp_path / "release-wheels"
+        shutil.move(ROOT / "dist" / "wheels", upgrade)
+        shutil.copytree(previous_release(tmp_path), ROOT / "dist" / "wheels")
         host.step("install", timeout=600)
+        assert host.powerguard("--version").stdout.strip() == f"powerguard {PREVIOUS}"
         host.step("layout")
         # the SRE's edits: the site file, its secrets, the ports of this host
         secrets = host.path("/etc/powerguard/secrets")
@@ -366,9 +411,19 @@ async def test_the_guide_from_an_empty_host_to_a_drilled_site(tmp_path):
         assert restarted is not None
 
         # an upgrade restarts power-control, whose child the restarted job is: KillMode=process keeps it
+        assert set(versions(host).values()) == {PREVIOUS}
+        shutil.rmtree(ROOT / "dist" / "wheels")
+        shutil.move(upgrade, ROOT / "dist" / "wheels")
         host.step("upgrade", timeout=600)
         for port in ("9101", "9102", "9103"):
             host.wait_ready(port, True)
+        assert set(versions(host).values()) == {release}  # every service restarted on the new code
+        assert host.powerguard("--version").stdout.strip() == f"powerguard {release}"
+        assert job_pid(host) == restarted
+        host.step("rollback", timeout=600)
+        for port in ("9101", "9102", "9103"):
+            host.wait_ready(port, True)
+        assert set(versions(host).values()) == {PREVIOUS}
         assert job_pid(host) == restarted
         host.step("revoke")  # pushed to the running broker: the old credential refused at once, no restart
         old = host.powerguard(

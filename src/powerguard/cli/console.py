@@ -70,8 +70,10 @@ async def start_console(
 
 async def run_console(target, **options) -> None:
     """Serve until SIGINT/SIGTERM; ``target`` is where and as whom (``cli._conn.target``)."""
+    from powerguard.bus.version import announce
+
     stop, page = await start_console(url=target.url, site=target.site, auth=target.auth, **options)
-    print(f"PowerGuard console: {page}", flush=True)
+    print(f"PowerGuard console {announce('console')}: {page}", flush=True)
     try:
         await until_interrupted()
     finally:

@@ -31,6 +31,24 @@ schemas_app = typer.Typer(
 )
 app.add_typer(schemas_app, name="schemas")
 
+
+def _version(show: bool) -> None:
+    if show:
+        from powerguard.bus.version import version
+
+        print(f"powerguard {version()}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    show_version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="Print the installed release and exit"
+    ),
+) -> None:
+    """PowerGuard: outage-safe GPU training. Monitor UPSes, checkpoint every rank, shut down, restore."""
+
+
 from .backup import backup as backup_cmd  # noqa: E402
 from .backup import restore as restore_cmd  # noqa: E402
 from .ckpt_key import ckpt_key_app  # noqa: E402

@@ -245,6 +245,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--http-host", default="127.0.0.1", help="address to serve /metrics on (default 127.0.0.1)")
     p.add_argument("--http-port", type=int, default=9104, help="port (default 9104; 0: a free one, printed)")
     p.add_argument("--every-s", type=float, default=5.0, help="how often JetStream is read (default 5 s)")
+    from .version import version
+
+    p.add_argument("--version", action="version", version=f"powerguard-exporter {version('exporter')}")
     args = p.parse_args(argv)
     if not args.config:
         p.error("give --config site.yaml (or POWERGUARD_CONFIG)")
@@ -253,6 +256,9 @@ def main(argv: list[str] | None = None) -> None:
     from .logs import configure_logging
 
     configure_logging("exporter")  # the services' one JSON format
+    from .version import announce
+
+    log.info("powerguard-exporter %s starting", announce("exporter"))
     try:
         site = load_site(args.config)
     except PowerGuardError as exc:  # a configuration error: exit 2, which the unit does not restart

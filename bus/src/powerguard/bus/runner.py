@@ -82,6 +82,9 @@ async def run_service(
     auth: dict | None = None,
 ) -> int:
     """Run ``main`` until it returns or SIGTERM/SIGINT; then drain. Returns an exit code."""
+    from .version import announce
+
+    log.info("powerguard-%s %s starting", name, announce(name))
     nats = site.nats if site else None
     # one site file for every service, one NATS identity per service: the environment may name it
     auth = auth if auth is not None else auth_options(nats)
@@ -182,6 +185,9 @@ def service_parser(name: str, description: str, default_port: int) -> argparse.A
         default=int(os.environ.get("POWERGUARD_HTTP_PORT", default_port)),
         help=f"port for /healthz, /readyz, /metrics; 0 picks a free one (default {default_port})",
     )
+    from .version import version
+
+    p.add_argument("--version", action="version", version=f"powerguard-{name} {version(name)}")
     p.add_argument(
         "--log-level",
         default=os.environ.get("POWERGUARD_LOG_LEVEL", "INFO"),
