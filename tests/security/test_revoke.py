@@ -120,3 +120,49 @@ def test_the_operator_jwt_is_signed_once_and_force_signs_a_new_one(tmp_path):
     assert f'operator: "{first}"' in (tmp_path / "resolver.conf").read_text()
     creds_mod.init(tmp_path, names=BusNames(), sites=["dc1"], force=True)
     assert (tmp_path / "operator.jwt").read_text() != first
+
+
+async def test_a_revoked_jobs_ranks_back_off_instead_of_hammering_the_broker(deployment, caplog):
+    """Before: a rank whose credential was revoked tried again every 0.25 s (6,712 "Authorization
+    Violation" lines in 16 min in the job's log, as many in the broker's), and a connection the
+    server closed was never made again. Now the rank says so and connects again backing off (1 s,
+    2 s, 4 s, ... 60 s, ±20 %): four tries refused by the server take more than 5 s, not 1 s."""
+    from powerguard.bus.revocation import push, try_connect
+    from powerguard.ckpt_agent._bus import BusThread
+    from powerguard.schemas import AgentData
+
+    dep = deployment
+    try:
+        old = dep.creds_of("agent", job="jobA")
+        await asyncio.sleep(1.1)  # the revocation covers credentials issued before this second
+        agent = AgentData(job="jobA", rank=0, world_size=1, node="n1")
+        rank = BusThread(url=dep.url, names=dep.names, agent=agent, heartbeat_s=1.0, auth={"creds_file": str(old)})
+        await asyncio.to_thread(rank.start)
+        assert rank.bus is not None
+        log = dep.server.log_file
+        before = len(log.read_text(errors="replace"))
+        done = creds_mod.revoke(dep.creds, old)
+        await try_connect(dep.url, old, {})
+        await push(dep.url, {"creds_file": creds_mod.system_creds(dep.creds)}, done.account, done.account_jwt)
+
+        def refusals() -> list[float]:
+            lines = log.read_text(errors="replace")[before:].splitlines()
+            return [t for ln in lines if "authentication error" in ln.lower() and (t := _when(ln)) is not None]
+
+        await eventually(lambda: len(refusals()) >= 4, timeout=60, what="four tries refused by the server")
+        got = refusals()
+        assert got[3] - got[0] >= 5.0, f"four tries in {got[3] - got[0]:.2f}s: no backoff"
+        assert "the NATS server closed this rank's connection" in caplog.text
+    finally:
+        await asyncio.to_thread(rank.close)
+
+
+def _when(line: str) -> float | None:
+    """The time of a nats-server log line (``[pid] 2026/12/04 20:11:12.262785 [ERR] ...``)."""
+    import datetime as dt
+
+    parts = line.split()
+    try:
+        return dt.datetime.strptime(f"{parts[1]} {parts[2]}", "%Y/%m/%d %H:%M:%S.%f").timestamp()
+    except (IndexError, ValueError):
+        return None

@@ -144,6 +144,9 @@ def revoke(
     try:
         site = load_site(config) if config else None
         server, auth = connection(site.nats if site else None, url=url, creds=creds.system_creds(directory), ca=ca)
+        # a server updates only an account it has loaded (else "jwt update skipped", and it would
+        # load the old one from its resolver.conf later): one connection of the account loads it
+        asyncio.run(try_connect(server, creds_file, auth))
         pushed = asyncio.run(push(server, auth, done.account, done.account_jwt))
     except (BusError, PowerGuardError, OSError) as exc:
         err.print(f"[red]error:[/red] the servers were not told: {exc}", highlight=False)

@@ -65,6 +65,27 @@ def redact(url: str) -> str:
     return f"{scheme}://{user}:***@{host}" if ":" in cred else f"{scheme}://***@{host}"
 
 
+async def _first_connection(connecting, refused: asyncio.Event, timeout: float):
+    """nats.py's connect, given up at ``timeout`` or as soon as the server refused the credential
+    (nats.py would try it again every 0.25 s until the timeout: a refused credential stays
+    refused, and every try is a line in the server's log)."""
+    task = asyncio.ensure_future(connecting)
+    refusal = asyncio.ensure_future(refused.wait())
+    try:
+        done, _ = await asyncio.wait({task, refusal}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:
+        task.cancel()
+        raise
+    finally:
+        refusal.cancel()
+    if task in done:
+        return task.result()
+    task.cancel()
+    with contextlib.suppress(BaseException):
+        await task
+    raise TimeoutError("no connection" if not refused.is_set() else "the server refused the credential")
+
+
 class Bus:
     """A connected bus. Build it with :meth:`Bus.connect`."""
 
@@ -92,6 +113,7 @@ class Bus:
         self._consumers: list[Any] = []
         self._closing = [False]
         self._reconnected = [asyncio.Event()]
+        self.lost = asyncio.Event()  # set when the connection closed for good (see connect)
 
     # connection ---------------------------------------------------------------
     @classmethod
@@ -149,21 +171,45 @@ class Bus:
             if path:
                 warn_if_exposed(path, what, log)
 
+        from .reconnect import Backoff, FailureLog
+        from .reconnect import refused as refusal
+
+        backoff, failures = Backoff(), FailureLog()
+        client: list[Any] = [None]  # the connection, once made
+        refused_now = asyncio.Event()  # the server refused the credential while connecting
+        lost = asyncio.Event()  # the connection closed for good (the server refused it, or close())
+
+        async def on_closed() -> None:
+            lost.set()
+
         async def on_error(exc: Exception) -> None:
             if not connected[0]:
                 first[0] = exc
                 if "authoriz" in str(exc).lower() or "authentication" in str(exc).lower():
                     refused[0] = exc  # the server then drops the socket: a reset would hide the cause
+                    refused_now.set()  # final: trying again for connect_timeout only hammers the server
                 log.debug("nats (connecting): %s", exc or type(exc).__name__)
                 return
-            (log.debug if closing[0] else log.warning)("nats: %s", exc or type(exc).__name__)
+            if closing[0]:
+                log.debug("nats: %s", exc or type(exc).__name__)
+                return
+            nc = client[0]
+            if nc is not None and (nc.is_reconnecting or refusal(exc)):  # an attempt to get back failed
+                backoff.failed(exc)
+                if line := failures.note(exc, time.monotonic(), backoff.nominal()):
+                    log.warning("%s", line)
+                return
+            log.warning("nats: %s", exc or type(exc).__name__)
 
         async def on_disconnect() -> None:
             if not closing[0]:
                 log.warning("nats: disconnected from %s", ", ".join(redact(s) for s in servers))
 
         async def on_reconnect() -> None:
-            log.info("nats: reconnected")
+            tries = backoff.failures
+            backoff.connected()
+            failures.connected()
+            log.info("nats: reconnected" + (f" after {tries} failed attempt(s)" if tries else ""))
             reconnected[0].set()
             reconnected[0] = asyncio.Event()
 
@@ -172,11 +218,14 @@ class Bus:
             name=service,
             allow_reconnect=not once,
             max_reconnect_attempts=0 if once else -1,
+            # exponential backoff with jitter (bus/reconnect.py), not a fixed 0.25 s forever
+            **({} if once else {"reconnect_to_server_handler": backoff.choose}),
             reconnect_time_wait=0.25,
             connect_timeout=2,
             error_cb=on_error,
             disconnected_cb=on_disconnect,
             reconnected_cb=on_reconnect,
+            closed_cb=on_closed,
         )
         if user:
             options.update(user=user, password=password)
@@ -198,14 +247,15 @@ class Bus:
                 ctx.load_cert_chain(str(tls_cert), str(tls_key) if tls_key else None)
             options["tls"] = ctx
         try:
-            nc = await asyncio.wait_for(nats.connect(**options), connect_timeout)
+            nc = await _first_connection(nats.connect(**options), refused_now, connect_timeout)
         except (TimeoutError, OSError, nats.errors.Error) as exc:
             last = refused[0] or (first[0] if first[0] is not None or isinstance(exc, TimeoutError) else exc)
+            tried = "" if refused[0] is not None else f" (tried for {connect_timeout:g}s)"
             raise ConnectError(
-                f"cannot connect to NATS at {', '.join(redact(s) for s in servers)} "
-                f"(tried for {connect_timeout:g}s): {cause(last)}"
+                f"cannot connect to NATS at {', '.join(redact(s) for s in servers)}{tried}: {cause(last)}"
             ) from None
         connected[0] = True
+        client[0] = nc
         bus = cls(
             nc,
             service=service,
@@ -217,6 +267,7 @@ class Bus:
         )
         bus._closing = closing
         bus._reconnected = reconnected
+        bus.lost = lost
         if setup:
             try:
                 await bus.setup()

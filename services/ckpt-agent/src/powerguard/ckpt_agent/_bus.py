@@ -20,6 +20,7 @@ from opentelemetry import context as otel_context
 from powerguard.bus import Bus, BusNames, ConnectError
 from powerguard.bus.agents import announce
 from powerguard.bus.env import auth_options
+from powerguard.bus.reconnect import Backoff, FailureLog
 from powerguard.bus.roles import inbox
 from powerguard.schemas import (
     AgentData,
@@ -143,25 +144,38 @@ class BusThread:
         return sub, trig, rel
 
     async def _main(self) -> None:
+        """Connect, serve, and when the server closes the connection for good (the credential
+        revoked or expired: nats.py does not reconnect then) connect again, backing off: 1 s, 2 s,
+        ... 60 s between tries (±20 %), one log line per while with a count."""
         self._stop = asyncio.Event()
-        delay = 1.0
-        while True:
+        backoff = Backoff(base_s=1.0, unreachable_cap_s=30.0, refused_cap_s=60.0)
+        said = FailureLog()
+        while not self._stop.is_set():
             try:
                 sub, trig, rel = await self._connect()
-                break
             except Exception as exc:
                 if not self._ready.done():
                     self._ready.set_exception(exc)  # start() says so once; training goes on
-                log.debug("connect failed (%s); retrying in %.0fs", exc, delay)
+                backoff.failed(exc)
+                if line := said.note(exc, time.monotonic(), backoff.nominal()):
+                    log.warning("rank %d: %s", self.agent.rank, line)
                 try:
-                    await asyncio.wait_for(self._stop.wait(), delay)
-                    return  # closed before it ever connected
+                    await asyncio.wait_for(self._stop.wait(), backoff.delay())
+                    return  # closed before it could connect
                 except TimeoutError:
-                    delay = min(delay * 2, 30.0)
-        if self._ready.done():
-            log.info("rank %d: connected to NATS", self.agent.rank)
-        else:
-            self._ready.set_result(None)
+                    continue
+            backoff.connected()
+            said.connected()
+            if self._ready.done():
+                log.info("rank %d: connected to NATS", self.agent.rank)
+            else:
+                self._ready.set_result(None)
+            if not await self._serve(sub, trig, rel):
+                return
+
+    async def _serve(self, sub, trig, rel) -> bool:
+        """Serve until closed (False) or until the server closed the connection (True: connect
+        again)."""
         tasks = [
             asyncio.create_task(self._receive(sub, self._take)),
             asyncio.create_task(self._receive(trig, self._take)),
@@ -170,9 +184,21 @@ class BusThread:
             asyncio.create_task(self._heartbeat()),
             asyncio.create_task(self._watchdog()),
         ]
-        await self._stop.wait()
-        for t in tasks:
+        stop = asyncio.ensure_future(self._stop.wait())
+        lost = asyncio.ensure_future(self.bus.lost.wait())
+        await asyncio.wait({stop, lost}, return_when=asyncio.FIRST_COMPLETED)
+        for t in (*tasks, stop, lost):
             t.cancel()
+        if not self._stop.is_set():
+            err = self.bus.nc.last_error
+            log.error(
+                "rank %d: the NATS server closed this rank's connection (%s): checkpoint requests cannot reach it; "
+                "connecting again (a revoked or expired credential: issue a new one)",
+                self.agent.rank,
+                err or "no reason given",
+            )
+            self.bus = None
+            return True
         try:
             await announce(self.bus, AgentDeregistered(source=self.source, data=self._data()))
         except Exception as exc:
@@ -180,6 +206,7 @@ class BusThread:
         for subscription in (sub, trig, rel):
             await subscription.aclose()
         await self.bus.drain()
+        return False
 
     @property
     def source(self) -> str:
