@@ -475,6 +475,8 @@ class SimSite:
         out = self.workdir / "reference.pt"
         argv = self._train_argv(out=out, local_dir=self.workdir / "ckpt-reference", nats=False)
         argv[argv.index("--step-sleep") + 1] = "0"
+        if "--eval-log" in argv:  # its own: the drill waits for the outage run's ranks in the site's log
+            argv[argv.index("--eval-log") + 1] = str(self.workdir / "reference-eval.txt")
         with open(self.workdir / "reference.log", "ab") as log:
             subprocess.run(
                 argv,
