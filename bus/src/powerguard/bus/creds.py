@@ -254,6 +254,17 @@ def backup(directory: Path, out: Path) -> Path | None:
     return rotate_into(partial, out)
 
 
+def expiry_of(creds_file: str | Path | None) -> float | None:
+    """When the credential in ``creds_file`` expires (Unix time), or None (never, or unreadable)."""
+    if not creds_file:
+        return None
+    try:
+        exp = jwt.decode_claims(jwt.read_creds_jwt(Path(creds_file).read_text())).get("exp")
+    except (OSError, ValueError):
+        return None
+    return float(exp) if isinstance(exp, int | float) else None
+
+
 def inbox_of(creds_file: str | Path) -> str | None:
     """The reply-subject prefix a credential may subscribe to (``_INBOX.<its name>``)."""
     try:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter, Gauge, Histogram
 
 PUBLISHED = Counter("powerguard_bus_published_total", "Events stored by JetStream", ["type"])
 PUBLISH_ERRORS = Counter("powerguard_bus_publish_errors_total", "Publishes that failed", ["type"])
@@ -18,4 +18,9 @@ HANDLER_SECONDS = Histogram(
     "Handler duration",
     ["consumer"],
     buckets=(0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5),
+)
+CREDENTIAL_EXPIRY = Gauge(
+    "powerguard_credential_expiry_timestamp_seconds",
+    "When this service's NATS credential expires (Unix time; absent: it does not)",
+    ["service"],
 )

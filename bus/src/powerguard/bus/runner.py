@@ -82,12 +82,17 @@ async def run_service(
     auth: dict | None = None,
 ) -> int:
     """Run ``main`` until it returns or SIGTERM/SIGINT; then drain. Returns an exit code."""
+    from .creds import expiry_of
+    from .metrics import CREDENTIAL_EXPIRY
     from .version import announce
 
     log.info("powerguard-%s %s starting", name, announce(name))
     nats = site.nats if site else None
     # one site file for every service, one NATS identity per service: the environment may name it
     auth = auth if auth is not None else auth_options(nats)
+    expires = expiry_of(auth.get("creds_file"))
+    if expires is not None:
+        CREDENTIAL_EXPIRY.labels(name).set(expires)
     replicas = int(os.environ.get("POWERGUARD_NATS_REPLICAS", "1"))
     bus = await Bus.connect(
         nats_url,

@@ -31,6 +31,11 @@ class AgentData(Data):
     paused_step: int | None = Field(
         default=None, ge=0, description="Waiting at this step boundary (a pause after a checkpoint)"
     )
+    credential_expires: float | None = Field(
+        default=None,
+        description="When this rank's NATS credential expires (Unix time, its JWT's exp; None: never or unknown): "
+        "the coordinator exports it so an expiry is seen coming",
+    )
 
     @model_validator(mode="after")
     def _rank_in_world(self) -> AgentData:

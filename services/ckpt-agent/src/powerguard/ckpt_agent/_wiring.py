@@ -192,6 +192,11 @@ def connect(cfg: AgentConfig, opts: BusOptions, *, node: str, rank: int, world_s
     from powerguard.bus.tracing import configure_tracing
 
     configure_tracing("powerguard-ckpt-agent")  # exports only when OTEL_* env asks for it
+    from powerguard.bus.creds import expiry_of
+
+    auth = auth_options()
+    if opts.creds is not None:
+        auth["creds_file"] = os.fspath(opts.creds)
     agent = AgentData(
         job=cfg.job,
         rank=rank,
@@ -199,10 +204,8 @@ def connect(cfg: AgentConfig, opts: BusOptions, *, node: str, rank: int, world_s
         node=node,
         tiers=["local", "remote"] if cfg.remote_url else ["local"],
         hold_policy=cfg.hold_policy,
+        credential_expires=expiry_of(auth.get("creds_file")),
     )
-    auth = auth_options()
-    if opts.creds is not None:
-        auth["creds_file"] = os.fspath(opts.creds)
     bus = BusThread(url=opts.url, names=opts.names or BusNames(), agent=agent, heartbeat_s=opts.heartbeat_s, auth=auth)
     bus.start()
     http = None

@@ -50,3 +50,22 @@ SHUTDOWN_MEASURED = Gauge(
     "A node group's slowest measured shutdown (stop -> every node off)",
     ["group"],
 )
+
+# label training_job: Prometheus's own `job` label names the scrape target
+JOB_RANKS_HEARD = Gauge(
+    "powerguard_job_ranks_registered",
+    "A job's ranks heard within the agents' TTL (registration or heartbeat): below its world size, ranks fell "
+    "off the bus (revoked or expired credential, a network or broker problem) and an outage cannot reach them",
+    ["training_job"],
+)
+JOB_WORLD_SIZE = Gauge(
+    "powerguard_job_world_size", "A registered job's ranks (its rank 0's world size)", ["training_job"]
+)
+JOB_LAST_HEARD = Gauge(
+    "powerguard_job_last_heard_timestamp_seconds", "When a rank of the job was last heard (Unix time)", ["training_job"]
+)
+JOB_CREDENTIAL_EXPIRY = Gauge(
+    "powerguard_job_credential_expiry_timestamp_seconds",
+    "When the first of a job's ranks' NATS credentials expires (Unix time; absent: none expires)",
+    ["training_job"],
+)

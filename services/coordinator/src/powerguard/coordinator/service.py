@@ -109,6 +109,7 @@ class Coordinator:
         metrics.RESERVE.set(self.policy.shutdown_reserve_s)
         self.instance = instance or socket.gethostname()
         self.registry = AgentRegistry(ttl_s=bus.limits.agents_ttl_s)
+        self._gauged_jobs: set[str] = set()
         self.core = SiteCore(self.topo, self.policy, registry=self.registry)
         self.revisions: dict[str, int] = {}  # open saga -> KV revision it was read or written at (0: new)
         self.leader = False
@@ -162,6 +163,7 @@ class Coordinator:
                         await self._lead()
                     elif not held and self.leader:
                         await self._follow("lease lost")
+                self._job_gauges(time.time())  # every replica: a standby's /metrics says it too
                 if self.leader:
                     try:
                         await self.tick()
@@ -371,6 +373,28 @@ class Coordinator:
                 metrics.UPS_HEADROOM.labels(ups).set(fig.observed_s - need)
             if fig.ratio is not None:
                 metrics.UPS_RATIO.labels(ups).set(fig.ratio)
+
+    def _job_gauges(self, now: float) -> None:
+        """Each registered job's ranks heard, world size, last heard and credential expiry; a job
+        that deregistered leaves the series."""
+        health = self.registry.health(now)
+        for job in self._gauged_jobs - set(health):
+            for g in (
+                metrics.JOB_RANKS_HEARD,
+                metrics.JOB_WORLD_SIZE,
+                metrics.JOB_LAST_HEARD,
+                metrics.JOB_CREDENTIAL_EXPIRY,
+            ):
+                with contextlib.suppress(KeyError):
+                    g.remove(job)
+        for job, h in health.items():
+            metrics.JOB_RANKS_HEARD.labels(job).set(h.heard)
+            metrics.JOB_WORLD_SIZE.labels(job).set(h.world_size)
+            if h.heard_at is not None and h.heard_at > 0:
+                metrics.JOB_LAST_HEARD.labels(job).set(h.heard_at)
+            if h.credential_expires is not None:
+                metrics.JOB_CREDENTIAL_EXPIRY.labels(job).set(h.credential_expires)
+        self._gauged_jobs = set(health)
 
     def _gauges(self) -> None:
         metrics.OPEN_SAGAS.set(len(self.open))

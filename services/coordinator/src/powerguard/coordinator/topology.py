@@ -80,6 +80,14 @@ class JobInfo:
         return set(self.ranks.values())
 
 
+@dataclass(frozen=True)
+class JobHealth:
+    heard: int  # ranks heard within the registry's TTL
+    world_size: int
+    heard_at: float | None  # when a rank was last heard as it happened (None: only stored records)
+    credential_expires: float | None  # the soonest any rank's credential expires
+
+
 class AgentRegistry:
     """Jobs and ranks learned from agent registrations and heartbeats (the ``pg_agents`` KV).
 
@@ -123,6 +131,26 @@ class AgentRegistry:
 
     def __len__(self) -> int:
         return sum(len(ranks) for ranks in self._by_job.values())
+
+    def health(self, now: float) -> dict[str, JobHealth]:
+        """Every job with a record, live or silent: how many of its ranks were heard within the
+        TTL of how many it has, when it was last heard and when its credential expires first (what
+        the exporter shows; a job whose ranks all fell off the bus stays here with 0 heard until
+        it deregisters)."""
+        out = {}
+        cutoff = now - self.ttl_s
+        for job, ranks in self._by_job.items():
+            records = [a for a, _ in ranks.values()]
+            zero = ranks.get(0)
+            world = zero[0].world_size if zero is not None else max(a.world_size for a in records)
+            expiries = [a.credential_expires for a in records if a.credential_expires is not None]
+            out[job] = JobHealth(
+                heard=sum(1 for r, (_, seen) in ranks.items() if seen >= cutoff and r < world),
+                world_size=world,
+                heard_at=self._heard.get(job),
+                credential_expires=min(expiries) if expiries else None,
+            )
+        return out
 
     def jobs(self, now: float | None = None) -> dict[str, JobInfo]:
         out: dict[str, JobInfo] = {}
