@@ -192,6 +192,24 @@ async def test_a_job_stop_delivered_after_its_saga_restarted_the_job_is_refused(
         await pc.stop()
 
 
+async def test_a_job_the_launcher_cannot_find_is_a_failure_not_a_success(tmp_path):
+    """Before: a job started by hand (no pid file) was answered "not running" as a success while
+    it trained on through the outage. Now the stop fails naming the pid file it needs; a job whose
+    recorded process group has exited is still "not running" (nothing to stop)."""
+    from powerguard.power_control.errors import SchedulerError
+
+    state = tmp_path / "jobs"
+    state.mkdir()
+    sched = ProcessScheduler({"state_dir": str(state)})
+    with pytest.raises(SchedulerError, match=r"no pid file .*train\.pid: it was not started by power-control"):
+        await sched.stop_job("train", nodes=["n1"], saga_id="s")
+    with pytest.raises(SchedulerError, match="no state_dir is set"):
+        await ProcessScheduler({}).stop_job("train", nodes=["n1"], saga_id="s")
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    (state / "train.pid").write_text(gone.stdout)
+    assert "not running (its process group" in await sched.stop_job("train", nodes=["n1"], saga_id="s")
+
+
 async def test_an_adopted_job_that_exits_on_sigterm_is_stopped_at_once_though_its_parent_never_reaps_it(tmp_path):
     """A job another process launched (a previous power-control, the demo's site) whose parent
     does not reap it: its leader is a zombie once it exits, and the stop must see it gone at once,

@@ -79,8 +79,14 @@ class ProcessScheduler(Scheduler):
         p = self.procs.get(job)
         if p is None and self.opts.state_dir:
             return await self._stop_adopted(job)
-        if p is None or p.poll() is not None:
-            return f"job {job} not running"
+        if p is None:  # never started here, and nowhere to look: "not running" would be a guess
+            raise SchedulerError(
+                f"process: job {job} was not started by this power-control and no state_dir is set: it cannot be "
+                "found to stop it (set state_dir; a job started by hand writes its process group id to "
+                f"<state_dir>/{job}.pid)"
+            )
+        if p.poll() is not None:
+            return f"job {job} not running (it exited with {p.returncode})"
         _signal_group(p, signal.SIGTERM)
         try:
             await asyncio.wait_for(asyncio.to_thread(p.wait), self.opts.stop_timeout_s)
@@ -94,11 +100,23 @@ class ProcessScheduler(Scheduler):
 
     async def _stop_adopted(self, job: str) -> str:
         """Stop a job a previous power-control started (its process group id is in the pid file)."""
+        where = Path(self.opts.state_dir or ".") / f"{job}.pid"
         try:
             pgid = _read_pid(Path(self.opts.state_dir or "."), job)
+        except FileNotFoundError:  # never started by a power-control: it may well be training
+            raise SchedulerError(
+                f"process: job {job} has no pid file {where}: it was not started by power-control, so it cannot be "
+                "found to stop it (a job started by hand writes its process group id there: "
+                f"`echo $(ps -o pgid= $$) > {where}` in its launch script)"
+            ) from None
+        except (OSError, ValueError, IndexError) as exc:
+            raise SchedulerError(f"process: job {job}: {where} unreadable ({exc})") from None
+        try:
             os.killpg(pgid, signal.SIGTERM)
-        except (OSError, ValueError, IndexError):
-            return f"job {job} not running"
+        except ProcessLookupError:
+            return f"job {job} not running (its process group {pgid} has exited)"
+        except OSError as exc:
+            raise SchedulerError(f"process: job {job}: cannot signal process group {pgid}: {exc}") from None
         deadline = asyncio.get_running_loop().time() + self.opts.stop_timeout_s
         while asyncio.get_running_loop().time() < deadline:
             if not group_alive(pgid):
