@@ -12,7 +12,7 @@ from powerguard.power_control.drivers import Devices
 from powerguard.power_control.service import load_settings
 
 from .helpers import creds, site
-from .peers import PyghmiBmc, free_udp_port
+from .peers import PASSWORD, PyghmiBmc, free_udp_port
 
 pytestmark = pytest.mark.integration
 
@@ -60,3 +60,31 @@ async def test_a_missing_secret_and_a_dead_bmc_make_power_control_degraded(tmp_p
 def test_the_verdict_before_and_after_a_check():
     assert device_health.DeviceHealth().verdict() == (False, "devices not checked yet")
     assert device_health.DeviceHealth(checked=True).verdict() == (True, "ok")
+
+
+async def test_a_secret_file_removed_while_running_is_seen_at_the_next_check_and_a_new_one_used(tmp_path, monkeypatch):
+    """Before: secrets were read once, when a node's driver was first made: a BMC password file
+    removed while power-control ran left /readyz at 200 past device_check_s. Now each check (and
+    each action) reads them: the removal is named at the next check, the file put back (or
+    rotated) is used at the one after."""
+    auth = creds(monkeypatch)
+    password = tmp_path / "n1.pw"
+    password.write_text(PASSWORD)
+    password.chmod(0o600)
+    bmc = PyghmiBmc(tmp_path, "n1").start()
+    try:
+        node = {"driver": "ipmi", "port": bmc.port, "username": auth["username"], "password": {"file": str(password)}}
+        cfg = site([{"name": "n1", "bmc": node}], device_timeout_s=2.0)
+        devices = Devices(cfg, load_settings(cfg))
+        try:
+            assert (await device_health.check(devices, "dc1", ["n1"], 2.0)).verdict() == (True, "ok")
+            text = password.read_text()
+            password.unlink()
+            ready, reason = (await device_health.check(devices, "dc1", ["n1"], 2.0)).verdict()
+            assert not ready and "n1: " in reason and "n1.pw" in reason, reason
+            password.write_text(text)
+            assert (await device_health.check(devices, "dc1", ["n1"], 2.0)).verdict() == (True, "ok")
+        finally:
+            await devices.close()
+    finally:
+        bmc.stop()

@@ -41,10 +41,12 @@ async def node_problem(devices: Devices, node: str, timeout_s: float) -> str | N
     """What keeps power-control from acting on ``node`` now, or None. Never raises."""
     cfg = devices.node(node)
     try:
-        bmc = devices.bmc(node)  # reads the BMC's secrets
+        bmc = devices.bmc(node)  # reads the BMC's secrets, now (a file removed since is seen here)
         if bmc is not None:
             await asyncio.wait_for(bmc.status(), timeout_s)
         for ref in cfg.outlets:
+            if why := devices.pdu_secrets_problem(ref.pdu):
+                return why
             await asyncio.wait_for(devices.pdu(ref.pdu).outlet_state(ref.outlet), timeout_s)
     except TimeoutError:
         return f"no answer within {timeout_s:g}s"

@@ -36,6 +36,7 @@ class Devices:
         self.dry_run = settings.dry_run if dry_run is None else dry_run
         self._slots: dict[str, asyncio.Semaphore] = {}
         self._bmcs: dict[str, PowerDriver] = {}
+        self._bmc_secrets: dict[str, tuple] = {}  # node -> the secrets its driver was made with
         self._pdus: dict[str, OutletDriver] = {}
         self.nodes = {n.name: n for n in site.nodes}
         self.pdu_configs = {p.name: p for p in site.pdus}
@@ -57,23 +58,37 @@ class Devices:
             raise PowerControlError(f"node {name!r} is not in the site file") from None
 
     def bmc(self, node: str) -> PowerDriver | None:
-        """The node's BMC driver, or None when the site gives the node no BMC."""
-        if node not in self._bmcs:
-            cfg = self.node(node).bmc
-            if cfg is None:
-                return None
-            self._bmcs[node] = self._make_bmc(node, cfg)
+        """The node's BMC driver, or None when the site gives the node no BMC. Its secrets are
+        read at every call (a file removed or rotated while the service runs is seen at the next
+        action or device check, not at the next start): a driver is made again when they changed;
+        one that cannot be read raises :class:`CredentialUnavailable` naming it."""
+        cfg = self.node(node).bmc
+        if cfg is None:
+            return None
+        secrets = self._read_bmc_secrets(node, cfg)
+        if node not in self._bmcs or self._bmc_secrets.get(node) != secrets:
+            self._bmcs[node] = self._make_bmc(node, cfg, secrets)
+            self._bmc_secrets[node] = secrets
         return self._bmcs[node]
 
-    def _make_bmc(self, node: str, cfg) -> PowerDriver:
-        device = f"bmc:{node}"
+    def _read_bmc_secrets(self, node: str, cfg) -> tuple:
         if self.dry_run or cfg.driver == "dry-run":
-            return DryRunPower(device, self._guard(device, "dry-run"))
+            return ()
         user = _secret(cfg.username, f"node {node}: bmc.username")
         password = _secret(cfg.password, f"node {node}: bmc.password")
+        kg = None
         if cfg.driver == "ipmi":
             opts = IpmiOptions.model_validate(cfg.options)
             kg = _secret(opts.kg, f"node {node}: bmc.options.kg") if opts.kg else None
+        return (user, password, kg)
+
+    def _make_bmc(self, node: str, cfg, secrets: tuple) -> PowerDriver:
+        device = f"bmc:{node}"
+        if self.dry_run or cfg.driver == "dry-run":
+            return DryRunPower(device, self._guard(device, "dry-run"))
+        user, password, kg = secrets
+        if cfg.driver == "ipmi":
+            opts = IpmiOptions.model_validate(cfg.options)
             common = dict(host=cfg.host, port=cfg.port or 623, user=user, password=password, kg=kg)
             if opts.transport == "ipmitool":
                 from .ipmitool import IpmitoolDriver
@@ -96,6 +111,19 @@ class Devices:
             verify_tls=opts.verify_tls,
             ca_bundle=opts.ca_bundle,
         )
+
+    def pdu_secrets_problem(self, name: str) -> str | None:
+        """Why a PDU's secrets cannot be read now (None: they can, or it has none)."""
+        cfg = self.pdu_configs.get(name)
+        if cfg is None or self.dry_run or cfg.driver == "dry-run":
+            return None
+        from powerguard.snmp import auth_data
+
+        try:
+            auth_data(PduOptions.model_validate(cfg.options))
+        except SecretNotFound as exc:
+            return f"pdu {cfg.name}: {exc}"
+        return None
 
     def pdu(self, name: str) -> OutletDriver:
         if name not in self._pdus:
