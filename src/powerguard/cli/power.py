@@ -17,7 +17,14 @@ power_app = typer.Typer(
     no_args_is_help=True,
 )
 err = Console(stderr=True)
-SITE = typer.Option(..., "--site", "-c", help="Site YAML (nodes, BMCs, PDUs, credentials by reference)")
+SITE = typer.Option(
+    ...,
+    "--config",
+    "--site",
+    "-c",
+    help="Site YAML (nodes, BMCs, PDUs, credentials by reference); env POWERGUARD_CONFIG",
+    envvar="POWERGUARD_CONFIG",
+)
 NODES = typer.Option(None, "--node", "-n", metavar="NODE", help="Node name; repeat for several (default: every node)")
 JSON = typer.Option(False, "--json", help="JSON instead of a table")
 DRY_RUN = typer.Option(

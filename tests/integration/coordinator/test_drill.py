@@ -10,7 +10,7 @@ import pytest
 from powerguard.coordinator.drill import run_site_drill
 from powerguard.coordinator.service import Coordinator
 from powerguard.power_control.service import PowerControl
-from powerguard.schemas import ConfigError, SiteConfig
+from powerguard.schemas import ConfigError, PowerData, PowerStatus, SiteConfig
 from powerguard.sim.agents import SimulatedRanks
 from tests.integration.power.conftest import make_bmc  # noqa: F401 - the real BMC fixture
 from tests.integration.power.helpers import creds
@@ -53,6 +53,10 @@ async def test_drill_runs_the_real_saga_with_dry_run_commands(make_bus, make_bmc
     stop = asyncio.Event()
     task = asyncio.create_task(coordinator.run(stop))
     lines: list[str] = []
+    # the UPS's last reading (on line, at 50 % load): the drill takes its load from it. Before: with
+    # --runtime-s given it read nothing and printed "load ?%"
+    reading = PowerData(site="dc1", ups="ups-a", on_battery=False, runtime_s=1800, charge_pct=100, load_pct=50)
+    await sim_bus.publish(PowerStatus(source="/powerguard/ups-monitor", data=reading))
     try:
         result = await asyncio.wait_for(
             run_site_drill(
@@ -60,7 +64,6 @@ async def test_drill_runs_the_real_saga_with_dry_run_commands(make_bus, make_bmc
                 site,
                 "ups-a",
                 runtime_s=130,
-                load_pct=50,
                 speed=20,
                 notify=lambda at, text: lines.append(text),
                 timeout_s=60,
@@ -77,7 +80,7 @@ async def test_drill_runs_the_real_saga_with_dry_run_commands(make_bus, make_bmc
     assert not result.not_dry and all("(dry-run)" in c for c in result.commands)
     assert {"shutdown_requested n1", "shutdown_requested n2"} <= {c.removesuffix(" (dry-run)") for c in result.commands}
     assert result.budget_s == pytest.approx(25.0)  # min(30, 130 - 100 - 5)
-    assert result.ok
+    assert result.ok and result.load_pct == 50
     assert bmc.power == "on" and not bmc.events()  # nothing reached the real BMC
     assert any("would" in line for line in lines)
 

@@ -189,11 +189,14 @@ async def run_site_drill(
     if not topo.nodes_at_risk([ups]):
         raise ConfigError(f"no node depends on {ups} alone (every node it feeds has another feed): nothing to drill")
     result = DrillResult()
+    # the UPS's own load (and runtime, unless given): what its last reading on the bus says
+    reading = await last_reading(bus, site.site, ups) if runtime_s is None or load_pct is None else None
+    if load_pct is None and reading is not None:
+        load_pct = reading.load_pct
     if runtime_s is None:
-        reading = await last_reading(bus, site.site, ups)
         if reading is None or reading.runtime_s is None:
             raise ConfigError(f"no runtime reading of {ups} on the bus (is ups-monitor running?); pass --runtime-s")
-        runtime_s, load_pct = reading.runtime_s, reading.load_pct if load_pct is None else load_pct
+        runtime_s = reading.runtime_s
     result.runtime_s, result.load_pct = runtime_s, load_pct
     views = {u: UpsView() for u in topo.ups}  # the others on line: the drill fails this UPS alone
     views[ups] = UpsView(on_battery=True, runtime_s=runtime_s, drill=True)
