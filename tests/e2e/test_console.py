@@ -127,3 +127,65 @@ def test_console_shows_an_outage_from_on_battery_to_done_in_a_real_browser(tmp_p
     assert not errors, errors
     for name in ("console-2-on-battery.png", "console-3-acked.png", "console-4-nodes-off.png", "console-5-done.png"):
         assert (shots / name).stat().st_size > 10_000
+
+
+def test_a_drill_is_shown_as_a_drill_in_a_real_browser(tmp_path):
+    """Before: during `powerguard drill --dry-run` the page showed every node "off" and nothing said
+    it was a drill (the snapshot carried `saga.drill`, the page ignored it). Now a banner, the
+    nodes "off (drill)", the timeline's "[drill]" entries. The console's own server, fed the
+    events a drill's saga and power-control publish."""
+    import asyncio
+    import threading
+    from datetime import UTC, datetime, timedelta
+
+    from playwright.sync_api import sync_playwright
+
+    from powerguard.console import ConsoleState
+    from powerguard.console.server import make_app, serve
+    from powerguard.schemas import NodeState, NodeStateData, SagaData, SagaState, SagaStateChanged
+
+    chromium = require_binary("chromium", "chromium")
+    state = ConsoleState()
+    t0 = datetime.now(UTC)
+    for i, (st, reason) in enumerate([("detected", "drill: ups-a on battery"), ("shutting_down", "runtime low")]):
+        data = SagaData(
+            saga_id="drill-1", site="dc1", ups=["ups-a"], state=SagaState(st), reason=reason, nodes=["n1"], drill=True
+        )
+        state.apply(SagaStateChanged(source="/powerguard/coordinator", time=t0 + timedelta(seconds=i), data=data))
+    state.apply(
+        NodeState(source="/powerguard/power-control", data=NodeStateData(node="n1", state="off", saga_id="drill-1"))
+    )
+    loop = asyncio.new_event_loop()
+    started = threading.Event()
+    box: dict = {}
+
+    def run() -> None:
+        asyncio.set_event_loop(loop)
+        box["runner"], box["url"] = loop.run_until_complete(serve(make_app(state), port=0))
+        started.set()
+        loop.run_forever()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    assert started.wait(30)
+    errors: list[str] = []
+    try:
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
+            page = browser.new_page(viewport={"width": 1280, "height": 900})
+            page.on("pageerror", lambda e: errors.append(str(e)))
+            page.goto(box["url"])
+            page.wait_for_selector("#drill-banner", timeout=30_000)
+            banner = page.text_content("#drill-banner")
+            node = page.text_content('#nodes tr[data-name="n1"] .node-state')
+            timeline = page.eval_on_selector_all("#timeline li", "els => els.map(e => e.textContent)")
+            marked = page.evaluate("() => document.body.classList.contains('drill')")
+            page.screenshot(path=str(tmp_path / "console-drill.png"), full_page=True)
+            browser.close()
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+    assert "DRILL" in banner and "dry-run" in banner
+    assert node == "off (drill)"
+    assert timeline and all("[drill]" in t for t in timeline), timeline
+    assert marked and not errors, errors

@@ -114,11 +114,12 @@ class ConsoleState:
                 return
         elif isinstance(e, NodeState):
             n = self.nodes.setdefault(d.node, {"name": d.node})
-            n.update(state=str(d.state), detail=d.detail, at=now)
+            n.update(state=str(d.state), detail=d.detail, at=now, drill=self._drill(d.saga_id))
         elif isinstance(e, PowerActionDone | PowerActionFailed):
             n = self.nodes.setdefault(d.node, {"name": d.node})
             if d.power_state is not None:
                 n["state"] = str(d.power_state)
+                n["drill"] = self._drill(getattr(d, "saga_id", None))
             n.update(
                 last_action=str(d.action), last_error=d.error if isinstance(e, PowerActionFailed) else None, at=now
             )
@@ -129,6 +130,7 @@ class ConsoleState:
         elif isinstance(e, SagaStateChanged):
             live = self.live.setdefault(d.saga_id, {"acked": set()})
             live.update(
+                drill=bool(getattr(d, "drill", False)),
                 state=d.state.value,
                 reason=d.reason,
                 ups=d.ups,
@@ -147,11 +149,21 @@ class ConsoleState:
                 "at": e.time.timestamp(),
                 "type": e.short_type,
                 "saga": getattr(d, "saga_id", None),
+                "drill": self._drill(getattr(d, "saga_id", None)),
                 "text": _describe(e),
                 "bad": isinstance(e, CheckpointFailed | PowerActionFailed | CommLost),
             }
         )
         self._changed()
+
+    def _drill(self, saga_id: str | None) -> bool:
+        """Whether ``saga_id`` is a drill's (its state events say; the polled rows otherwise)."""
+        if not saga_id:
+            return False
+        live = self.live.get(saga_id)
+        if live is not None and "drill" in live:
+            return bool(live["drill"])
+        return any(bool(r.get("drill")) for r in self.sagas if r.get("saga") == saga_id)
 
     def set_agent(self, key: str, agent: AgentData | None) -> None:
         if agent is None:
@@ -227,6 +239,8 @@ class ConsoleState:
             budget = row.get("budget_left_s")
             row["deadline_ts"] = now + budget if budget is not None else None  # the page counts down to it
             live = self.live.get(row.get("saga"))
+            if live and live.get("drill"):
+                row["drill"] = True
             if live and "state" in live and live["at"] >= (row.get("state_at") or 0):  # the newer says
                 row["state"] = live["state"]
                 row["deadline_ts"] = live["deadline_ts"] if live["deadline_ts"] is not None else row["deadline_ts"]
@@ -243,6 +257,7 @@ class ConsoleState:
                     0,
                     {
                         "saga": sid,
+                        "drill": bool(live.get("drill")),
                         "state": live["state"],
                         "reason": live.get("reason"),
                         "acks": f"{len(live['acked'])}/?",
@@ -270,6 +285,7 @@ class ConsoleState:
         return {
             "now": now,
             "bus_connected": self.bus_connected,
+            "drill": bool(open_saga and open_saga.get("drill")),  # the page says DRILL everywhere
             "reserve_s": self.reserve_s,
             "budget_s": self.budget_s,
             "trace_url": self.trace_url,

@@ -40,7 +40,8 @@ function renderSaga(s) {
       el("td", { class: missing.length ? "missing" : "" }, missing.length ? `missing ranks ${missing.join(", ")}` : "all acked"));
   });
   box.replaceChildren(
-    el("p", {}, "saga ", el("code", {}, s.saga), " — state ", el("span", { class: "state", id: "saga-state" }, s.state),
+    s.drill ? el("p", { class: "badge warn drill", id: "drill-banner" }, "DRILL — a rehearsal: every power and job command is dry-run, nothing is powered off") : "",
+    el("p", {}, s.drill ? "drill saga " : "saga ", el("code", {}, s.saga), " — state ", el("span", { class: "state", id: "saga-state" }, s.state),
       s.reason ? ` (${s.reason})` : "", " — on battery: ", (s.ups_on_battery || []).join(", ") || "–"),
     el("p", {}, "acks ", el("strong", { id: "acks" }, `${got}/${want}`), " — nodes at risk: ", (s.nodes_at_risk || []).join(", ") || "–",
       s.stop_reason ? ` — shutdown trigger: ${s.stop_reason}` : ""),
@@ -81,7 +82,7 @@ function render() {
     fmt(u.charge_pct, " %"), runtimeBar(u), fmt(u.load_pct, " %"), u.source || "–", fmt(u.reading_age_s, " s", 1),
   ]);
   rows("nodes", snap.nodes, (n) => [
-    n.name, el("span", { class: "node-state", "data-state": n.state || "" }, n.state || "–"), n.detail || "", (n.jobs || []).join(", "),
+    n.name, el("span", { class: "node-state", "data-state": n.state || "", "data-drill": n.drill ? "1" : "" }, (n.state || "–") + (n.drill ? " (drill)" : "")), n.detail || "", (n.jobs || []).join(", "),
     n.last_action ? `${n.last_action}${n.last_error ? " FAILED: " + n.last_error : ""}` : "",
   ]);
   rows("jobs", snap.jobs, (j) => [
@@ -89,10 +90,11 @@ function render() {
     j.last_checkpoint ? `step ${j.last_checkpoint.step}, ${j.last_checkpoint.durability}, ${fmt(j.last_checkpoint.age_s, " s")} ago` : "–",
     (j.nodes || []).join(", "),
   ]);
-  $("timeline").replaceChildren(...snap.timeline.slice().reverse().map((t) => el("li", { class: t.bad ? "bad" : "" }, `${when(t.at)} ${t.text}`)));
+  $("timeline").replaceChildren(...snap.timeline.slice().reverse().map((t) => el("li", { class: (t.bad ? "bad " : "") + (t.drill ? "drill" : "") }, `${when(t.at)} ${t.drill ? "[drill] " : ""}${t.text}`)));
+  document.body.classList.toggle("drill", !!snap.drill);
   rows("past", snap.past, (r) => {
     const trace = r.trace_id ? (snap.trace_url ? el("a", { href: snap.trace_url.replace("{trace_id}", r.trace_id) }, r.trace_id.slice(0, 12)) : r.trace_id.slice(0, 12)) : "–";
-    return [when(r.started), r.saga, el("span", { class: "past-state" }, r.state), r.lost_steps ?? "–", fmt(r.rto_s, " s", 1), (r.nodes_at_risk || []).length,
+    return [when(r.started), r.drill ? `${r.saga} (drill)` : r.saga, el("span", { class: "past-state" }, r.state), r.lost_steps ?? "–", fmt(r.rto_s, " s", 1), (r.nodes_at_risk || []).length,
       batteryCell(r.battery), trace, el("a", { href: `api/sagas/${encodeURIComponent(r.saga)}/timeline.svg` }, "timeline")];
   });
 }
