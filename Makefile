@@ -52,11 +52,11 @@ fmt: venv
 	$(BIN)/ruff check --fix .
 	$(BIN)/ruff format schemas services src tests bench
 
-wheels: venv  ## PowerGuard's wheels: dist/wheels for management hosts (docs/deploy-bare-metal.md), dist/agent-wheels (the ckpt-agent) for compute nodes
+wheels:  ## PowerGuard's wheels (no venv needed: python3 with pip; hatchling comes through pip's build isolation): dist/wheels for management hosts (docs/deploy-bare-metal.md), dist/agent-wheels (the ckpt-agent) for compute nodes
 	rm -rf dist/wheels dist/agent-wheels
-	$(PIP) wheel -q --no-deps -w dist/wheels ./schemas ./bus ./snmp ./services/ups-monitor ./services/coordinator \
+	$(PYTHON) -m pip wheel -q --no-deps -w dist/wheels ./schemas ./bus ./snmp ./services/ups-monitor ./services/coordinator \
 	    ./services/power-control .
-	$(PIP) wheel -q --no-deps -w dist/agent-wheels ./services/ckpt-agent
+	$(PYTHON) -m pip wheel -q --no-deps -w dist/agent-wheels ./services/ckpt-agent
 	cp constraints.txt dist/wheels/constraints.txt
 	cp constraints.txt dist/agent-wheels/constraints.txt
 	@ls dist/wheels dist/agent-wheels
