@@ -21,7 +21,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from powerguard.bus import Bus, CasConflict, ReadyLog, ServiceContext
+import nats.errors
+
+from powerguard.bus import Bus, BusError, CasConflict, ReadyLog, ServiceContext
 from powerguard.schemas import (
     CommLost,
     CommRestored,
@@ -139,6 +141,7 @@ class Monitor:
         self, bus: Bus, site: SiteConfig, *, settings: MonitorSettings | None = None, instance: str | None = None
     ) -> None:
         self.bus, self.site = bus, site
+        self._bus_errors: dict[str, str] = {}  # ups -> the bus failure last said (said once per change)
         self.settings = settings or site.settings("ups_monitor", MonitorSettings)
         self.instance = instance or socket.gethostname()
         self.targets: list[Target] = []
@@ -255,9 +258,23 @@ class Monitor:
         others: it becomes a partial reading or comm_lost of this UPS."""
         try:
             await self._poll(t, trap)
+        except (TimeoutError, BusError, nats.errors.Error) as exc:  # the bus: one line, when it changes
+            metrics.POLL_ERRORS.labels(self.site.site, t.cfg.name).inc()
+            why = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+            self.readiness.publish_failed(f"the bus did not take this UPS's state: {why}")
+            if self._bus_errors.get(t.cfg.name) != why:
+                self._bus_errors[t.cfg.name] = why
+                log.error(
+                    "ups %s: the bus did not take its state (%s): is this ups-monitor's own credential, and was "
+                    "`powerguard bootstrap` run?",
+                    t.cfg.name,
+                    why,
+                )
         except Exception as exc:  # a bug or a failure outside the driver: this UPS only
             metrics.POLL_ERRORS.labels(self.site.site, t.cfg.name).inc()
             log.exception("ups %s: poll failed unexpectedly: %s", t.cfg.name, exc)
+        else:
+            self._bus_errors.pop(t.cfg.name, None)
 
     async def _poll(self, t: Target, trap=None) -> None:
         async with t.lock, self._sem:
