@@ -86,7 +86,8 @@ class Host:
         prelude = (
             "set -euo pipefail\n"
             f"export PATH={Path(sys.executable).parent}:$PATH\n"
-            'sudo() { if [ "$1" = "-u" ]; then shift 2; fi; "$@"; }\nuseradd() { :; }\nchown() { :; }\napt-get() { :; }\n'
+            'sudo() { if [ "$1" = "-u" ]; then shift 2; fi; "$@"; }\n'  # sudo -u: one user in the test
+            "useradd() { :; }\nchown() { :; }\napt-get() { :; }\n"
             f'systemctl() {{ PG_TEST_ROOT={self.root} {sys.executable} -m tests.e2e.bare_metal.systemctl "$@"; }}\n'
         )
         out = subprocess.run(

@@ -64,3 +64,34 @@ def test_health_exporter_help_describes_its_options():
     assert out.returncode == 0 and "observer's credential" in text
     for option in ("--http-host", "--http-port", "--every-s", "--creds"):
         assert option in text
+
+
+def test_status_fits_100_columns_with_the_saga_id_whole():
+    """Before: eleven columns squeezed into 100 were unreadable (the guide's terminal)."""
+    import io
+
+    from rich.console import Console
+
+    from powerguard.cli.main import status_view
+
+    row = {
+        "saga": "dc1-20261204T211920-f87b",
+        "state": "holding",
+        "drill": True,
+        "acks": "512/512",
+        "budget_left_s": 41.0,
+        "ups_on_battery": ["ups-a", "ups-b"],
+        "nodes_at_risk": [f"gpu{i:02d}" for i in range(12)],
+        "hold_s": 120.0,
+        "lost_steps": None,
+        "jobs": {},
+        "restore": None,
+        "age_s": 75.0,
+        "reason": "runtime 100s below the 120s shutdown reserve",
+    }
+    for width in (80, 100):
+        out = io.StringIO()
+        Console(file=out, width=width, force_terminal=False).print(status_view([row], width))
+        text = out.getvalue()
+        assert max(len(line) for line in text.splitlines()) <= width, text
+        assert "dc1-20261204T211920-f87b" in text and "holding (drill)" in text and "512/512" in text, text

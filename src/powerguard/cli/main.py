@@ -218,7 +218,6 @@ def status(
     as_json: bool = typer.Option(False, "--json", help="JSON instead of a table"),
 ) -> None:
     """Show open outage sagas: state, acks received/expected, checkpoint budget left."""
-    from rich.table import Table
 
     from powerguard.bus import Bus
     from powerguard.coordinator.status import sagas
@@ -244,41 +243,67 @@ def status(
     if not rows:
         err.print("no open sagas" if not show_all else "no sagas")
         return
-    table = Table(title="outage sagas")
-    # an id is copied whole into `tail`, the console, the trace: never shortened
-    table.add_column("saga", no_wrap=True, min_width=max(len(r["saga"]) for r in rows))
-    for col in (
-        "state",
-        "acks",
-        "budget left",
-        "on battery",
-        "at risk",
-        "hold",
-        "work lost",
-        "restore",
-        "age",
-        "reason",
-    ):
-        table.add_column(col)
-    for r in rows:
-        budget = "-" if r["budget_left_s"] is None else f"{r['budget_left_s']:.0f}s"
-        table.add_row(
-            r["saga"],
-            r["state"] + (" (drill)" if r.get("drill") else ""),
-            r["acks"],
-            budget,
-            ",".join(r["ups_on_battery"]),
-            ",".join(r["nodes_at_risk"]),
-            "-" if r["hold_s"] is None else f"{r['hold_s']:.0f}s",
-            _work_lost(r),
-            _restore_cell(r.get("restore")),
-            f"{r['age_s']:.0f}s",
-            r["reason"] or "",
-        )
-    Console().print(table)
+    Console().print(status_view(rows, Console().width))
     for r in rows:  # the last step of an outage longer than the battery, per UPS told
         for ups, what in (r.get("ups_off") or {}).items():
             Console().print(f"{r['saga']}: UPS {ups} {what}")
+
+
+STATUS_COLUMNS = (
+    "state",
+    "acks",
+    "budget left",
+    "on battery",
+    "at risk",
+    "hold",
+    "work lost",
+    "restore",
+    "age",
+    "reason",
+)
+WIDE_STATUS = 140  # narrower terminals get one block per saga: a table of 11 columns is unreadable
+
+
+def _status_cells(r: dict) -> list[str]:
+    budget = "-" if r["budget_left_s"] is None else f"{r['budget_left_s']:.0f}s"
+    return [
+        r["state"] + (" (drill)" if r.get("drill") else ""),
+        r["acks"],
+        budget,
+        ",".join(r["ups_on_battery"]),
+        ",".join(r["nodes_at_risk"]),
+        "-" if r["hold_s"] is None else f"{r['hold_s']:.0f}s",
+        _work_lost(r),
+        _restore_cell(r.get("restore")),
+        f"{r['age_s']:.0f}s",
+        r["reason"] or "",
+    ]
+
+
+def status_view(rows: list[dict], width: int):
+    """The sagas as one table on a wide terminal, else one block per saga (field, value): the
+    saga id is never shortened (it is copied into `tail`, the console, the trace)."""
+    from rich.console import Group
+    from rich.table import Table
+
+    if width >= WIDE_STATUS:
+        table = Table(title="outage sagas")
+        table.add_column("saga", no_wrap=True, min_width=max(len(r["saga"]) for r in rows))
+        for col in STATUS_COLUMNS:
+            table.add_column(col)
+        for r in rows:
+            table.add_row(r["saga"], *_status_cells(r))
+        return table
+    blocks = []
+    for r in rows:
+        t = Table(title=f"saga {r['saga']}", show_header=False, title_justify="left", expand=False)
+        t.add_column("field", style="bold", no_wrap=True)
+        t.add_column("value", overflow="fold")
+        for col, value in zip(STATUS_COLUMNS, _status_cells(r), strict=True):
+            if value and value != "-":
+                t.add_row(col, value)
+        blocks.append(t)
+    return Group(*blocks)
 
 
 def _restore_cell(r: dict | None) -> str:
