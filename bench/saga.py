@@ -56,6 +56,7 @@ async def start_coordinator(server: EmbeddedNats, site: SiteConfig, names: BusNa
         prefix=names.prefix,
         stream=names.stream,
         sagas_bucket=names.sagas,
+        status_bucket=names.status,
         agents_bucket=names.agents,
         leases_bucket=names.leases,
     )

@@ -51,6 +51,7 @@ def _site_file(path: Path, names: BusNames, bmcs: dict[str, PyghmiBmc]) -> Path:
             "prefix": names.prefix,
             "stream": names.stream,
             "sagas_bucket": names.sagas,
+            "status_bucket": names.status,
             "agents_bucket": names.agents,
             "leases_bucket": names.leases,
             "ups_bucket": names.ups,

@@ -32,18 +32,12 @@ async def start_console(
     """Connect (read-only), start the feed and the web server; returns (stop coroutine fn, URL)."""
     from powerguard.console import ConsoleState, Feed, make_app, serve
 
-    reserve = budget = None
-    if site is not None:
-        from powerguard.coordinator.policy import Policy
-
-        policy = site.settings("coordinator", Policy)
-        reserve, budget = policy.shutdown_reserve_s, policy.ckpt_timeout_s
     auth = dict(auth) if auth is not None else auth_options(site.nats if site is not None else None)
     if creds:
         auth["creds_file"] = creds
     names = BusNames.from_settings(site.nats) if site is not None else BusNames()
     bus = await Bus.connect(url, service="console", names=names, setup=False, **auth)
-    state = ConsoleState(reserve_s=reserve, budget_s=budget, trace_url=trace_url)
+    state = ConsoleState(trace_url=trace_url)
     feed = Feed(bus, state, site=site)
     await feed.start()
     runner, page = await serve(

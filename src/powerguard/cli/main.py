@@ -6,6 +6,7 @@ import asyncio
 import json
 import signal
 import sys
+import time
 from pathlib import Path
 
 import typer
@@ -220,14 +221,15 @@ def status(
     """Show open outage sagas: state, acks received/expected, checkpoint budget left."""
 
     from powerguard.bus import Bus
-    from powerguard.coordinator.status import sagas
+    from powerguard.bus.saga_status import saga_statuses
 
     async def fetch() -> list[dict]:
         t = target(config, url, creds, ca)
         t.require(*READERS, command="powerguard status")
         bus = await Bus.connect(t.url, service="status", names=t.names, setup=False, **t.auth)
         try:
-            return await sagas(bus, include_closed=show_all)
+            now = time.time()
+            return [s.row(now) for s in await saga_statuses(bus, include_closed=show_all)]
         finally:
             await bus.close()
 
@@ -236,7 +238,7 @@ def status(
     except (BusError, PowerGuardError) as exc:
         raise _fail(exc) from None
     except TimeoutError:
-        raise _fail(TimeoutError("the server did not answer: is this credential allowed to read pg_sagas?")) from None
+        raise _fail(TimeoutError("the server did not answer: is this credential allowed to read pg_status?")) from None
     if as_json:
         sys.stdout.write(json.dumps(rows, indent=2) + "\n")
         return
@@ -473,10 +475,6 @@ def console(
     try:
         t = target(config, url, creds, ca)
         t.require(*READERS, command="powerguard console")
-        if t.site is not None:  # the section the console reads (the reserve and budget it shows)
-            from powerguard.coordinator.policy import Policy
-
-            t.site.settings("coordinator", Policy)
     except PowerGuardError as exc:  # the site file or the credential: exit 2, the unit does not restart
         err.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
         raise typer.Exit(2) from None
@@ -517,7 +515,7 @@ def drill(
     from rich.table import Table
 
     from powerguard.bus import Bus
-    from powerguard.coordinator.drill import run_site_drill
+    from powerguard.ops.site_drill import run_site_drill
 
     if not dry_run:
         err.print(
@@ -559,7 +557,7 @@ def drill(
             ("battery runtime at drill start", f"{result.runtime_s:.0f} s at load {result.load_pct or '?'} %"),
             (
                 "checkpoint budget (min(ckpt_timeout, runtime - shutdown need - margin))",
-                f"{result.budget_s:.1f} s",
+                "-" if result.budget_s is None else f"{result.budget_s:.1f} s",
             ),
             ("slowest job's checkpoint (last rank durable)", "-" if slowest is None else f"{slowest:.2f} s"),
             ("ranks acked / expected", f"{sum(map(len, result.acks.values()))} / {sum(result.expected.values())}"),

@@ -1,7 +1,7 @@
 """The console's feed from the bus (read-only, the observer credential suffices): every event as
-it is stored, the agents bucket, and the saga records (their heads watched in KV: a record is
-read again only when its head changed, so a site with thousands of past outages costs nothing
-per second). Each source runs on its own and logs its failures: a bad record or a lost
+it is stored, the agents bucket, and the site's published status (``pg_status``: each saga as
+the coordinator publishes it, schemas/status.py; watched, so a site with thousands of past
+outages costs nothing per second). Each source runs on its own and logs its failures: a bad record or a lost
 connection never stops the others; after a NATS reconnect or a coordinator restart each watch
 starts again and reads the current state."""
 
@@ -13,9 +13,9 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from powerguard.bus import Bus
+from powerguard.bus import Bus, saga_status
 from powerguard.bus.agents import identity_mismatch
-from powerguard.schemas import AgentData, SiteConfig
+from powerguard.schemas import AgentData, SagaStatus, SiteConfig
 
 from .state import ConsoleState
 
@@ -29,7 +29,7 @@ STOP_WAIT_S = 5.0  # per round of cancelling the sources on stop
 class Feed:
     def __init__(self, bus: Bus, state: ConsoleState, *, site: SiteConfig | None = None) -> None:
         self.bus, self.state, self.site = bus, state, site
-        self.records: dict[str, Any] = {}  # saga -> its SagaRecord as last read
+        self.records: dict[str, SagaStatus] = {}  # saga -> its status as last published
         self._tasks: list[asyncio.Task] = []
         self._stopped = False
 
@@ -107,20 +107,23 @@ class Feed:
         self.state.set_agent(key, agent)
 
     async def _sagas(self) -> None:
-        from powerguard.coordinator.store import SagaStore
-
-        kv = await self.bus.sagas()
-        store = SagaStore(kv)
+        """The sagas as the coordinator publishes them (``pg_status``, schemas/status.py)."""
+        kv = await self.bus.status_board()
 
         async def changed(key: str, value: bytes | None) -> None:
+            if key.startswith("site."):  # the leading coordinator's policy figures
+                site = saga_status.parse_site(key, value) if value else None
+                if site is not None and (self.site is None or site.site == self.site.site):
+                    self.state.reserve_s, self.state.budget_s = site.shutdown_reserve_s, site.ckpt_timeout_s
+                return
             sid = key.removeprefix("saga.")
-            got = await store.read(key) if value else None
-            if got is None:
+            status = saga_status.parse(key, value) if value else None
+            if status is None:
                 self.records.pop(sid, None)
             else:
-                self.records[sid] = got[0]
+                self.records[sid] = status
 
-        await self._watch(kv.raw.watch("saga.*"), changed, lambda: [f"saga.{sid}" for sid in self.records])
+        await self._watch(kv.raw.watch(">"), changed, lambda: [f"saga.{sid}" for sid in self.records])
 
     async def _watch(
         self, starting, on_entry: Callable[[str, bytes | None], Awaitable[None]], known: Callable[[], list[str]]
@@ -150,25 +153,15 @@ class Feed:
 
     def history(self, saga: str) -> list[dict[str, Any]]:
         """A saga's transitions, for its timeline picture (none when the record is not known)."""
-        rec = self.records.get(saga)
-        return [{"state": h.state.value, "at": h.at, "reason": h.reason} for h in rec.history] if rec else []
+        status = self.records.get(saga)
+        return [{"state": h.state.value, "at": h.at, "reason": h.reason} for h in status.history] if status else []
 
     async def _summaries(self) -> None:
         """Every second: the sagas' rows from the records in memory (a countdown moves), and
         whether the bus is connected."""
-        from powerguard.coordinator.status import summarize
-
         while not self._stopped:
             self.state.set_connected(self.bus.nc.is_connected)
             now = self.state.clock()
-            rows = []
-            for rec in list(self.records.values()):
-                try:
-                    row = summarize(rec, now)
-                except Exception as exc:  # one odd record never blanks the others
-                    log.warning("saga %s not summarized: %s", rec.saga_id, exc)
-                    continue
-                row["state_at"] = rec.history[-1].at if rec.history else rec.created_at
-                rows.append(row)
+            rows = [status.row(now) for status in list(self.records.values())]
             self.state.set_sagas(rows)
             await asyncio.sleep(SAGA_POLL_S)

@@ -59,7 +59,7 @@ def _describe(e: Envelope) -> str:
 
 class ConsoleState:
     """The site as the console sees it. ``reserve_s`` / ``budget_s``: the site's shutdown reserve
-    and checkpoint budget (from the site file), shown against each UPS's runtime."""
+    and checkpoint budget (as its coordinator publishes them), shown against each UPS's runtime."""
 
     def __init__(
         self,

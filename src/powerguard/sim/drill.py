@@ -391,11 +391,12 @@ async def _one_outage(site: SimSite, obs: Observed, scenario: str, *, say, job: 
 
 
 async def _saga_figures(bus: Bus, saga_id: str | None) -> dict | None:
-    """The coordinator's own account of the outage (its record in KV)."""
-    from powerguard.coordinator.status import sagas
+    """The coordinator's own account of the outage (its published status)."""
+    from powerguard.bus.saga_status import saga_statuses
 
-    for s in await sagas(bus, include_closed=True):
-        if s["saga"] == saga_id:
+    for status in await saga_statuses(bus, include_closed=True):
+        if status.saga == saga_id:
+            s = status.row()
             keys = ("state", "lost_steps", "hold_s", "stop_reason", "runtime_at_stop_s", "jobs", "ups_off")
             return {k: s.get(k) for k in keys}
     return None

@@ -52,6 +52,7 @@ def site_file(path, names, nodes: list[str] | None = None):
         prefix=names.prefix,
         stream=names.stream,
         sagas_bucket=names.sagas,
+        status_bucket=names.status,
         agents_bucket=names.agents,
         leases_bucket=names.leases,
     )

@@ -7,8 +7,8 @@ import asyncio
 
 import pytest
 
-from powerguard.coordinator.drill import run_site_drill
 from powerguard.coordinator.service import Coordinator
+from powerguard.ops.site_drill import run_site_drill
 from powerguard.power_control.service import PowerControl
 from powerguard.schemas import ConfigError, PowerData, PowerStatus, SiteConfig
 from powerguard.sim.agents import SimulatedRanks
@@ -87,7 +87,17 @@ async def test_drill_runs_the_real_saga_with_dry_run_commands(make_bus, make_bmc
 
 async def test_drill_of_a_ups_that_puts_no_node_at_risk_is_refused(make_bus, make_bmc, monkeypatch):  # noqa: F811
     site = drill_site(make_bmc("n1"), creds(monkeypatch))
-    with pytest.raises(ConfigError, match="nothing to drill"):
-        await run_site_drill(await make_bus("drill"), site, "ups-b", runtime_s=100, notify=lambda *_: None)
-    with pytest.raises(ConfigError, match="feeds no node"):
-        await run_site_drill(await make_bus("drill2"), site, "nope", runtime_s=100, notify=lambda *_: None)
+    drill_bus = await make_bus("drill")
+    # no coordinator has published the site's status: the drill knows nothing of the site's feeds
+    with pytest.raises(ConfigError, match="no coordinator has published the status of site dc1"):
+        await run_site_drill(drill_bus, site, "ups-a", runtime_s=100, notify=lambda *_: None, status_wait_s=0.5)
+    stop = asyncio.Event()
+    task = asyncio.create_task(Coordinator(await make_bus("coordinator"), site, instance="c1").run(stop))
+    try:  # the nodes a UPS alone feeds, as the coordinator publishes them (its topology)
+        with pytest.raises(ConfigError, match="nothing to drill"):
+            await run_site_drill(drill_bus, site, "ups-b", runtime_s=100, notify=lambda *_: None)
+        with pytest.raises(ConfigError, match="feeds no node"):
+            await run_site_drill(drill_bus, site, "nope", runtime_s=100, notify=lambda *_: None)
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 10)

@@ -11,9 +11,8 @@ import asyncio
 
 import pytest
 
-from powerguard.coordinator.saga import SagaRecord
+from powerguard.bus.saga_status import saga_status
 from powerguard.coordinator.service import Coordinator
-from powerguard.coordinator.status import summarize
 from powerguard.power_control.service import PowerControl
 from powerguard.schemas import SiteConfig, UpsOutputResult
 from powerguard.sim.agents import SimulatedRanks
@@ -102,7 +101,8 @@ async def test_the_ups_is_told_once_everything_is_down_and_durable_and_the_resto
         assert told["told_at"] <= nodes["m1"]["shutdown_at"] and told["nodes"] == ["n1", "s1"]
         assert all(nodes[n].get("power_on_at") for n in ("n1", "s1", "m1")), nodes  # every load restored
         # what `powerguard status` and the console show of the stage
-        shown = summarize(SagaRecord.model_validate(record))["ups_off"]
+        status = await eventually(lambda: saga_status(obs_bus, saga), 10, "the saga's published status")
+        shown = status.ups_off
         assert shown["ups-a"].startswith("told at +") and "(the UPS confirmed)" in shown["ups-a"], shown
     finally:
         stop.set()

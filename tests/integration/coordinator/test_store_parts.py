@@ -10,6 +10,7 @@ import zlib
 import pytest
 
 from powerguard.coordinator import saga
+from powerguard.coordinator.record import SagaRecord, UpsView
 from powerguard.coordinator.record_parts import PartLimits
 from powerguard.coordinator.store import SagaStore
 from powerguard.coordinator.topology import AgentRegistry, Topology
@@ -20,13 +21,13 @@ pytestmark = pytest.mark.integration
 SMALL = PartLimits(inline_bytes=2048, container_bytes=512, part_bytes=1024)
 
 
-def record(saga_id: str, ranks: int = 400) -> saga.SagaRecord:
+def record(saga_id: str, ranks: int = 400) -> SagaRecord:
     nodes = [f"n{i:03d}" for i in range(ranks // 8)]
     reg = AgentRegistry()
     for r in range(ranks):
         reg.update(AgentData(job="big", rank=r, world_size=ranks, node=nodes[r // 8], step=10))
     topo = Topology(site="dc1", feeds={n: ("A",) for n in nodes})
-    ups = {"A": saga.UpsView(on_battery=True, runtime_s=600.0)}
+    ups = {"A": UpsView(on_battery=True, runtime_s=600.0)}
     return saga.start(saga_id=saga_id, topo=topo, ups=ups, jobs=reg.jobs(), now=1000.0, hold_policy="continue")
 
 

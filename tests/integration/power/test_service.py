@@ -249,26 +249,24 @@ async def test_power_on_ramp_spaces_the_restore_as_the_bmcs_see_it(make_bus, mak
         await pc.stop()
 
 
-async def test_a_later_batch_starts_while_the_earlier_batch_waits_for_readiness(make_bus, monkeypatch):
+async def test_a_later_batch_starts_while_the_earlier_batch_waits_for_readiness(make_bus, tmp_path):
     """Commands that arrive after the gather window form a second restore; with a ramp it must
     not wait for the first restore's nodes to be ready (the ramp stood idle meanwhile: 12 s of a
-    125 s ramp at 12,500 nodes). The first batch's readiness is held until the second batch's
-    nodes are booting."""
-    from powerguard.power_control.sequences import Sequencer
-
-    gate = asyncio.Event()
-    real_ready = Sequencer._ready
-
-    async def held_ready(self, o, started):
-        if o.node in ("a1", "a2"):
-            await gate.wait()
-        return await real_ready(self, o, started)
-
-    monkeypatch.setattr(Sequencer, "_ready", held_ready)
+    125 s ramp at 12,500 nodes). The first batch's readiness is held (the site's own resume hook
+    waits for a file) until the second batch's nodes are booting."""
+    gate = tmp_path / "gate"
+    hold = f'case "$POWERGUARD_NODE" in a1|a2) while [ ! -e {gate} ]; do sleep 0.05; done;; esac'
     nodes = [{"name": n, "bmc": {"driver": "dry-run", "host": "127.0.0.1"}} for n in ("a1", "a2", "b1", "b2")]
     bus = await make_bus("power-control")
     rec = await Recorder().start(bus)
-    pc = await service(bus, site(nodes, dry_run=True, gather_s=0.2, ramp={"nodes_per_min": 1200}))
+    cfg = site(
+        nodes,
+        dry_run=True,
+        gather_s=0.2,
+        ramp={"nodes_per_min": 1200},
+        scheduler={"kind": "command", "options": {"resume": ["sh", "-c", hold]}},
+    )
+    pc = await service(bus, cfg)
     try:
         for n in ("a1", "a2", "b1", "b2"):
             pc.seq.devices.bmc(n).state = "off"
@@ -278,15 +276,15 @@ async def test_a_later_batch_starts_while_the_earlier_batch_waits_for_readiness(
         for n in ("b1", "b2"):
             await bus.publish(power_on(n))
         await rec.wait(
-            lambda: all("booting" in rec.states(n) for n in ("b1", "b2")),
+            lambda: all("ready" in rec.states(n) for n in ("b1", "b2")),
             timeout=10,
-            what="b1, b2 booting while a1, a2 wait for readiness",
+            what="b1, b2 restored while a1, a2 wait for readiness",
         )
         assert not any("ready" in rec.states(n) for n in ("a1", "a2"))
-        gate.set()
+        gate.touch()
         await rec.wait(lambda: all("ready" in rec.states(n) for n in ("a1", "a2", "b1", "b2")), what="all ready")
     finally:
-        gate.set()
+        gate.touch()
         await pc.stop()
 
 

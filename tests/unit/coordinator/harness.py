@@ -5,8 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from powerguard.coordinator import saga
+from powerguard.coordinator.inputs import Ack, Command, NodeReport, Power, Resumed, Tick
 from powerguard.coordinator.policy import Policy
-from powerguard.coordinator.saga import Ack, Command, NodeReport, Power, Resumed, SagaRecord, Tick, UpsView
+from powerguard.coordinator.record import SagaRecord, UpsView
 from powerguard.coordinator.topology import AgentRegistry, Topology
 from powerguard.schemas import AgentData
 

@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 from itertools import count
 
 from powerguard.coordinator.core import SiteCore, Step
-from powerguard.coordinator.saga import Command
+from powerguard.coordinator.inputs import Command
 from powerguard.schemas import (
     CheckpointDurable,
     CheckpointDurableData,

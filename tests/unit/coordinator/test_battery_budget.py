@@ -6,8 +6,10 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from powerguard.coordinator import battery, budget, saga
-from powerguard.coordinator.saga import Power, UpsView
+from powerguard.coordinator import battery, budget, facts
+from powerguard.coordinator.inputs import Power
+from powerguard.coordinator.record import UpsView
+from powerguard.schemas import SagaState
 
 from .harness import POLICY, TOPO, Drive
 from .site import Site
@@ -60,8 +62,8 @@ def test_an_optimistic_ups_estimate_shortens_the_budget_in_the_saga():
 
 def test_the_ups_view_keeps_its_first_estimate_of_the_outage():
     views: dict[str, UpsView] = {}
-    saga.observe(views, Power(ups="A", on_battery=True, runtime_s=900, charge_pct=100), 0)
-    saga.observe(views, Power(ups="A", on_battery=True, runtime_s=300, charge_pct=60), 120)
+    facts.observe(views, Power(ups="A", on_battery=True, runtime_s=900, charge_pct=100), 0)
+    facts.observe(views, Power(ups="A", on_battery=True, runtime_s=300, charge_pct=60), 120)
     v = views["A"]
     assert (v.start_runtime_s, v.start_charge_pct) == (900, 100)
     assert battery.observed_runtime(v.samples, v.start_charge_pct) == 300  # 40 % in 120 s: 100 % lasts 300 s
@@ -165,7 +167,8 @@ def test_the_site_core_learns_a_real_outages_shutdown_and_a_drill_teaches_nothin
     fresh = Site()
     fresh.core.resume([s.steps[-1].changed[0]])
     assert fresh.core.shutdown_need() == {}  # an open saga has not shut down yet: nothing to learn
-    drill = s.steps[-1].changed[0].model_copy(deep=True, update={"drill": True, "saga_id": "d1", "state": saga.S.DONE})
+    done = {"drill": True, "saga_id": "d1", "state": SagaState.DONE}
+    drill = s.steps[-1].changed[0].model_copy(deep=True, update=done)
     fresh.core.resume([drill])
     assert fresh.core.shutdown_need() == {}
 

@@ -8,7 +8,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from powerguard.coordinator import saga
-from powerguard.coordinator.saga import S
+from powerguard.schemas import SagaState as S
 
 from .harness import POLICY, TOPO
 from .site import Site

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from powerguard.coordinator.drill import DrillResult
+from powerguard.ops.site_drill import DrillResult
 
 
 def done(**kw) -> DrillResult:
@@ -53,7 +53,7 @@ def test_missing_and_failed_ranks_and_real_commands_are_each_named():
 def test_the_final_checkpoint_is_timed_from_its_own_request_not_mixed_into_the_first_round():
     """Found by the bare-metal guide's drill: under checkpoint-at-stop the final checkpoint's acks
     (16 s after on-battery) overwrote the first round's (1 s) and the drill said "over budget"."""
-    from powerguard.coordinator.drill import _observe
+    from powerguard.ops.site_drill import _observe
     from powerguard.schemas import CheckpointDurable, CheckpointDurableData, SagaData, SagaStateChanged
 
     r = DrillResult(saga_id="s1", expected={"j1": 1}, budget_s=10)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from powerguard.coordinator import figures, saga
+from powerguard.coordinator import commands, figures, record
 from powerguard.schemas import AgentData
 
 from .harness import POLICY, Drive
@@ -148,8 +148,8 @@ def test_a_restarted_coordinator_resends_the_open_final_checkpoint_unchanged():
     d = Drive(policy=AT_STOP.model_copy(update={"max_on_battery_s": 30}))
     checkpointed(d, took_s=1.0)
     cmds = d.advance(30)
-    back = saga.SagaRecord.model_validate_json(d.rec.model_dump_json())
-    again = saga.pending(back, d.policy)
+    back = record.SagaRecord.model_validate_json(d.rec.model_dump_json())
+    again = commands.pending(back, d.policy)
     assert [(c.key, c.args) for c in again] == [(c.key, c.args) for c in cmds]
 
 

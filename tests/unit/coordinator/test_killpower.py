@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from powerguard.coordinator import killpower, saga
+from powerguard.coordinator import commands, inputs, killpower
 from powerguard.coordinator.topology import Topology
 
 from .harness import POLICY, TOPO, Drive
@@ -153,9 +153,9 @@ def test_the_saga_tells_the_ups_once_down_and_restores_only_after_it_could_cycle
     assert [(c.target, c.key, c.args["delay_s"]) for c in cmds] == [("A", "s1/ups:A/output_off", 30)]
     told = d.rec.ups_off["A"]
     assert told.told_at == d.now and told.reason.startswith("runtime 50s")
-    assert saga.pending(d.rec, d.policy) == cmds  # unanswered: a restarted coordinator sends it again
-    d._feed(saga.UpsReport(ups="A", ok=True, detail="shutdown.return done by the UPS (ups1)"))
-    assert d.rec.ups_off["A"].done_at == d.now and saga.pending(d.rec, d.policy) == []
+    assert commands.pending(d.rec, d.policy) == cmds  # unanswered: a restarted coordinator sends it again
+    d._feed(inputs.UpsReport(ups="A", ok=True, detail="shutdown.return done by the UPS (ups1)"))
+    assert d.rec.ups_off["A"].done_at == d.now and commands.pending(d.rec, d.policy) == []
     d.power("A", False, charge_pct=90)  # mains is back at once: the UPS still cycles its output
     d.advance(d.policy.restore_stable_s + 1)
     assert d.state == "down"  # 31 s: before the command's 30 s delay + ups_off_return_s (60 s)
@@ -165,9 +165,9 @@ def test_the_saga_tells_the_ups_once_down_and_restores_only_after_it_could_cycle
 
 def test_a_failed_ups_command_is_recorded_and_not_sent_again():
     d = down_on_a(ON)
-    d._feed(saga.UpsReport(ups="A", ok=False, detail="upsd user pg may not run shutdown.return"))
+    d._feed(inputs.UpsReport(ups="A", ok=False, detail="upsd user pg may not run shutdown.return"))
     assert d.rec.ups_off["A"].error == "upsd user pg may not run shutdown.return"
-    assert saga.pending(d.rec, d.policy) == [] and len([c for c in d.commands if c.kind == "ups_off"]) == 1
+    assert commands.pending(d.rec, d.policy) == [] and len([c for c in d.commands if c.kind == "ups_off"]) == 1
 
 
 def test_the_last_stage_shuts_storage_then_network_down_tells_the_ups_then_shuts_powerguards_hosts():
@@ -182,7 +182,7 @@ def test_the_last_stage_shuts_storage_then_network_down_tells_the_ups_then_shuts
     last = [(c.kind, c.target) for c in d.commands[-1:]]
     assert last == [("shutdown", "s1")] and "ups_off" not in [c.kind for c in d.commands]  # storage first
     assert decide(d).blocked == {"A": "the last stage: s1, which it alone feeds, is not off yet"}
-    assert [c.target for c in saga.pending(d.rec, d.policy)] == ["s1"]  # re-sent after a restart
+    assert [c.target for c in commands.pending(d.rec, d.policy)] == ["s1"]  # re-sent after a restart
     d.node("s1", "off")
     assert [(c.kind, c.target) for c in d.commands[-1:]] == [("shutdown", "w1")]  # then the network
     d.node("w1", "off")

@@ -7,8 +7,10 @@ import json
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from powerguard.coordinator.inputs import Ack
+from powerguard.coordinator.record import SagaRecord, UpsView
 from powerguard.coordinator.record_parts import LIT, REF, MissingPart, PartLimits, SplitMemo, join, references, split
-from powerguard.coordinator.saga import Ack, SagaRecord, UpsView
+from powerguard.coordinator.store_format import decode, encode, ranks_as_runs
 from powerguard.coordinator.topology import AgentRegistry, Topology
 from powerguard.schemas import AgentData
 
@@ -84,15 +86,15 @@ def test_a_4096_rank_saga_is_stored_in_parts_of_at_most_64_kib_and_an_ack_rewrit
         store.setdefault(name, content)
         return name if store[name] == content else name + "'"
 
-    data = d.rec.model_dump(mode="json")
+    data = encode(d.rec)
     assert len(json.dumps(data)) > limits.inline_bytes  # ~140 KB as one value (~2 MB at 100k ranks)
     head, parts = split(data, limits=limits, key_for=keep)
     assert max(len(v) for v in parts.values()) <= limits.part_bytes
     assert len(json.dumps(head)) <= limits.inline_bytes
     assert head["state"] == d.state  # power-control reads the state from the head alone
-    assert SagaRecord.model_validate_json(json.dumps(join(head, parts))) == d.rec
+    assert decode(join(head, parts)) == d.rec
     d.ack("big", 4000)
-    _, again = split(d.rec.model_dump(mode="json"), limits=limits, key_for=keep)
+    _, again = split(encode(d.rec), limits=limits, key_for=keep)
     changed = set(again) - set(parts)
     assert 1 <= len(changed) <= 3, changed  # the last chunk of acked and levels (and the head's refs)
 
@@ -112,28 +114,31 @@ def test_a_missing_part_is_reported_not_guessed():
 
 
 def test_a_node_plan_stores_only_what_happened_and_reads_back_the_same() -> None:
-    from powerguard.coordinator.saga import NodePlan
+    from powerguard.coordinator.record import NodePlan
 
-    empty, done = NodePlan(node="n1"), NodePlan(node="n2", shutdown_at=1.5, off_at=2.0, error="bmc: timeout")
-    assert empty.model_dump(mode="json") == {"node": "n1"}
-    want = {"node": "n2", "shutdown_at": 1.5, "off_at": 2.0, "error": "bmc: timeout"}
-    assert json.loads(done.model_dump_json()) == want
-    for plan in (empty, done):
-        assert NodePlan.model_validate_json(plan.model_dump_json()) == plan
+    rec = SagaRecord(saga_id="s", site="x", created_at=0.0, updated_at=0.0)
+    rec.nodes = {
+        "n1": NodePlan(node="n1"),
+        "n2": NodePlan(node="n2", shutdown_at=1.5, off_at=2.0, error="bmc: timeout"),
+    }
+    stored = json.loads(json.dumps(encode(rec)))
+    assert stored["nodes"]["n1"] == {"node": "n1"}
+    assert stored["nodes"]["n2"] == {"node": "n2", "shutdown_at": 1.5, "off_at": 2.0, "error": "bmc: timeout"}
+    assert decode(stored) == rec
 
 
 def test_a_jobs_ranks_are_stored_as_runs_and_any_placement_and_the_old_map_read_back() -> None:
-    from powerguard.coordinator.saga import JobPlan
+    from powerguard.coordinator.record import JobPlan
 
     strided = {r: f"n{r % 3}" for r in range(12)}  # no two consecutive ranks on one node
     packed = {r: f"n{r // 4}" for r in range(12)}
     for ranks in (strided, packed, {}):
-        plan = JobPlan(job="j", request_id="r", world_size=len(ranks), ranks=ranks)
-        assert JobPlan.model_validate_json(plan.model_dump_json()) == plan
-    assert JobPlan(job="j", request_id="r", world_size=12, ranks=packed).model_dump()["ranks"] == [
-        [0, 4, "n0"],
-        [4, 4, "n1"],
-        [8, 4, "n2"],
-    ]
-    old = {"job": "j", "request_id": "r", "world_size": 2, "ranks": {"0": "a", "1": "b"}}  # written before runs
-    assert JobPlan.model_validate(old).ranks == {0: "a", 1: "b"}
+        rec = SagaRecord(saga_id="s", site="x", created_at=0.0, updated_at=0.0)
+        rec.jobs["j"] = JobPlan(job="j", request_id="r", world_size=len(ranks), ranks=ranks)
+        rec.carried["k"] = JobPlan(job="k", request_id="r", world_size=len(ranks), ranks=ranks)
+        assert decode(json.loads(json.dumps(encode(rec)))) == rec
+    assert ranks_as_runs(packed) == [[0, 4, "n0"], [4, 4, "n1"], [8, 4, "n2"]]
+    assert len(ranks_as_runs(strided)) == 12
+    old = {"saga_id": "s", "site": "x", "created_at": 0, "updated_at": 0}
+    old["jobs"] = {"j": {"job": "j", "request_id": "r", "world_size": 2, "ranks": {"0": "a", "1": "b"}}}
+    assert decode(old).jobs["j"].ranks == {0: "a", 1: "b"}  # written before runs

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from powerguard.coordinator import budget, figures, saga
+from powerguard.coordinator import budget, commands, figures, inputs, record
 from powerguard.coordinator.topology import Topology
 
 from .harness import POLICY, TOPO, Drive
@@ -288,7 +288,7 @@ def test_restore_waits_for_stable_power_and_charge_then_restarts_and_resumes():
 
 
 def test_nodes_held_back_by_the_power_on_ramp_show_in_the_status():
-    from powerguard.coordinator.status import summarize
+    from powerguard.coordinator.status import status_of
 
     d = Drive()
     _to_down(d)
@@ -298,14 +298,14 @@ def test_nodes_held_back_by_the_power_on_ramp_show_in_the_status():
     assert d.state == "restoring"
     d.node("n2", "off", "power-on ramp: starts in 4.0s")  # power-control's word while the ramp holds n2
     d.node("n1", "ready")
-    assert summarize(d.rec, now=d.now)["restore"] == {
+    assert status_of(d.rec, now=d.now).row(d.now)["restore"] == {
         "asked": 2,
         "ready": 1,
         "in_ramp": 1,
         "ramp": "power-on ramp: starts in 4.0s",
     }
     d.node("n2", "ready")
-    assert summarize(d.rec, now=d.now)["restore"]["in_ramp"] == 0
+    assert status_of(d.rec, now=d.now).row(d.now)["restore"]["in_ramp"] == 0
     assert d.rec.nodes["n2"].off_at is not None and d.rec.nodes["n2"].ready_at is not None
 
 
@@ -336,17 +336,17 @@ def test_bad_acks_change_nothing():
 def test_pending_rederives_what_to_send_again():
     d = Drive()
     d.power("A", True)
-    assert [c.key for c in saga.pending(d.rec, POLICY)] == ["s1/j1/ckpt"]
+    assert [c.key for c in commands.pending(d.rec, POLICY)] == ["s1/j1/ckpt"]
     d.ack_all("j1")
-    assert saga.pending(d.rec, POLICY) == []
+    assert commands.pending(d.rec, POLICY) == []
     d.power("A", True, runtime_s=50)
     d.node("n1", "off")
-    assert [c.key for c in saga.pending(d.rec, POLICY)] == ["s1/j1/stop", "s1/n2/shutdown"]
+    assert [c.key for c in commands.pending(d.rec, POLICY)] == ["s1/j1/stop", "s1/n2/shutdown"]
     d.node("n2", "off")
     d.power("A", False)
     d.advance(30)
     d.node("n2", "ready")
-    assert [c.key for c in saga.pending(d.rec, POLICY)] == ["s1/n1/power_on"]
+    assert [c.key for c in commands.pending(d.rec, POLICY)] == ["s1/n1/power_on"]
 
 
 def test_a_resent_command_is_the_command_first_sent():
@@ -355,13 +355,13 @@ def test_a_resent_command_is_the_command_first_sent():
     d.power("A", True)
     d.ack_all("j1")
     first = d.power("A", True, runtime_s=50)  # the stop: job_stop and every shutdown
-    again = saga.pending(saga.SagaRecord.model_validate_json(d.rec.model_dump_json()), POLICY)
+    again = commands.pending(record.SagaRecord.model_validate_json(d.rec.model_dump_json()), POLICY)
     assert [(c.kind, c.key, c.args) for c in again] == [(c.kind, c.key, c.args) for c in first]
     for n in ("n1", "n2"):
         d.node(n, "off")
     d.power("A", False)
     first = d.advance(31)  # power-on of every node
-    again = saga.pending(d.rec, POLICY)
+    again = commands.pending(d.rec, POLICY)
     assert [(c.kind, c.key, c.args) for c in again] == [(c.kind, c.key, c.args) for c in first]
 
 
@@ -369,7 +369,7 @@ def test_record_round_trips_through_json():
     d = Drive()
     d.power("A", True)
     d.ack("j1", 0)
-    back = saga.SagaRecord.model_validate_json(d.rec.model_dump_json())
+    back = record.SagaRecord.model_validate_json(d.rec.model_dump_json())
     assert back == d.rec
 
 
@@ -377,8 +377,8 @@ def test_a_batch_of_inputs_counts_power_readings_in_order():
     d = Drive()
     d.power("A", True)
     d.ack_all("j1")
-    low = saga.Power(ups="A", on_battery=True, runtime_s=40)
-    back = saga.Power(ups="A", on_battery=False, runtime_s=600, charge_pct=90)
+    low = inputs.Power(ups="A", on_battery=True, runtime_s=40)
+    back = inputs.Power(ups="A", on_battery=False, runtime_s=600, charge_pct=90)
     d.ups["A"].on_battery = False
     cmds = d._feed([low, back])  # the coordinator was busy: both readings arrive together
     assert d.state == "shutting_down"  # the low reading decided before power came back (power race)
@@ -388,20 +388,20 @@ def test_a_batch_of_inputs_counts_power_readings_in_order():
 def test_a_batch_of_acks_settles_like_one_by_one():
     d = Drive()
     d.power("A", True)
-    acks = [saga.Ack(job="j1", rank=r, request_id="s1/j1/ckpt", step=101) for r in range(4)]
+    acks = [inputs.Ack(job="j1", rank=r, request_id="s1/j1/ckpt", step=101) for r in range(4)]
     d._feed(acks)
     assert d.state == "holding" and d.rec.jobs["j1"].missing == []
 
 
 def test_outlook_uses_the_sagas_own_budget_rules():
     """`powerguard drill` and status ask the saga's rules, not a copy of the formula."""
-    views = {"A": saga.UpsView(on_battery=True, runtime_s=100.0), "B": saga.UpsView()}
+    views = {"A": record.UpsView(on_battery=True, runtime_s=100.0), "B": record.UpsView()}
     o = budget.outlook(views, TOPO, POLICY)
     assert (o.budget_s, o.runtime_s, o.stop_at_runtime_s) == (30.0, 100.0, 60.0)  # 100 - reserve 60 - margin 10
     views["A"].fsd = True
     assert budget.outlook(views, TOPO, POLICY).budget_s == 0.0
     at_stop = POLICY.model_copy(update={"hold_policy": "checkpoint-at-stop"})
-    o = budget.outlook({"A": saga.UpsView(on_battery=True, runtime_s=500.0)}, TOPO, at_stop, checkpoint_s=20.0)
+    o = budget.outlook({"A": record.UpsView(on_battery=True, runtime_s=500.0)}, TOPO, at_stop, checkpoint_s=20.0)
     assert o.stop_at_runtime_s == 60 + 10 + at_stop.final_ckpt_factor * 20.0  # room for the final checkpoint
 
 

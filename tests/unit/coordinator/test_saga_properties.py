@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from powerguard.coordinator import saga
+from powerguard.coordinator import budget, commands, inputs, record
 from powerguard.coordinator.topology import AgentRegistry
 
 from .harness import POLICY, TOPO, Drive
@@ -43,7 +43,7 @@ def restarted(reg: AgentRegistry) -> AgentRegistry:
     return fresh
 
 
-def apply(d: Drive, step) -> list[saga.Command]:
+def apply(d: Drive, step) -> list[inputs.Command]:
     match step:
         case ("power", ups, on_battery, runtime, lb):
             return d.power(ups, on_battery, runtime_s=runtime, low_battery=lb)
@@ -65,7 +65,7 @@ def apply(d: Drive, step) -> list[saga.Command]:
     raise AssertionError(step)
 
 
-def check_commands(d: Drive, cmds: list[saga.Command]) -> None:
+def check_commands(d: Drive, cmds: list[inputs.Command]) -> None:
     if d.rec is not None and d.state == "cancelled" and not getattr(d, "cancel_checked", False):
         d.cancel_checked = True  # the input that ended it: the registry as the saga saw it
         live = d.reg.jobs()
@@ -83,8 +83,9 @@ def check_commands(d: Drive, cmds: list[saga.Command]) -> None:
         if c.kind == "ckpt_request" and c.args["reason"] == "final":
             plan = d.rec.jobs[c.target]
             assert plan.hold_policy == "checkpoint-at-stop" and c.args["then"] == "pause"
-            budget = saga._budget_deadline(d.rec, d.now, d.topo, d.policy)
-            assert c.args["deadline"] <= budget, "a final checkpoint may not eat into the shutdown reserve"
+            # the budget rule (budget.py): the battery's time left less the shutdown's need and the margin
+            budget_end = d.now + budget.budget_s(d.rec.supply, d.topo, d.policy)
+            assert c.args["deadline"] <= budget_end, "a final checkpoint may not eat into the shutdown reserve"
         if c.kind == "release":
             back = d.rec.back_before_shutdown_at is not None  # power back before any shutdown: released at once
             assert (back or d.state in ("cancelled", "done")) and d.rec.jobs[c.target].paused
@@ -139,5 +140,5 @@ def test_saga_invariants(steps_, hold_policy):
     for p in stopped:  # the figures never hide a loss: the stop step is at least what was made durable
         assert p.stop_step is None or p.durable_step is None or p.stop_step >= p.durable_step
     # after a restart from the stored record, nothing that was done is sent again
-    back = saga.SagaRecord.model_validate_json(d.rec.model_dump_json())
-    assert saga.pending(back, d.policy) == []
+    back = record.SagaRecord.model_validate_json(d.rec.model_dump_json())
+    assert commands.pending(back, d.policy) == []

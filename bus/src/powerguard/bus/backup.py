@@ -40,7 +40,7 @@ class BackupError(BusError):
 
 def streams_of(bus: Bus) -> list[str]:
     n = bus.names
-    return [n.stream, n.jobs_stream, *(f"KV_{b}" for b in (n.sagas, n.power, n.ups, n.leases, n.agents))]
+    return [n.stream, n.jobs_stream, *(f"KV_{b}" for b in (n.sagas, n.status, n.power, n.ups, n.leases, n.agents))]
 
 
 @dataclass(frozen=True)

@@ -372,6 +372,7 @@ class Bus:
                         config.subjects,
                     )
             await self._bucket(n.sagas, history=lim.sagas_history, ttl=None)
+            await self._bucket(n.status, history=1, ttl=None)
             await self._bucket(n.agents, history=1, ttl=lim.agents_ttl_s)
             await self._bucket(n.leases, history=1, ttl=lim.leases_ttl_s)
             await self._bucket(n.ups, history=5, ttl=None)
@@ -456,6 +457,10 @@ class Bus:
 
     async def sagas(self) -> Kv:
         return await self.kv(self.names.sagas)
+
+    async def status_board(self) -> Kv:
+        """Each saga's published status (schemas/status.py): the coordinator writes, tools read."""
+        return await self.kv(self.names.status)
 
     async def agents(self) -> Kv:
         return await self.kv(self.names.agents)

@@ -111,7 +111,14 @@ async def collect(bus: Bus, site: str, *, now: float | None = None, timeout_s: f
             "ack_floor_age_s": age,
             "lag_s": await _oldest_waiting_age(bus, c, now, timeout_s) if waiting else 0.0,
         }
-    for bucket in (bus.names.sagas, bus.names.agents, bus.names.leases, bus.names.ups, bus.names.power):
+    for bucket in (
+        bus.names.sagas,
+        bus.names.status,
+        bus.names.agents,
+        bus.names.leases,
+        bus.names.ups,
+        bus.names.power,
+    ):
         try:
             kv = await asyncio.wait_for(bus.js.stream_info(f"KV_{bucket}"), timeout_s)
             snap.kv[bucket] = kv.state.messages

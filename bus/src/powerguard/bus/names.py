@@ -26,6 +26,7 @@ class BusNames:
     prefix: str = "pg"
     stream: str = "PG_EVENTS"
     sagas: str = "pg_sagas"
+    status: str = "pg_status"  # the published status of each saga (schemas/status.py), for tools
     agents: str = "pg_agents"
     leases: str = "pg_leases"
     ups: str = "pg_ups"
@@ -69,6 +70,16 @@ class BusNames:
         return f"saga.{saga_id}"
 
     @staticmethod
+    def status_key(saga_id: str) -> str:
+        """Key of a saga's published status in the status bucket."""
+        return f"saga.{saga_id}"
+
+    @staticmethod
+    def site_status_key(site: str) -> str:
+        """Key of a site's published status in the status bucket."""
+        return f"site.{site}"
+
+    @staticmethod
     def saga_part_key(saga_id: str, name_hash: str, generation: str) -> str:
         """Key of one part of a large saga record (written before the head that refers to it)."""
         return f"sagapart.{saga_id}.{name_hash}.{generation}"
@@ -83,6 +94,7 @@ class BusNames:
             prefix=nats.prefix,
             stream=nats.stream,
             sagas=nats.sagas_bucket,
+            status=nats.status_bucket,
             agents=nats.agents_bucket,
             leases=nats.leases_bucket,
             ups=nats.ups_bucket,
@@ -98,6 +110,7 @@ class BusNames:
             prefix=f"t{t}",
             stream=f"PG_EVENTS_{t}",
             sagas=f"pg_sagas_{t}",
+            status=f"pg_status_{t}",
             agents=f"pg_agents_{t}",
             leases=f"pg_leases_{t}",
             ups=f"pg_ups_{t}",

@@ -160,6 +160,7 @@ def permissions(
             _api("STREAM.INFO", stream),
             _api("STREAM.INFO", jobs),
             *_kv_write(n.sagas),
+            *_kv_write(n.status),
             *_kv_write(n.leases),
             *_kv_read(n.agents),
         ]
@@ -214,11 +215,13 @@ def permissions(
                 _api("CONSUMER.INFO", st, "*"),
             )
         ),
-        *_kv_read(n.sagas, named=False),
+        # the sagas as the coordinator publishes them; never its records (pg_sagas: its own storage)
+        *_kv_read(n.status, named=False),
         *_kv_read(n.agents, named=False),
         # the other buckets' existence and size for the health exporter: stream info only, never a
-        # value (pg_ups holds the event-id secret, pg_power the ledger, pg_leases the leader)
-        *(_api("STREAM.INFO", f"KV_{b}") for b in (n.leases, n.ups, n.power)),
+        # value (pg_sagas is the coordinator's storage, pg_ups holds the event-id secret, pg_power
+        # the ledger, pg_leases the leader)
+        *(_api("STREAM.INFO", f"KV_{b}") for b in (n.sagas, n.leases, n.ups, n.power)),
     ]
     if role == "operator":
         pub += [s.drill_power_events(site) for site in sites]

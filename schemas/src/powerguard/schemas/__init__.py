@@ -115,6 +115,7 @@ from .site import (
     load_site,
     secret_value,
 )
+from .status import SagaStatus
 from .subjects import Subjects, token
 
 __all__ = [
@@ -182,6 +183,7 @@ __all__ = [
     "SagaData",
     "SagaState",
     "SagaStateChanged",
+    "SagaStatus",
     "SecretNotFound",
     "SecretRef",
     "secret_value",

@@ -86,6 +86,7 @@ class NatsSettings(_Model):
         "name with JOBS for EVENTS (PG_JOBS)",
     )
     sagas_bucket: str = "pg_sagas"
+    status_bucket: str = "pg_status"
     agents_bucket: str = "pg_agents"
     leases_bucket: str = "pg_leases"
     ups_bucket: str = "pg_ups"

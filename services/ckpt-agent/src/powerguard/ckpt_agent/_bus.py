@@ -1,5 +1,7 @@
 """The agent's NATS side: its own asyncio loop in a daemon thread, so training never waits on
-the network. Registers the rank, heartbeats, receives checkpoint requests, publishes acks, and
+the network. It only moves messages: registers the rank and heartbeats what the rank's
+progress says (``_progress.Progress``, written by the agent alone), hands checkpoint requests
+and releases to the request queue (``_requests.RequestQueue``, pure), publishes acks, and
 answers ``ckpt.failed`` for a request whose deadline passes before this rank acked (a hung
 training loop cannot leave the coordinator guessing)."""
 
@@ -10,10 +12,8 @@ import logging
 import os
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass
 
 from opentelemetry import context as otel_context
 
@@ -38,19 +38,10 @@ from powerguard.schemas import (
     RecordedData,
 )
 
+from ._progress import Progress
+from ._requests import Request, RequestQueue
+
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class Request:
-    seq: int
-    data: CheckpointRequestData
-    received: float
-    traceparent: str | None = None  # the request's trace: the checkpoint span and the acks join it
-
-    @property
-    def deadline_ts(self) -> float:
-        return self.data.deadline.timestamp()
 
 
 class BusThread:
@@ -60,6 +51,7 @@ class BusThread:
         url: str,
         names: BusNames,
         agent: AgentData,
+        progress: Progress | None = None,
         heartbeat_s: float = 5.0,
         connect_timeout: float = 10.0,
         auth: dict | None = None,
@@ -68,14 +60,9 @@ class BusThread:
         self.auth = auth if auth is not None else auth_options()
         self.heartbeat_s = heartbeat_s
         self.connect_timeout = connect_timeout
-        self.requests: deque[Request] = deque()
-        self.request_seq = 0  # read by the training thread without a lock (int assignment is atomic)
-        self.acked: set[str] = set()  # request ids this rank answered
-        self.step = 0
-        self.last_committed_step: int | None = None
-        self.paused_step: int | None = None
+        self.progress = progress if progress is not None else Progress()  # the agent's: read here, never written
+        self.queue = RequestQueue()  # under self._lock: the bus thread feeds it, the training thread asks
         self.started_at = time.time()
-        self._released: set[str | None] = set()  # saga ids whose paused ranks may train on
         self.bus: Bus | None = None
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._run, name=f"pg-ckpt-bus-{agent.rank}", daemon=True)
@@ -214,13 +201,14 @@ class BusThread:
         return f"/powerguard/ckpt-agent/{self.agent.job}/{self.agent.rank}"
 
     def _data(self) -> AgentData:
+        p = self.progress
         return self.agent.model_copy(
             update={
-                "step": self.step,
-                "last_committed_step": self.last_committed_step,
+                "step": p.step,
+                "last_committed_step": p.last_committed_step,
                 "pid": os.getpid(),
                 "heartbeat_s": self.heartbeat_s,
-                "paused_step": self.paused_step,
+                "paused_step": p.paused_step,
             }
         )
 
@@ -239,19 +227,11 @@ class BusThread:
         event = received.event
         assert isinstance(event, CheckpointRequested | CheckpointTriggered)
         with self._lock:
-            if event.data.request_id in self.acked:
-                return
-            same = next((r for r in self.requests if r.data.request_id == event.data.request_id), None)
-            if same is not None:  # a re-send; with an earlier deadline when the battery shrank it
-                if event.data.deadline < same.data.deadline:
-                    same.data = event.data
-                    log.info("checkpoint %s: deadline moved to %s", event.data.request_id, event.data.deadline)
-                return
-            self.request_seq += 1
-            self.requests.append(
-                Request(self.request_seq, event.data, time.time(), received.headers.get("traceparent"))
-            )
-        log.info("checkpoint requested: %s (deadline %s)", event.data.request_id, event.data.deadline)
+            what = self.queue.take(event.data, now=time.time(), traceparent=received.headers.get("traceparent"))
+        if what == "new":
+            log.info("checkpoint requested: %s (deadline %s)", event.data.request_id, event.data.deadline)
+        elif what == "deadline":
+            log.info("checkpoint %s: deadline moved to %s", event.data.request_id, event.data.deadline)
 
     async def _catch_up(self) -> None:
         """What was published while this rank was not listening: the job's newest request (if
@@ -269,7 +249,7 @@ class BusThread:
         released = await self.bus.last(s.ckpt_release(self.agent.job))
         if released is not None:
             with self._lock:
-                self._released.add(released.event.data.saga_id)
+                self.queue.release(released.event.data.saga_id)
 
     async def _catch_up_after_reconnects(self) -> None:
         while True:
@@ -279,7 +259,7 @@ class BusThread:
 
     def _take_release(self, received) -> None:
         with self._lock:
-            self._released.add(received.event.data.saga_id)
+            self.queue.release(received.event.data.saga_id)
         log.info("hold released (saga %s): %s", received.event.data.saga_id, received.event.data.reason)
 
     async def _heartbeat(self) -> None:
@@ -297,27 +277,27 @@ class BusThread:
         """A request this rank has not answered by its deadline gets ckpt.failed."""
         while True:
             await asyncio.sleep(0.2)
-            now = time.time()
-            for r in list(self.requests):
-                if r.data.request_id not in self.acked and now > r.deadline_ts:
-                    self.acked.add(r.data.request_id)
-                    await self._publish(
-                        CheckpointFailed(
-                            source=self.source,
-                            data=CheckpointFailedData(
-                                request_id=r.data.request_id,
-                                saga_id=r.data.saga_id,
-                                job=self.agent.job,
-                                rank=self.agent.rank,
-                                world_size=self.agent.world_size,
-                                step=self.step,
-                                error=f"rank {self.agent.rank}: no checkpoint by the deadline; the loop did not "
-                                f"reach a step boundary (last at step {self.step}): a long evaluation or other "
-                                "work between steps? wrap it in guard.quiescent()",
-                                error_type="StepAgreementTimeout",
-                            ),
-                        )
+            with self._lock:
+                late = self.queue.overdue(time.time())
+            step = self.progress.step
+            for r in late:
+                await self._publish(
+                    CheckpointFailed(
+                        source=self.source,
+                        data=CheckpointFailedData(
+                            request_id=r.data.request_id,
+                            saga_id=r.data.saga_id,
+                            job=self.agent.job,
+                            rank=self.agent.rank,
+                            world_size=self.agent.world_size,
+                            step=step,
+                            error=f"rank {self.agent.rank}: no checkpoint by the deadline; the loop did not "
+                            f"reach a step boundary (last at step {step}): a long evaluation or other "
+                            "work between steps? wrap it in guard.quiescent()",
+                            error_type="StepAgreementTimeout",
+                        ),
                     )
+                )
 
     async def _publish(self, event: Envelope, ctx: otel_context.Context | None = None) -> None:
         token = otel_context.attach(ctx) if ctx is not None else None
@@ -333,20 +313,21 @@ class BusThread:
     def released(self, sagas: set[str | None]) -> bool:
         """A release arrived for every one of these sagas (each saga that paused the ranks)."""
         with self._lock:
-            return sagas <= self._released
+            return self.queue.all_released(sagas)
 
-    def set_paused(self, step: int | None) -> None:
-        """Training waits at ``step`` (None: trains again); the registry hears it at once."""
-        self.paused_step = step
+    def beat_now(self) -> None:
+        """A heartbeat now (the progress changed in a way the registry must hear at once: a pause)."""
         asyncio.run_coroutine_threadsafe(self._beat(), self.loop)
 
     def pending(self) -> Request | None:
         """The newest request not answered yet (older ones are covered by the same checkpoint)."""
         with self._lock:
-            for r in reversed(self.requests):
-                if r.data.request_id not in self.acked:
-                    return r
-        return None
+            return self.queue.pending()
+
+    @property
+    def request_seq(self) -> int:
+        """How many distinct requests arrived (read by the training thread without a lock)."""
+        return self.queue.seq
 
     def answer(
         self, requests: list[CheckpointRequestData], event_for: Callable, ctx: otel_context.Context | None = None
@@ -354,8 +335,7 @@ class BusThread:
         """Publish one ack per request (built by ``event_for(request)``), from any thread. A
         request another rank saw first is answered too, and ignored when it arrives here later."""
         with self._lock:
-            todo = [r for r in requests if r.request_id not in self.acked]
-            self.acked.update(r.request_id for r in todo)
+            todo = self.queue.answer(requests)
         for r in todo:
             asyncio.run_coroutine_threadsafe(self._publish(event_for(r), ctx), self.loop)
 

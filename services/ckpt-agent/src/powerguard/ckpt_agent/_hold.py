@@ -61,8 +61,6 @@ class Hold:
         log.info(
             "rank %d: paused at step %d after the checkpoint (until power returns or the stop)", self.ranks.rank, step
         )
-        if self.bus is not None:
-            self.bus.set_paused(step)
         pause = Pause(step, frozenset(r.saga_id for r in requests), min(limits) if limits else None, time.monotonic())
         return self._on_sigterm(pause)
 
@@ -123,7 +121,5 @@ class Hold:
         took = time.monotonic() - pause.started
         if pause.installed and threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, pause.previous if pause.previous is not None else signal.SIG_DFL)
-        if self.bus is not None:
-            self.bus.set_paused(None)
         log.info("rank %d: released at step %d after %.1fs paused", self.ranks.rank, pause.step, took)
         return took

@@ -18,4 +18,5 @@ class Progress:
     restore_ended: float | None = None  # wall clock: the resume span starts there
     resumed_reported: bool = False
     paused_s: float = 0.0
+    paused_step: int | None = None  # training waits at this step boundary (heartbeats say so)
     boundary_at: float = 0.0  # under `powerguard try`: the last step boundary's monotonic time (its pace)

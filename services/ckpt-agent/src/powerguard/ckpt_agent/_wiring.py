@@ -19,8 +19,9 @@ from ._bus import BusThread
 from ._config import AgentConfig
 from ._framework import FrameworkSaves
 from ._hold import Hold
-from ._node_tier import NodeTier
+from ._node_tier import NodeTier, node_place
 from ._nodes import Topology
+from ._progress import Progress
 from ._quiet import Quiet
 from ._ranks import Ranks
 from ._remote import RemoteCopier
@@ -70,6 +71,7 @@ class Parts:
     frameworks: FrameworkSaves | None
     remote: RemoteCopier | None
     quiet: Quiet
+    progress: Progress  # written by the agent alone; the bus thread heartbeats what it says
 
 
 def wire(cfg: AgentConfig, training: TrainingParts, *, node: str | None, bus: BusOptions) -> Parts:
@@ -96,18 +98,18 @@ def wire(cfg: AgentConfig, training: TrainingParts, *, node: str | None, bus: Bu
     signing = cfg.key.job if cfg.key is not None else None  # the job's own key signs its checkpoints
     retainer = Retainer(fs, cfg.local_root, cfg.job, cfg.keep)
     topo = Topology(tuple(ranks.gather(node)))  # which node each rank is on
+    progress = Progress()
     thread, http = (
-        connect(cfg, bus, node=node, rank=ranks.rank, world_size=ranks.world_size) if bus.url else (None, None)
+        connect(cfg, bus, node=node, rank=ranks.rank, world_size=ranks.world_size, progress=progress)
+        if bus.url
+        else (None, None)
     )
     acks = Acks(thread, job=cfg.job, rank=ranks.rank, world_size=ranks.world_size, local_root=cfg.local_root, fs=fs)
     nodes = None
     if cfg.local_scope == "node":
-        nodes = NodeTier(
-            ranks,
+        nodes = NodeTier.build(
+            node_place(ranks, topo, node, state),
             fs,
-            state,
-            topo=topo,
-            node=node,
             job=cfg.job,
             root=cfg.local_root,
             keys=cfg.key,
@@ -183,10 +185,13 @@ def wire(cfg: AgentConfig, training: TrainingParts, *, node: str | None, bus: Bu
         frameworks,
         remote,
         quiet,
+        progress,
     )
 
 
-def connect(cfg: AgentConfig, opts: BusOptions, *, node: str, rank: int, world_size: int) -> tuple[BusThread, Any]:
+def connect(
+    cfg: AgentConfig, opts: BusOptions, *, node: str, rank: int, world_size: int, progress: Progress
+) -> tuple[BusThread, Any]:
     """The rank's bus thread, started (and rank 0's HTTP trigger, kept alive by the caller)."""
     from powerguard.bus.env import auth_options
     from powerguard.bus.tracing import configure_tracing
@@ -206,7 +211,14 @@ def connect(cfg: AgentConfig, opts: BusOptions, *, node: str, rank: int, world_s
         hold_policy=cfg.hold_policy,
         credential_expires=expiry_of(auth.get("creds_file")),
     )
-    bus = BusThread(url=opts.url, names=opts.names or BusNames(), agent=agent, heartbeat_s=opts.heartbeat_s, auth=auth)
+    bus = BusThread(
+        url=opts.url,
+        names=opts.names or BusNames(),
+        agent=agent,
+        progress=progress,
+        heartbeat_s=opts.heartbeat_s,
+        auth=auth,
+    )
     bus.start()
     http = None
     if opts.http_port is not None and rank == 0:

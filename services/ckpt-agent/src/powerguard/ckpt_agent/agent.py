@@ -29,7 +29,6 @@ from ._agreement import Decision, StepAgreementFailed, Wants, agreed
 from ._config import ARGUMENTS_DOC, AgentConfig
 from ._framework import Due
 from ._power import power_checkpoint
-from ._progress import Progress
 from ._quiet import Served
 from ._restore import Floor, framework_restored, resumed
 from ._wiring import BusOptions, TrainingParts, wire
@@ -107,7 +106,7 @@ class CheckpointAgent:
             p.node,
             p.local_root,
         )
-        self.progress = Progress()
+        self.progress = p.progress  # this class its only writer; the bus thread reads it
 
     # ------------------------------------------------------------------ progress
     @property
@@ -127,8 +126,6 @@ class CheckpointAgent:
 
     def _committed(self, step: int) -> None:
         self.progress.last_committed_step = step
-        if self._bus is not None:
-            self._bus.last_committed_step = step
 
     # ------------------------------------------------------------------ training loop hook
     def step(self, step: int) -> None:
@@ -147,7 +144,6 @@ class CheckpointAgent:
         Wall-clock timers of the training (time limits, throughput meters) count the pause."""
         self.progress.step = step
         if self._bus is not None:
-            self._bus.step = step
             if not self.progress.resumed_reported:
                 self.report_resumed()
         stop, self.progress.boundary_at = self.config.check.at_step(self.rank, step, self.progress.boundary_at)
@@ -195,6 +191,7 @@ class CheckpointAgent:
     def _pause(self, step: int, requests: list[CheckpointRequestData]) -> None:
         """Wait at this step boundary, all ranks together, until released (or ``pause_max_s``)."""
         pause = self.hold.begin(step, requests)
+        self._paused(step)
         try:
             while True:
                 poll = self.hold.poll(pause)
@@ -206,6 +203,13 @@ class CheckpointAgent:
                 self.hold.wait(pause)
         finally:
             self.progress.paused_s += self.hold.end(pause)
+            self._paused(None)
+
+    def _paused(self, step: int | None) -> None:
+        """Training waits at ``step`` (None: trains again); the registry hears it at once."""
+        self.progress.paused_step = step
+        if self._bus is not None:
+            self._bus.beat_now()
 
     def _checkpoint_for_requests(self, step: int, pending: Any) -> tuple[list[CheckpointRequestData], bool]:
         """One checkpoint of ``step`` for every rank's pending requests; returns them and whether

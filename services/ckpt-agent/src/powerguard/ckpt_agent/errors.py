@@ -30,3 +30,13 @@ class NoRestorableCheckpoint(CheckpointError):
     ``reshard``, every one corrupt, signed with another key): training from step 0 over them
     would silently lose the job's training, so ``restore()`` raises unless
     ``allow_fresh_start=True``."""
+
+
+class NotCommittedAnywhere(CheckpointError):
+    """A node-local step that no node holds a COMMIT of (a save cut before its commit): not a
+    candidate, and nothing to report as refused."""
+
+
+class IncompleteOnNodes(CheckpointError):
+    """A node-local step some node committed that cannot be made whole on every node (a file
+    on no node, a peer's copy that does not verify)."""

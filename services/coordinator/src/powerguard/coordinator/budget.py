@@ -22,28 +22,13 @@ the hold. Under FSD, or with nothing measured and no budget, it is skipped.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from collections.abc import Iterable
+from dataclasses import dataclass
 
 from . import battery
 from .policy import Policy
+from .record import Supply, UpsView
 from .topology import Topology
-
-if TYPE_CHECKING:  # the record holds a Supply; the rules only read its views
-    from .record import UpsView
-
-
-@dataclass(frozen=True)
-class Supply:
-    """What the budget rules read."""
-
-    ups: Mapping[str, UpsView]
-    shutdown_need: Mapping[str, float] = field(default_factory=dict)  # node group -> measured shutdown, s
-
-    @property
-    def on_battery(self) -> list[str]:
-        return sorted(u for u, v in self.ups.items() if v.on_battery)
 
 
 def ups_estimate(view: UpsView, capacity: tuple[float, float] | None = None) -> battery.Estimate:

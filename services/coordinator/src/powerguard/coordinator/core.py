@@ -57,14 +57,20 @@ from powerguard.schemas import (
     PowerActionFailed,
     PowerData,
     PowerEvent,
+    SagaState,
     UpsOutputResult,
 )
 
 from . import saga
+from .commands import pending
+from .facts import observe
+from .inputs import Ack, Command, Input, NodeReport, Power, Resumed, Tick, UpsReport
 from .policy import Policy
-from .saga import Ack, Command, Input, NodeReport, Power, Resumed, SagaRecord, Tick, UpsReport, UpsView, observe
+from .record import SagaRecord, UpsView
+from .states import supersede
 from .topology import AgentRegistry, Topology
 
+S = SagaState
 Trace = tuple[str, str] | None  # (trace id, span id) of the event's producer
 
 
@@ -162,7 +168,7 @@ class SiteCore:
             self.open[rec.saga_id] = rec
             for u, v in rec.ups.items():
                 self.views(rec.drill).setdefault(u, v.model_copy(deep=True))
-            again[rec.saga_id] = saga.pending(rec, self.policy)
+            again[rec.saga_id] = pending(rec, self.policy)
         return again
 
     def views(self, drill: bool) -> dict[str, UpsView]:
@@ -174,7 +180,7 @@ class SiteCore:
         """Keep a real saga's measured shutdown per node group, once its shutdown has ended."""
         if rec.drill or rec.saga_id in self._learned or rec.state.before_shutdown:
             return
-        if rec.state == saga.S.SHUTTING_DOWN or (rec.state == saga.S.FAILED and rec.shutdown_started_at is None):
+        if rec.state == S.SHUTTING_DOWN or (rec.state == S.FAILED and rec.shutdown_started_at is None):
             return
         took: dict[str, float] = {}
         for node, p in rec.nodes.items():
@@ -236,7 +242,7 @@ class SiteCore:
                 (
                     s
                     for s, r in self.open.items()
-                    if (data.job in r.jobs or data.job in r.carried) and r.state == saga.S.RESTORING
+                    if (data.job in r.jobs or data.job in r.carried) and r.state == S.RESTORING
                 ),
                 sid,
             )
@@ -379,11 +385,11 @@ class SiteCore:
             return
         ours = set(protector.at_risk)
         for rec in world:
-            if rec is protector or rec.state != saga.S.RESTORING:
+            if rec is protector or rec.state != S.RESTORING:
                 continue
             jobs = set(rec.jobs) | set(rec.carried)
             if ours & set(rec.nodes) or jobs & set(protector.jobs):
-                saga.supersede(rec, protector, now)
+                supersede(rec, protector, now)
 
     def _finish(self, before: dict[str, tuple[str, int]], step: Step, now: float, trace: Trace = None) -> Step:
         """Protect every node at risk (above); collect what changed; drop ended sagas (a real

@@ -12,7 +12,7 @@ from typing import Any
 
 from powerguard.schemas import SagaState
 
-from .saga import JobPlan, SagaRecord
+from .record import JobPlan, SagaRecord
 
 S = SagaState
 

@@ -31,16 +31,13 @@ while a saga is down (``ups_off`` commands; power-control's NUT driver carries t
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from powerguard.schemas import SagaState, command_key
 
 from . import battery
 from .policy import Policy
+from .record import SagaRecord
 from .topology import Topology
-
-if TYPE_CHECKING:
-    from .saga import SagaRecord
 
 ACTION = "output_off"
 

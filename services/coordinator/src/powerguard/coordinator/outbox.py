@@ -28,7 +28,8 @@ from powerguard.schemas import (
 )
 
 from .figures import lost_steps
-from .saga import Command, SagaRecord
+from .inputs import Command
+from .record import SagaRecord
 
 SOURCE = "/powerguard/coordinator"
 

@@ -2,22 +2,20 @@
 ``store.py``), and what every decision reads. Models only: the transitions that change a
 record are in ``saga.py``, the battery rules that read it in ``budget.py``.
 
-The field serializers keep the stored form small and stable (sets as sorted lists, a job's
-ranks as runs, a node plan without its unset fields): the store's part split and its byte
-counts depend on them, and pydantic runs them where the model is dumped.
+How it is stored (sets sorted, ranks as runs, node plans without unset fields) is the
+store's business: :mod:`.store_format`.
 """
 
 from __future__ import annotations
 
 import secrets
 from collections import defaultdict
-from typing import Any
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
-from pydantic import BaseModel, Field, field_serializer, field_validator, model_serializer
+from pydantic import BaseModel, Field, field_serializer
 
 from powerguard.schemas import HoldPolicy, SagaState
-
-from .budget import Supply
 
 S = SagaState
 
@@ -34,6 +32,18 @@ class UpsView(BaseModel):
     samples: list[list[float]] = Field(default_factory=list)  # on battery: [t, charge %, load % or -1]
     start_charge_pct: float | None = None  # when it went on battery
     start_runtime_s: float | None = None  # the UPS's own estimate then (judged against what happened)
+
+
+@dataclass(frozen=True)
+class Supply:
+    """What the battery-budget rules (:mod:`.budget`) read of a saga or of the site."""
+
+    ups: Mapping[str, UpsView]
+    shutdown_need: Mapping[str, float] = field(default_factory=dict)  # node group -> measured shutdown, s
+
+    @property
+    def on_battery(self) -> list[str]:
+        return sorted(u for u, v in self.ups.items() if v.on_battery)
 
 
 class BatteryFigures(BaseModel):
@@ -112,7 +122,8 @@ def meets(level: str, require: str) -> bool:
     return level == "remote" or (level.startswith("replicated:") and level != "replicated:0")
 
 
-def _strength(level: str) -> int:
+def strength(level: str) -> int:
+    """How durable an ack's level is, for keeping the strongest a rank reported."""
     if level == "remote":
         return 1 << 30
     return int(level.split(":", 1)[1]) if level.startswith("replicated:") and level[11:].isdigit() else 0
@@ -123,7 +134,7 @@ class JobPlan(CkptRound):
     stop, where it stopped and where it resumed."""
 
     job: str
-    ranks: dict[int, str]  # rank -> node at detection (stored as runs: see _ranks_as_runs)
+    ranks: dict[int, str]  # rank -> node at detection (stored as runs: store_format.py)
     step_at_detection: int | None = None
     hold_policy: HoldPolicy = "checkpoint-at-stop"
     final: CkptRound | None = None  # the checkpoint at the stop (checkpoint-at-stop)
@@ -141,29 +152,6 @@ class JobPlan(CkptRound):
     resumed_at: float | None = None
     resumed_step: int | None = None
     attempt: int = 1  # the power round's attempt (a failed one is requested again: ckpt.2, ...)
-
-    @field_serializer("ranks")
-    def _ranks_as_runs(self, ranks: dict[int, str]) -> list[list[int | str]]:
-        """``[[first rank, count, node], ...]``: a node's ranks are usually consecutive, so a
-        4,096-rank job is 512 runs instead of 4,096 entries (the largest part of a 100k-rank
-        saga's first write). Any placement works: in the worst case a run per rank."""
-        runs: list[list[int | str]] = []
-        for rank in sorted(ranks):
-            node = ranks[rank]
-            last = runs[-1] if runs else None
-            if last is not None and last[2] == node and last[0] + last[1] == rank:
-                last[1] += 1
-            else:
-                runs.append([rank, 1, node])
-        return runs
-
-    @field_validator("ranks", mode="before")
-    @classmethod
-    def _ranks_from_runs(cls, value: Any) -> Any:
-        """Runs as stored, or the rank -> node map itself (records written before runs)."""
-        if isinstance(value, list):
-            return {first + i: node for first, count, node in value for i in range(count)}
-        return value
 
     @property
     def durable_step(self) -> int | None:
@@ -206,14 +194,6 @@ class NodePlan(BaseModel):
     waiting: str | None = None  # why a node to restore is still off (power-control's ramp)
     off_retry: int | None = None  # the off was commanded again this many times (it failed before)
     in_doubt: str | None = None  # after its off, before any power-on: reported on (by hand) or a later off failed
-
-    @model_serializer(mode="plain")
-    def _without_unset(self) -> dict[str, Any]:
-        """Only what happened to the node: a 12,500-node saga starts with every node's plan
-        empty, and stored that way it is a quarter of the bytes to write and split (every field
-        but ``node`` defaults to None, so reading it back gives the same plan; all are JSON
-        scalars as they are)."""
-        return {k: v for k, v in self.__dict__.items() if v is not None}
 
 
 class UpsOffPlan(BaseModel):
@@ -269,8 +249,8 @@ class SagaRecord(BaseModel):
 
     @field_serializer("issued", "spans_done")
     def _sorted(self, value: set[str]) -> list[str]:
-        """Sets as sorted lists: the same record always serializes to the same bytes (the
-        store rewrites only the parts of a large record that changed)."""
+        """Sets as sorted lists: the same record always dumps to the same JSON (the core's
+        change detection, the store's unchanged parts)."""
         return sorted(value)
 
     @property

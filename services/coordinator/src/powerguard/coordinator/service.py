@@ -44,13 +44,16 @@ from powerguard.schemas import (
 )
 
 from . import metrics, saga
+from .commands import pending
 from .core import SiteCore, Step
 from .heap import Settler
+from .inputs import Command
 from .lease import Lease
 from .outbox import command_event, state_events
 from .policy import Policy
-from .saga import Command, SagaRecord
+from .record import SagaRecord
 from .spans import emit_finished, root_context
+from .status import StatusBoard
 from .store import SagaStore
 from .topology import AgentRegistry, Topology
 
@@ -117,6 +120,7 @@ class Coordinator:
         self._consumers: list = []
         self._watch: AgentWatch | None = None
         self._store: SagaStore | None = None
+        self._status = StatusBoard(bus.status_board, self.policy, self.topo)  # what tools read (schemas/status.py)
         self._lease: Lease | None = None
         self._heap = Settler()  # the registry out of the GC's reach before an outage (heap.py)
         self._resend: set[str] = set()  # sagas whose last publish failed: re-send what is pending
@@ -189,11 +193,14 @@ class Coordinator:
             await asyncio.wait_for(self._watch.ready.wait(), 10)
         except TimeoutError:
             log.warning("agent registry not fully loaded after 10s; continuing")
+        await self._status.site(self.site.site, self.instance, time.time())
         self._unsaved.clear()  # the store is the truth for a new leader
         loaded = await self._store.load(site=self.site.site, collect=True)  # ended ones teach the shutdowns
         self.revisions = {r.saga_id: rev for r, rev in loaded if not r.terminal}
         for rec, _ in loaded:
             self._battery_gauges(rec)
+            if not rec.terminal:
+                self._status.changed(rec)  # a new leader publishes what it took over
         for sid, again in self.core.resume(r for r, _ in loaded).items():
             rec = self.open[sid]
             log.info("resuming saga %s in state %s; re-sending %d command(s)", sid, rec.state, len(again))
@@ -297,6 +304,7 @@ class Coordinator:
         async with self._gate.normal():
             if not self.leader:
                 return
+            await self._status.flush(time.time())  # what was held back (at most one a second per saga)
             if not (self.open or self._unsaved):
                 took = self._heap.idle()
                 if took is not None and took > 0.05:
@@ -307,7 +315,7 @@ class Coordinator:
                     self._resend.discard(sid)
                     rec = self.open[sid]  # its newest state again (deduplicated by id), then its pending commands
                     newest = max(len(rec.history) - 1, 0)
-                    await self._publish(rec, saga.pending(rec, self.policy), newest, resend=True)
+                    await self._publish(rec, pending(rec, self.policy), newest, resend=True)
             await self._commit(self.core.tick(time.time()))
 
     # ------------------------------------------------------------------ output
@@ -352,9 +360,11 @@ class Coordinator:
                 metrics.TRANSITIONS.labels(t.state.value).inc()
                 log.info("saga %s -> %s (%s)", sid, t.state.value, t.reason)
             await self._publish(rec, cmds, state_from=n_hist)
+            self._status.changed(rec)
             self._battery_gauges(rec)
             if rec.terminal:
                 self.revisions.pop(sid, None)
+        await self._status.flush(now)
         self._gauges()
 
     def _battery_gauges(self, rec: SagaRecord) -> None:

@@ -15,7 +15,7 @@ from powerguard.bus.tracing import preset_ids, remote_context
 from powerguard.schemas import SagaState
 
 from .figures import job_figures, saga_figures
-from .saga import SagaRecord
+from .record import SagaRecord
 
 S = SagaState
 

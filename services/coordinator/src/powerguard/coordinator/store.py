@@ -24,8 +24,9 @@ from hashlib import blake2b
 
 from powerguard.bus import BusNames, CasConflict, Kv
 
+from .record import SagaRecord
 from .record_parts import MissingPart, PartLimits, SplitMemo, join, references, split
-from .saga import SagaRecord
+from .store_format import decode, encode
 
 log = logging.getLogger(__name__)
 saga_key = BusNames.saga_key
@@ -102,7 +103,7 @@ class SagaStore:
                 log.error("unreadable saga record %s skipped: %s", key, exc)
                 return None
             try:
-                rec = SagaRecord.model_validate_json(json.dumps(join(head, parts)))
+                rec = decode(join(head, parts))
             except ValueError as exc:
                 log.error("unreadable saga record %s skipped: %s", key, exc)
                 return None
@@ -166,13 +167,14 @@ class SagaStore:
         # the nodes' entries alone ("name":{"node":"name"}) bound the record's size from below:
         # a record surely above the inline limit is not serialized once more just to measure it
         size = sum(2 * len(n) + 14 for n in rec.nodes)
-        whole = rec.model_dump_json().encode() if size <= self.limits.inline_bytes else None
+        data = encode(rec)
+        whole = json.dumps(data, separators=(",", ":")).encode() if size <= self.limits.inline_bytes else None
         if whole is not None and len(whole) <= self.limits.inline_bytes:
             body, parts = whole, {}
         else:
             memo = self._memo.setdefault(sid, SplitMemo())
             size = len(whole) if whole is not None else size
-            head, parts = split(rec.model_dump(mode="json"), limits=self.limits, key_for=key_for, size=size, memo=memo)
+            head, parts = split(data, limits=self.limits, key_for=key_for, size=size, memo=memo)
             body = json.dumps(head, separators=(",", ":")).encode()
         kept = {k for _, k in old.values()}
         fresh = {k: _pack(v) for k, v in parts.items() if k not in kept}

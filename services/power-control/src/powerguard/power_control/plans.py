@@ -70,12 +70,16 @@ def shutdown_plan(
     retry: int,
     bmc: str | None,
     scheduler: str,
+    scheduler_s: float | None = None,
 ) -> ShutdownPlan:
     """The shutdown of ``node``: ``bmc`` names its BMC device (None: the node has none),
     ``jobs`` the jobs to stop first (each waited for as the saga's own stop first),
-    ``retry`` > 0 on a shutdown commanded again after its off failed."""
+    ``retry`` > 0 on a shutdown commanded again after its off failed, ``scheduler_s`` the
+    longest the scheduler's stop of those jobs takes (its adapter's own timeouts; at least one
+    device call)."""
     call = call_s(s)
-    t = now + (s.job_stop_grace_s + s.job_stop_wait_s if jobs else 0.0) + call
+    stop = call if scheduler_s is None else max(call, scheduler_s)
+    t = now + (s.job_stop_grace_s + s.job_stop_wait_s if jobs else 0.0) + stop
     steps = [Step("job_stop", f"scheduler:{scheduler}", t)]
     outlets = [f"pdu:{o.pdu}:{o.outlet}" for o in node.outlets]
     if bmc is not None:
@@ -104,6 +108,9 @@ class NodeRestore:
     pdus: tuple[str, ...]  # the PDUs feeding it (ramp scopes)
     slot: float  # its power-on in the ramp when every device answers (``now`` without a ramp)
     deadline: float  # the latest it is ready (or reported failed), its group starting at the latest
+    bound_s: float = 0.0  # its own devices' bound from its turn (its slot and its place in the power-on
+    # window): outlets, the switch, the boot; the runner fails it past this (the waits for the ramp's
+    # rates and the window are the other nodes' and are reported, not bounded)
 
 
 @dataclass(frozen=True)
@@ -131,12 +138,18 @@ def restore_plan(
     *,
     now: float,
     bmcs: frozenset[str] | set[str],
+    ramp: Ramp | None = None,
 ) -> RestorePlan:
     """The restore of ``nodes`` (each once; ``bmcs``: those with a BMC): groups in
     ``power_on_group`` order, each starting when the one before ended, at the latest at its
     deadline. Outlet-on actions of the site are ``outlet_stagger_s`` apart; the ramp's slots
-    are spaced by its rates (ramp.py), planned from ``now`` in group and name order."""
-    ramp = Ramp(s.ramp) if s.ramp.enabled else None
+    are spaced by its rates (ramp.py), planned from ``now`` in group and name order, after what
+    ``ramp`` (the runner's live ramp: earlier restores' bookings) holds; it is not changed (the
+    runner books the plan's slots)."""
+    if s.ramp.enabled:
+        ramp = ramp.copy() if ramp is not None else Ramp(s.ramp)
+    else:
+        ramp = None
     by_group: dict[int, list[str]] = {}
     for name in sorted(set(nodes)):
         by_group.setdefault(site[name].power_on_group, []).append(name)
@@ -152,7 +165,8 @@ def restore_plan(
             for _ in outlets:
                 stagger_at = max(start, stagger_at + s.outlet_stagger_s)
             slot = ramp.reserve(name, pdus, start) if ramp is not None else start
-            switched = max(slot, stagger_at) + len(outlets) * outlet_s(s) + (call if name in bmcs else 0.0)
+            own = len(outlets) * outlet_s(s) + (call if name in bmcs else 0.0)
+            switched = max(slot, stagger_at) + own
             members.append(
                 NodeRestore(
                     node=name,
@@ -161,6 +175,7 @@ def restore_plan(
                     pdus=pdus,
                     slot=slot,
                     deadline=switched + s.boot_timeout_s + s.batch_interval_s,
+                    bound_s=own + s.boot_timeout_s + s.batch_interval_s,
                 )
             )
         plan = GroupPlan(group, tuple(members))

@@ -86,6 +86,16 @@ class Ramp:
             self._next[scope] = start + cost
         return start
 
+    def book(self, node: str, pdus: Sequence[str], start: float) -> None:
+        """Take the slot a plan gave ``node`` (plans.restore_plan reserved it on a copy of this
+        ramp): the runner books what the plan decided, it never reserves a schedule of its own."""
+        for scope, cost in self._scopes(node, pdus):
+            self._next[scope] = max(self._next.get(scope, start), start + cost)
+
+    def copy(self) -> Ramp:
+        """This ramp's bookings, for a plan to reserve on without changing them."""
+        return Ramp(self.settings, dict(self._next), dict(self._free), dict(self._flying))
+
     def ready_at(self, node: str, pdus: Sequence[str]) -> float:
         """The earliest ``node`` may start given the nodes that actually started (0: any time;
         ``inf``: a node of one of its scopes is in flight, wait until it lands)."""

@@ -7,9 +7,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
-import time
 from dataclasses import dataclass
 
+from . import clock
 from .drivers.base import sleep_until
 from .ramp import Ramp
 
@@ -56,16 +56,16 @@ class RampSlot:
             return
         self.done()  # a retry: the attempt before it is over
         async with self.signal.turn(self.ramp.scopes(self.node, self.pdus)):
-            while (ready := self.ramp.ready_at(self.node, self.pdus)) > time.monotonic():
+            while (ready := self.ramp.ready_at(self.node, self.pdus)) > clock.now():
                 if ready == math.inf:  # a command in flight: until it lands
                     await self.signal.wait(60.0)
                 else:
                     await sleep_until(ready)
-            self.ramp.started(self.node, self.pdus, time.monotonic())  # no await since the check
+            self.ramp.started(self.node, self.pdus, clock.now())  # no await since the check
             self._flying = True
 
     def done(self) -> None:
         if self._flying and self.ramp is not None:
-            self.ramp.landed(self.node, self.pdus, time.monotonic())
+            self.ramp.landed(self.node, self.pdus, clock.now())
             self._flying = False
             self.signal.pulse()

@@ -37,6 +37,11 @@ def job_name(job: str) -> str:
 
 class Scheduler(ABC):
     kind = "?"
+    one_stop_s = 60.0  # the longest one job's stop takes by the adapter's own timeouts (the plan's bound)
+
+    def stop_bound_s(self, jobs: int) -> float:
+        """The longest :meth:`prepare_shutdown` of ``jobs`` jobs takes (one after the other)."""
+        return max(1, jobs) * self.one_stop_s
 
     async def prepare_shutdown(self, node: str, *, saga_id: str, jobs: Sequence[str]) -> str:
         """Before the node goes down: keep new work off it and stop its jobs. Returns a detail line."""
@@ -61,6 +66,7 @@ class NoScheduler(Scheduler):
     """No scheduler: jobs are stopped by the power-off and restarted by whatever the site runs."""
 
     kind = "none"
+    one_stop_s = 0.0
 
     async def prepare_shutdown(self, node: str, *, saga_id: str, jobs: Sequence[str]) -> str:
         return "no scheduler configured"

@@ -27,6 +27,7 @@ class CommandScheduler(Scheduler):
 
     def __init__(self, options: dict) -> None:
         self.opts = CommandOptions.model_validate(options)
+        self.one_stop_s = self.opts.timeout_s
 
     async def _hook(
         self, action: str, argv: list[str] | None, *, saga_id: str, job: str = "", nodes: Sequence[str] = ()

@@ -30,6 +30,7 @@ class DockerScheduler(Scheduler):
 
     def __init__(self, options: dict) -> None:
         self.opts = DockerOptions.model_validate(options)
+        self.one_stop_s = self.opts.stop_timeout_s + self.opts.timeout_s
         self._client: Any = None
 
     def _docker(self) -> Any:

@@ -43,6 +43,7 @@ class ProcessScheduler(Scheduler):
 
     def __init__(self, options: dict) -> None:
         self.opts = ProcessOptions.model_validate(options)
+        self.one_stop_s = self.opts.stop_timeout_s + 10.0  # SIGTERM, the wait, SIGKILL and its reaping
         self.procs: dict[str, subprocess.Popen] = {}
 
     def _job(self, job: str) -> ProcessJob:

@@ -32,6 +32,7 @@ class SlurmScheduler(Scheduler):
 
     def __init__(self, options: dict) -> None:
         self.opts = SlurmOptions.model_validate(options)
+        self.one_stop_s = 3 * self.opts.command_timeout_s  # scontrol, scancel, squeue
         self._env = {"SLURM_CONF": self.opts.slurm_conf} if self.opts.slurm_conf else {}
 
     def _bin(self, name: str) -> str:

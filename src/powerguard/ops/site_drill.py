@@ -9,6 +9,10 @@ runtime the UPS last reported); the saga decides the shutdown and sends its comm
 the saga run its (dry-run) restore. The result is the plan as executed and a budget check:
 slowest job's checkpoint vs. the checkpoint budget vs. the time left before the shutdown.
 
+An operator tool: it knows the coordinator only from what the coordinator publishes (the site's
+and the drill saga's status, schemas/status.py: the nodes a UPS alone feeds, the battery budget
+and the runtime at which the saga stops the jobs, by the coordinator's own rules) and its events.
+
 A drill lives apart from reality: its readings have their own subject and their own views in
 the coordinator, and its saga never holds a real node. A real outage during a drill gets its own
 real saga, and the drill ends ``cancelled`` (its paused ranks released); a real saga open on the
@@ -25,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from powerguard.bus import Bus
+from powerguard.bus.saga_status import saga_status, site_status
 from powerguard.schemas import (
     AgentData,
     CheckpointDurable,
@@ -46,12 +51,8 @@ from powerguard.schemas import (
     SiteConfig,
 )
 
-from . import budget
-from .policy import Policy
-from .record import UpsView
-from .topology import Topology
-
 SOURCE = "/powerguard/drill"
+STATUS_WAIT_S = 5.0  # the drill saga's first status, after its first state event
 Notify = Callable[[float, str], None]
 
 
@@ -61,7 +62,8 @@ class DrillResult:
     states: list[str] = field(default_factory=list)
     runtime_s: float = 0.0
     load_pct: float | None = None
-    budget_s: float = 0.0
+    budget_s: float | None = None  # the saga's battery budget as it started (its published status)
+    notes: list[str] = field(default_factory=list)  # what the drill could not learn
     shutdown_after_s: float = 0.0
     acks: dict[str, dict[int, float]] = field(default_factory=dict)  # job -> rank -> seconds after on_battery
     # the final checkpoint of checkpoint-at-stop (a second round): job -> rank -> seconds after its request
@@ -103,8 +105,9 @@ class DrillResult:
             out += [f"{job} rank {r}: checkpoint failed: {e}" for r, e in sorted(ranks.items())]
         if self.not_dry:
             out.append(f"{len(self.not_dry)} command(s) NOT dry-run: {', '.join(self.not_dry)}")
+        out += self.notes
         slowest = self.slowest_s
-        if slowest is not None and slowest > self.budget_s:
+        if slowest is not None and self.budget_s is not None and slowest > self.budget_s:
             out.append(f"the slowest checkpoint took {slowest:.1f}s, over the {self.budget_s:.1f}s budget")
         if self.hold_policy == "checkpoint-at-stop":
             for job, lost in sorted(self.lost_steps.items()):
@@ -129,7 +132,7 @@ class DrillResult:
             "states": self.states,
             "runtime_s": self.runtime_s,
             "load_pct": self.load_pct,
-            "checkpoint_budget_s": round(self.budget_s, 1),
+            "checkpoint_budget_s": None if self.budget_s is None else round(self.budget_s, 1),
             "shutdown_after_s": round(self.shutdown_after_s, 1),
             "hold_policy": self.hold_policy,
             "stop_after_s": None if self.stop_after_s is None else round(self.stop_after_s, 1),
@@ -157,9 +160,8 @@ async def last_reading(bus: Bus, site: str, ups: str, timeout_s: float = 3.0) ->
         await sub.aclose()
 
 
-async def jobs_at_risk(bus: Bus, topo: Topology, ups: str) -> dict[str, int]:
-    """job -> world size, for the registered agents on the nodes only this UPS (set) feeds."""
-    nodes = set(topo.nodes_at_risk([ups]))
+async def jobs_at_risk(bus: Bus, nodes: set[str]) -> dict[str, int]:
+    """job -> world size, for the registered agents on these nodes."""
     jobs: dict[str, int] = {}
     for entry in await (await bus.agents()).items():
         try:
@@ -181,12 +183,25 @@ async def run_site_drill(
     load_pct: float | None = None,
     speed: float = 1.0,
     timeout_s: float = 900.0,
+    status_wait_s: float = 15.0,
 ) -> DrillResult:
-    topo = Topology.from_site(site)
-    policy = site.settings("coordinator", Policy)
-    if ups not in topo.ups:
-        raise ConfigError(f"UPS {ups!r} feeds no node in the site file (UPSes: {', '.join(sorted(topo.ups))})")
-    if not topo.nodes_at_risk([ups]):
+    """``status_wait_s``: how long to wait for the site's status when no coordinator has
+    published it yet (one that is starting takes the lead within its lease's time)."""
+    published = await site_status(bus, site.site)
+    until = time.monotonic() + status_wait_s
+    while published is None and time.monotonic() < until:
+        await asyncio.sleep(0.2)
+        published = await site_status(bus, site.site)
+    if published is None:
+        raise ConfigError(
+            f"no coordinator has published the status of site {site.site} (pg_status) within {status_wait_s:.0f}s: "
+            "is the coordinator running and leading the site?"
+        )
+    if ups not in published.ups_alone:
+        ups_list = ", ".join(sorted(published.ups_alone))
+        raise ConfigError(f"UPS {ups!r} feeds no node in the site file (UPSes: {ups_list})")
+    nodes = set(published.ups_alone[ups])
+    if not nodes:
         raise ConfigError(f"no node depends on {ups} alone (every node it feeds has another feed): nothing to drill")
     result = DrillResult()
     # the UPS's own load (and runtime, unless given): what its last reading on the bus says
@@ -198,13 +213,8 @@ async def run_site_drill(
             raise ConfigError(f"no runtime reading of {ups} on the bus (is ups-monitor running?); pass --runtime-s")
         runtime_s = reading.runtime_s
     result.runtime_s, result.load_pct = runtime_s, load_pct
-    views = {u: UpsView() for u in topo.ups}  # the others on line: the drill fails this UPS alone
-    views[ups] = UpsView(on_battery=True, runtime_s=runtime_s, drill=True)
-    seen = budget.outlook(views, topo, policy)
-    result.budget_s = seen.budget_s
-    result.shutdown_after_s = max(0.0, (runtime_s - seen.stop_at_runtime_s) / speed)
-    result.hold_policy = policy.hold_policy
-    result.expected = await jobs_at_risk(bus, topo, ups)
+    result.hold_policy = published.hold_policy
+    result.expected = await jobs_at_risk(bus, nodes)
     t0 = time.time()
 
     def data(on_battery: bool, runtime: float) -> PowerData:
@@ -223,10 +233,26 @@ async def run_site_drill(
     done = asyncio.Event()
     restored = asyncio.Event()
 
+    async def started(saga_id: str) -> None:
+        """The saga's battery budget and stop point as it started, from its first published
+        status (written as the saga's first state is announced)."""
+        until = time.monotonic() + STATUS_WAIT_S
+        while time.monotonic() < until:
+            status = await saga_status(bus, saga_id)
+            if status is not None and status.budget_s is not None and status.stop_at_runtime_s is not None:
+                result.budget_s = status.budget_s
+                result.shutdown_after_s = max(0.0, (runtime_s - status.stop_at_runtime_s) / speed)
+                return
+            await asyncio.sleep(0.1)
+        result.budget_s = 0.0
+        result.notes.append(f"saga {saga_id}: no status published within {STATUS_WAIT_S:.0f}s (pg_status)")
+
     async def watch() -> None:
         subjects = bus.subjects
         async for ev in bus.subscribe(subject=subjects.all, deliver="new"):
             _observe(ev, result, t0, notify)
+            if result.budget_s is None and result.saga_id is not None:
+                await started(result.saga_id)
             if isinstance(ev, SagaStateChanged) and ev.data.saga_id == result.saga_id:
                 if ev.data.state.down or ev.data.state == SagaState.CANCELLED:
                     restored.set()
@@ -251,12 +277,14 @@ async def run_site_drill(
             if not restored.is_set():
                 left = runtime_s - (time.time() - t0) * speed
                 await bus.publish(PowerStatus(source=SOURCE, subject=ups, data=data(True, left)))
+
         await bus.publish(OnLine(source=SOURCE, subject=ups, data=data(False, runtime_s)))
         notify(time.time() - t0, f"synthetic on-line for {ups}: the saga restores (dry-run)")
         await asyncio.wait_for(done.wait(), max(1.0, deadline - time.monotonic()))
-        if result.slowest_s is not None:  # with a measured checkpoint the stop leaves time for the final
-            seen = budget.outlook(views, topo, policy, checkpoint_s=result.slowest_s)
-            result.stop_after_s = max(0.0, (runtime_s - seen.stop_at_runtime_s) / speed)
+        status = await saga_status(bus, result.saga_id) if result.saga_id is not None else None
+        if result.slowest_s is not None and status is not None and status.stop_at_runtime_s is not None:
+            # with a measured checkpoint the stop leaves time for the final
+            result.stop_after_s = max(0.0, (runtime_s - status.stop_at_runtime_s) / speed)
         return result
     finally:
         watcher.cancel()

@@ -1,0 +1,107 @@
+"""The node-local tier's replication: after the commit, each node leader sends its own ranks'
+data files to the ``replicas`` nodes after it, in the background, one checkpoint after another;
+once the copies land the acks are raised (``on_replicated``)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+
+from ._node_exchange import NodeExchange
+from ._nodes import exchange, node_files
+from ._tiers import Written
+
+log = logging.getLogger("powerguard.ckpt_agent")
+
+OnReplicated = Callable[[int, list[tuple[int, str, int]], str, str], None]
+
+
+class Replicator:
+    def __init__(
+        self, ex: NodeExchange, *, replicas: int, key: bytes | None, on_replicated: OnReplicated | None = None
+    ) -> None:
+        self.ex, self.replicas, self.key = ex, replicas, key
+        # (step, [(rank, manifest digest, bytes) of this node's ranks], level, directory) once this
+        # node's files are on its peers and that raises their durability (the acks say so again)
+        self.on_replicated = on_replicated
+        self._thread: threading.Thread | None = None
+        self.replicated: tuple[str, bool, list[str]] | None = None  # (directory, complete, problems), last one
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def wait(self, timeout_s: float | None = None) -> bool:
+        """Wait until the last checkpoint's replication ended; True when it ended."""
+        if self._thread is None:
+            return True
+        self._thread.join(timeout_s)
+        return not self._thread.is_alive()
+
+    def start(
+        self, directory: str, step: int, results: list[Written], committed: str, needed: dict[str, set[str]]
+    ) -> None:
+        """Send this node's own ranks' data files to the ``replicas`` nodes after it (those they
+        do not hold already) and take those of the nodes before it; leaders only, on their own
+        gloo group, one checkpoint after another. The local commit does not wait for it."""
+        if not self.ex.ranks.distributed or self.replicas < 1 or not self.ex.leader or len(self.ex.topo.order) < 2:
+            return
+        manifests = {w.rank: json.loads(w.body)["files"] for w in results}
+        previous = self._thread
+
+        def run() -> None:
+            if previous is not None:
+                previous.join()
+            t0 = time.perf_counter()
+            problems: list[str] = []
+            ring = self.ex.topo.order
+            i = ring.index(self.ex.node)
+            for j in range(1, min(self.replicas, len(ring) - 1) + 1):
+                dst, src = ring[(i + j) % len(ring)], ring[(i - j) % len(ring)]
+                out = node_files(self.ex.topo, self.ex.node, manifests)
+                inc = node_files(self.ex.topo, src, manifests)
+                try:
+                    problems += exchange(
+                        [
+                            (os.path.join(directory, n), int(f["size"]))
+                            for n, f in sorted(out.items())
+                            if n not in needed[dst]
+                        ],
+                        self.ex.topo.leader(dst),
+                        [
+                            (os.path.join(directory, n), f)
+                            for n, f in sorted(inc.items())
+                            if n not in needed[self.ex.node]
+                        ],
+                        self.ex.topo.leader(src),
+                        self.ex.ranks.replica_group,
+                        key=self.key,
+                    )
+                except (RuntimeError, OSError) as exc:  # a peer gone: the local commit stands
+                    problems.append(f"with nodes {dst}/{src}: {exc}")
+                    break
+            self.replicated = (directory, not problems, problems)
+            if problems:
+                log.error("rank %d: replication of %s incomplete: %s", self.ex.rank, directory, "; ".join(problems))
+            else:
+                k = min(self.replicas, len(ring) - 1)
+                took = time.perf_counter() - t0
+                log.info("rank %d: %s replicated to %d peer node(s) in %.2fs", self.ex.rank, directory, k, took)
+                if self.on_replicated is not None and _copies(committed) < k:  # the commit said less
+                    mine = [w for w in results if self.ex.topo.nodes[w.rank] == self.ex.node]
+                    sizes = {w.rank: sum(int(f["size"]) for f in manifests[w.rank].values()) for w in mine}
+                    done = [(w.rank, w.digest, sizes[w.rank]) for w in mine]
+                    self.on_replicated(step, done, f"replicated:{k}", directory)
+
+        self._thread = threading.Thread(target=run, name="pg-ckpt-replicate", daemon=True)
+        self._thread.start()
+
+
+def _copies(durability: str) -> int:
+    """Peer copies a durability level says: ``local`` 0, ``replicated:k`` k."""
+    head, _, k = durability.partition(":")
+    return int(k) if head == "replicated" and k.isdigit() else 0
