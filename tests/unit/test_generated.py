@@ -8,7 +8,7 @@ from pathlib import Path
 import yaml
 
 from powerguard.schemas import registry
-from powerguard.schemas.export import render_all
+from powerguard.schemas.export import kv_values, render_all
 
 GENERATED = Path(__file__).resolve().parents[2] / "schemas" / "generated"
 
@@ -28,7 +28,9 @@ def test_generated_files_are_current():
 
 def test_one_schema_per_type_and_an_asyncapi_document():
     files = render_all()
-    assert len([n for n in files if n.endswith(".schema.json")]) == len(registry())
+    assert len([n for n in files if n.endswith(".schema.json")]) == len(registry()) + len(kv_values())
+    status = json.loads(files["kv_saga_status_v1.schema.json"])  # the published status: by its schema alone
+    assert {"schema", "saga", "state", "acks_received", "deadline", "history"} <= set(status["properties"])
     doc = yaml.safe_load(files["asyncapi.yaml"])
     assert doc["asyncapi"] == "3.0.0"
     assert doc["channels"]["power"]["address"] == "pg.power.{site}.{ups}"
