@@ -14,12 +14,25 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+Details = Callable[[], str] | None
+
+
+def _timed_out(timeout: float, what: str, details: Details) -> AssertionError:
+    more = f"\n{details()}" if details is not None else ""
+    return AssertionError(f"timed out after {timeout}s waiting for {what}{more}")
+
 
 async def eventually(
-    cond: Callable[[], Any | Awaitable[Any]], timeout: float = 15.0, what: str = "condition", *, every: float = 0.02
+    cond: Callable[[], Any | Awaitable[Any]],
+    timeout: float = 15.0,
+    what: str = "condition",
+    *,
+    every: float = 0.02,
+    details: Details = None,
 ) -> Any:
     """Poll ``cond`` (plain or async) until it is truthy; return its value. Raises
-    AssertionError naming ``what`` after ``timeout`` seconds."""
+    AssertionError naming ``what`` (and ``details()``: a peer's log tail) after ``timeout``
+    seconds; an exception ``cond`` raises (a peer that exited) ends the wait at once."""
     deadline = time.monotonic() + timeout
     while True:
         value = cond()
@@ -28,16 +41,24 @@ async def eventually(
         if value:
             return value
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+            raise _timed_out(timeout, what, details)
         await asyncio.sleep(every)
 
 
-def eventually_sync(cond: Callable[[], Any], timeout: float = 10.0, what: str = "condition") -> Any:
-    """:func:`eventually` for a test without an event loop (a peer driven by threads)."""
+def eventually_sync(
+    cond: Callable[[], Any],
+    timeout: float = 10.0,
+    what: str = "condition",
+    *,
+    every: float = 0.02,
+    details: Details = None,
+) -> Any:
+    """:func:`eventually` for a test without an event loop (a peer started or driven by threads)."""
     deadline = time.monotonic() + timeout
     while not (value := cond()):
-        assert time.monotonic() < deadline, f"timed out after {timeout}s waiting for {what}"
-        time.sleep(0.02)
+        if time.monotonic() > deadline:
+            raise _timed_out(timeout, what, details)
+        time.sleep(every)
     return value
 
 

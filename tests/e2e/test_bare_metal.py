@@ -22,7 +22,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -33,6 +32,7 @@ import yaml
 from tests.conftest import require_binary
 from tests.integration.power.peers import PASSWORD, USER, PyghmiBmc
 from tests.integration.ups.nut_peer import NutServer, free_port
+from tests.waiting import eventually_sync
 
 pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]
@@ -117,14 +117,20 @@ class Host:
             return 0, {"reason": str(exc)}
 
     def wait_ready(self, port: str, want: bool, contains: str = "", timeout: float = 60) -> dict:
-        deadline = time.monotonic() + timeout
-        while True:
-            code, body = self.ready(port)
-            if (code == 200) == want and contains in body.get("reason", ""):
-                return body
-            if time.monotonic() > deadline:
-                raise AssertionError(f"port {port}: /readyz {code} {body}, wanted ready={want} with {contains!r}")
-            time.sleep(0.3)
+        last: list = [None, None]
+
+        def as_wanted() -> dict | None:
+            last[:] = self.ready(port)
+            code, body = last
+            return body if (code == 200) == want and contains in body.get("reason", "") else None
+
+        return eventually_sync(
+            as_wanted,
+            timeout,
+            f"port {port}: /readyz ready={want} with {contains!r}",
+            every=0.3,
+            details=lambda: f"last: /readyz {last[0]} {last[1]}",
+        )
 
     def sagas(self) -> list[dict]:
         out = self.powerguard(
@@ -134,14 +140,13 @@ class Host:
         return json.loads(out.stdout) if out.stdout.strip() else []
 
     def wait_saga(self, state: str, timeout: float = 90) -> dict:
-        deadline = time.monotonic() + timeout
-        while True:
-            rows = sorted((r for r in self.sagas() if not r.get("drill")), key=lambda r: r["started"])
-            if rows and rows[-1]["state"] == state:
-                return rows[-1]
-            if time.monotonic() > deadline:
-                raise AssertionError(f"no saga in {state}: {rows}")
-            time.sleep(0.5)
+        rows: list[dict] = []
+
+        def in_state() -> dict | None:
+            rows[:] = sorted((r for r in self.sagas() if not r.get("drill")), key=lambda r: r["started"])
+            return rows[-1] if rows and rows[-1]["state"] == state else None
+
+        return eventually_sync(in_state, timeout, f"a saga in {state}", every=0.5, details=lambda: f"sagas: {rows}")
 
     def stop_all(self) -> None:
         units = self.root / "run" / "units"
@@ -246,12 +251,13 @@ def job_pid(host: Host) -> int | None:
 
 
 def wait_log(path: Path, needle: str, timeout: float = 90) -> None:
-    deadline = time.monotonic() + timeout
-    while not (path.exists() and needle in path.read_text(errors="replace")):
-        if time.monotonic() > deadline:
-            tail = path.read_text(errors="replace")[-3000:] if path.exists() else "(no log)"
-            raise AssertionError(f"{needle!r} not in {path} after {timeout:g}s:\n{tail}")
-        time.sleep(0.3)
+    eventually_sync(
+        lambda: path.exists() and needle in path.read_text(errors="replace"),
+        timeout,
+        f"{needle!r} in {path}",
+        every=0.3,
+        details=lambda: path.read_text(errors="replace")[-3000:] if path.exists() else "(no log)",
+    )
 
 
 PREVIOUS = "0.1.0"  # the release the site runs first; the tree's own VERSION is the upgrade

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import require_binary
+from tests.waiting import eventually_sync
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 SHOTS = Path(os.environ.get("POWERGUARD_CONSOLE_SHOTS", "")) if os.environ.get("POWERGUARD_CONSOLE_SHOTS") else None
@@ -36,14 +37,14 @@ def _start_demo(tmp_path: Path) -> tuple[subprocess.Popen, str]:
         start_new_session=True,
         env={**os.environ, "COLUMNS": "200"},
     )
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
+
+    def url() -> str | None:
         m = re.search(r"operator console: (http://127\.0\.0\.1:\d+/)", (tmp_path / "demo.log").read_text())
-        if m:
-            return proc, m.group(1)
-        assert proc.poll() is None, (tmp_path / "demo.log").read_text()[-3000:]
-        time.sleep(0.5)
-    raise AssertionError("the demo never printed the console URL")
+        assert m or proc.poll() is None, (tmp_path / "demo.log").read_text()[-3000:]  # the demo exited
+        return m.group(1) if m else None
+
+    tail = lambda: (tmp_path / "demo.log").read_text()[-3000:]  # noqa: E731
+    return proc, eventually_sync(url, 300, "the demo to print the console URL", every=0.5, details=tail)
 
 
 # Every value the watched elements took, in the order the page showed them.
@@ -86,7 +87,8 @@ def test_console_shows_an_outage_from_on_battery_to_done_in_a_real_browser(tmp_p
             page.screenshot(path=str(shots / "console-2-on-battery.png"), full_page=True)
             deadline = time.monotonic() + 240
             shot_acks = shot_off = False
-            while time.monotonic() < deadline:
+            while True:
+                assert time.monotonic() < deadline, "the outage did not end on the page within 240 s"
                 state = page.evaluate(
                     """() => ({
                         acks: document.getElementById('acks')?.textContent || null,

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import time
 from pathlib import Path
 
 from powerguard.bus import Bus, BusNames, embedded_cluster
 from powerguard.bus.names import StreamLimits
+from tests.waiting import eventually
 
 
 @contextlib.contextmanager
@@ -26,11 +25,11 @@ def nats_cluster(tmp_path: Path, size: int = 3):
 
 async def connect(nodes, service: str, names: BusNames) -> Bus:
     urls = [n.url for n in nodes]
-    deadline = time.monotonic() + 30
-    while True:  # the JetStream meta leader is elected a few seconds after the routes connect
+
+    async def connected() -> Bus | None:  # the JetStream meta leader is elected seconds after the routes connect
         try:
             return await Bus.connect(urls, service=service, names=names, limits=StreamLimits(replicas=3))
         except Exception:
-            if time.monotonic() > deadline:
-                raise
-            await asyncio.sleep(0.5)
+            return None
+
+    return await eventually(connected, 30, "a connection with JetStream to the cluster", every=0.5)

@@ -128,12 +128,11 @@ async def test_consumer_span_is_in_the_producer_trace(bus, spans):
     finished = spans.get_finished_spans()
     producer = next(s for s in finished if s.name == f"publish {bus.names.prefix}.power.{{site}}.{{ups}}")
     # the consumer span ends right after the handler returns
-    for _ in range(100):
-        consumer = [s for s in spans.get_finished_spans() if s.name.startswith("process ")]
-        if consumer:
-            break
-        await asyncio.sleep(0.01)
-    consumer = consumer[0]
+    consumer = (
+        await eventually(
+            lambda: [s for s in spans.get_finished_spans() if s.name.startswith("process ")], 5, "the consumer span"
+        )
+    )[0]
     assert producer.kind == SpanKind.PRODUCER and consumer.kind == SpanKind.CONSUMER
     assert consumer.context.trace_id == producer.context.trace_id
     assert consumer.parent.span_id == producer.context.span_id
@@ -217,21 +216,23 @@ async def test_a_connect_whose_setup_fails_leaves_no_connection_behind(tmp_path)
     )
     try:
 
-        def connections() -> int:
-            with urllib.request.urlopen(f"http://127.0.0.1:{monitor}/connz", timeout=2) as r:
-                return json.loads(r.read())["num_connections"]
+        def connz(state: str = "open") -> dict:
+            with urllib.request.urlopen(f"http://127.0.0.1:{monitor}/connz?state={state}", timeout=2) as r:
+                return json.loads(r.read())
 
-        for _ in range(100):
+        def listening() -> bool:
             try:
-                connections()
-                break
+                return connz() is not None
             except OSError:
-                await asyncio.sleep(0.1)
+                return False
+
+        await eventually(listening, 10, "the server's monitoring port")
         for _ in range(3):
             with pytest.raises(BusError):
                 await Bus.connect(f"nats://127.0.0.1:{port}", service="x", connect_timeout=5.0)
-        await asyncio.sleep(0.5)
-        assert connections() == 0
+        # the event that shows each attempt ended at the server: its connection listed as closed
+        await eventually(lambda: connz("closed")["total"] >= 3, 10, "the server to close the three attempts")
+        assert connz()["num_connections"] == 0
     finally:
         server.terminate()
         await server.wait()
@@ -341,10 +342,7 @@ async def test_the_agent_watch_never_takes_a_record_stored_before_it_started_for
     try:
         await asyncio.wait_for(watch.ready.wait(), 10)
         await announce(bus, AgentHeartbeat(source="/t", data=data(0, 3)))
-        for _ in range(200):
-            if len(seen) >= 3:
-                break
-            await asyncio.sleep(0.02)
+        await eventually(lambda: len(seen) >= 3, 5, "the watch to see the heartbeat")
         assert sorted(seen[:2]) == [("j.n1.0", 2, True), ("j.n1.1", 2, True)], seen
         assert seen[2:] == [("j.n1.0", 3, False)], seen
     finally:

@@ -11,6 +11,7 @@ import pytest
 from powerguard.bus import BusNames
 from powerguard.schemas import OnBattery, PowerData
 from tests.integration.nats_cluster import connect, nats_cluster
+from tests.waiting import eventually
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -39,26 +40,23 @@ async def test_subscription_outlives_the_node_that_held_its_consumer(tmp_path):
             events = [reading(i) for i in range(6)]
             for ev in events[:3]:
                 await pub.publish(ev)
-            for _ in range(100):
-                if len(got) >= 3:
-                    break
-                await asyncio.sleep(0.1)
+            await eventually(lambda: len(got) >= 3, 10, "the first three events read")
             info = await obs.js.consumer_info(names.stream, sub.name)
             host = next(n for i, n in enumerate(nodes) if f"n{i}" == info.cluster.leader)
             host.proc.send_signal(signal.SIGKILL)
             host.proc.wait()
-            for ev in events[3:]:
-                for _ in range(60):  # the stream elects a new leader among the two left
+            for ev in events[3:]:  # stored once the stream elected a new leader among the two left
+
+                async def stored(ev=ev) -> bool:
                     try:
                         await pub.publish(ev, timeout=2)
-                        break
-                    except Exception:
-                        await asyncio.sleep(0.5)
+                        return True
+                    except Exception:  # no leader yet: not stored
+                        return False
+
+                await eventually(stored, 60, f"event {ev.id} stored after the leader's loss", every=0.5)
             first, later = [e.id for e in events[:3]], [e.id for e in events[3:]]
-            for _ in range(300):
-                if set(later) <= set(got):
-                    break
-                await asyncio.sleep(0.1)
+            await eventually(lambda: set(later) <= set(got), 30, "the reader to read on past the node's loss")
         finally:
             reader.cancel()
             with contextlib.suppress(BaseException):

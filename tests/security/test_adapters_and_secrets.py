@@ -28,6 +28,7 @@ from powerguard.power_control.schedulers.slurm import SlurmScheduler
 from powerguard.schemas import SiteConfig
 from tests.integration.power.conftest import slurm  # noqa: F401 (the real Slurm peer)
 from tests.integration.ups.nut_peer import free_port
+from tests.waiting import eventually
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 SECRET = "bmc-password-that-must-not-leak"
@@ -88,10 +89,8 @@ async def test_9_hooks_and_jobs_do_not_get_power_controls_credentials(tmp_path, 
         {"jobs": {"train": {"argv": [*dump, str(tmp_path / "job.env")], "env": {"WANDB_MODE": "offline"}}}}
     )
     await job.start_job("train", nodes=["n1"], saga_id="s1")
-    for _ in range(100):
-        if (tmp_path / "job.env").exists() and (tmp_path / "job.env").stat().st_size:
-            break
-        await asyncio.sleep(0.05)
+    job_env = tmp_path / "job.env"
+    await eventually(lambda: job_env.exists() and job_env.stat().st_size, 5, "the job to write its environment")
     for name, configured in (("hook.env", "SITE_HOOK_TOKEN"), ("job.env", "WANDB_MODE")):
         env = (tmp_path / name).read_text()
         assert SECRET not in env and "PG_SITE_BMC_PASSWORD" not in env

@@ -5,18 +5,15 @@ from __future__ import annotations
 
 import asyncio
 
-from powerguard.console import ConsoleState, Feed
-from powerguard.console import feed as feed_module
+from powerguard.console.feed import stop_tasks, watch_entries
 
 
-async def test_feed_stop_survives_a_swallowed_cancellation(monkeypatch) -> None:
-    monkeypatch.setattr(feed_module, "STOP_WAIT_S", 0.2)
-    feed = Feed(bus=None, state=ConsoleState())  # type: ignore[arg-type]  # the sources below use no bus
+async def test_feed_stop_survives_a_swallowed_cancellation() -> None:
     swallowed = 0
 
-    async def source() -> None:  # shaped like the feed's loops: retry until stopped
+    async def source() -> None:  # shaped like the feed's loops: retry until cancelled
         nonlocal swallowed
-        while not feed._stopped:
+        while True:
             try:
                 await asyncio.sleep(0.05)
             except asyncio.CancelledError:
@@ -34,10 +31,10 @@ async def test_feed_stop_survives_a_swallowed_cancellation(monkeypatch) -> None:
                 swallowed += 1
         await asyncio.sleep(3600)
 
-    feed._tasks = [asyncio.create_task(source()), asyncio.create_task(stubborn())]
-    await asyncio.sleep(0.1)
-    await asyncio.wait_for(feed.stop(), 30)
-    assert all(t.done() for t in feed._tasks)
+    tasks = [asyncio.create_task(source()), asyncio.create_task(stubborn())]
+    await asyncio.sleep(0)  # both running
+    assert await asyncio.wait_for(stop_tasks(tasks, wait_s=0.2), 30) == []
+    assert all(t.done() for t in tasks)
     assert swallowed == 3
 
 
@@ -65,7 +62,6 @@ class _Watcher:
 
 
 async def test_a_restarted_watch_forgets_keys_deleted_while_it_was_down() -> None:
-    feed = Feed(bus=None, state=ConsoleState())  # type: ignore[arg-type]
     have = {"saga.a": b"1", "saga.gone": b"1"}  # what the feed held before the watch restarted
     calls: list[tuple[str, bytes | None]] = []
 
@@ -81,6 +77,6 @@ async def test_a_restarted_watch_forgets_keys_deleted_while_it_was_down() -> Non
     async def starting():
         return watcher
 
-    await feed._watch(starting(), on_entry, lambda: list(have))
+    await watch_entries(starting(), on_entry, lambda: list(have))
     assert calls == [("saga.a", b"2"), ("saga.gone", None), ("saga.b", b"3"), ("saga.a", None)]
     assert have == {"saga.b": b"3"} and watcher.stopped

@@ -20,9 +20,9 @@ def auth(tmp_path_factory):
 
 
 def test_the_right_party_passes_and_no_credential_is_not_checked(auth):
-    require_credential(auth / "admin.creds", "admin", command="powerguard bootstrap")
-    require_credential(auth / "operator.creds", "operator", "admin", command="powerguard drill")
-    require_credential(None, "admin", command="powerguard bootstrap")
+    assert require_credential(auth / "admin.creds", "admin", command="powerguard bootstrap") == "admin"
+    assert require_credential(auth / "operator.creds", "operator", "admin", command="powerguard drill") == "operator"
+    assert require_credential(None, "admin", command="powerguard bootstrap") is None
 
 
 def test_another_party_is_named_with_the_credential_needed(auth):

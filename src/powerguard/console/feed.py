@@ -46,15 +46,9 @@ class Feed:
         """Stop every source, bounded: a cancellation that a library call swallowed (Python
         3.11's ``wait_for`` can) is repeated, and the loops also end on the stop flag."""
         self._stopped = True
-        live = [t for t in self._tasks if not t.done()]
-        for _ in range(3):
-            if not live:
-                return
-            for t in live:
-                t.cancel()
-            _, pending = await asyncio.wait(live, timeout=STOP_WAIT_S)
-            live = list(pending)
-        log.error("console feed sources did not stop: %s", ", ".join(t.get_name() for t in live))
+        live = await stop_tasks(self._tasks, wait_s=STOP_WAIT_S)
+        if live:
+            log.error("console feed sources did not stop: %s", ", ".join(t.get_name() for t in live))
 
     async def _initial_power(self) -> None:
         """The newest reading of every UPS of the site file (the stream keeps them)."""
@@ -128,28 +122,7 @@ class Feed:
     async def _watch(
         self, starting, on_entry: Callable[[str, bytes | None], Awaitable[None]], known: Callable[[], list[str]]
     ) -> None:
-        """Every entry of a KV watch (the current values first, then changes) to ``on_entry``
-        (value None: deleted); once the current values are in, a key of ``known()`` that was not
-        among them is deleted too (it went while the watch was down). Returns when the watch ends."""
-        watcher = await starting
-        seen: set[str] | None = set()
-        try:
-            async for entry in watcher:
-                if self._stopped:
-                    return
-                if entry is None:  # the current values have all been delivered
-                    if seen is not None:
-                        for key in set(known()) - seen:
-                            await on_entry(key, None)
-                    seen = None
-                    continue
-                if seen is not None:
-                    seen.add(entry.key)
-                gone = entry.operation in ("DEL", "PURGE") or not entry.value
-                await on_entry(entry.key, None if gone else entry.value)
-        finally:
-            with contextlib.suppress(Exception):
-                await watcher.stop()
+        await watch_entries(starting, on_entry, known, stopped=lambda: self._stopped)
 
     def history(self, saga: str) -> list[dict[str, Any]]:
         """A saga's transitions, for its timeline picture (none when the record is not known)."""
@@ -165,3 +138,49 @@ class Feed:
             rows = [status.row(now) for status in list(self.records.values())]
             self.state.set_sagas(rows)
             await asyncio.sleep(SAGA_POLL_S)
+
+
+async def stop_tasks(tasks: list[asyncio.Task], *, wait_s: float, rounds: int = 3) -> list[asyncio.Task]:
+    """Cancel ``tasks`` and wait ``wait_s`` for them, ``rounds`` times (a cancellation that a
+    library call swallowed is repeated); returns those still running (none, normally)."""
+    live = [t for t in tasks if not t.done()]
+    for _ in range(rounds):
+        if not live:
+            return []
+        for t in live:
+            t.cancel()
+        _, pending = await asyncio.wait(live, timeout=wait_s)
+        live = list(pending)
+    return live
+
+
+async def watch_entries(
+    starting,
+    on_entry: Callable[[str, bytes | None], Awaitable[None]],
+    known: Callable[[], list[str]],
+    *,
+    stopped: Callable[[], bool] = lambda: False,
+) -> None:
+    """Every entry of a KV watch (the current values first, then changes) to ``on_entry``
+    (value None: deleted); once the current values are in, a key of ``known()`` that was not
+    among them is deleted too (it went while the watch was down). Returns when the watch ends
+    (or ``stopped()``)."""
+    watcher = await starting
+    seen: set[str] | None = set()
+    try:
+        async for entry in watcher:
+            if stopped():
+                return
+            if entry is None:  # the current values have all been delivered
+                if seen is not None:
+                    for key in set(known()) - seen:
+                        await on_entry(key, None)
+                seen = None
+                continue
+            if seen is not None:
+                seen.add(entry.key)
+            gone = entry.operation in ("DEL", "PURGE") or not entry.value
+            await on_entry(entry.key, None if gone else entry.value)
+    finally:
+        with contextlib.suppress(Exception):
+            await watcher.stop()

@@ -23,6 +23,7 @@ from powerguard.schemas import (
     JobResumed,
     utcnow,
 )
+from tests.waiting import eventually
 
 from .runner import Trainer, run
 
@@ -30,7 +31,8 @@ pytestmark = pytest.mark.integration
 STEPS = 80
 
 
-async def registered(bus, job: str, timeout: float = 60) -> None:
+async def registered(bus, job: str, timeout: float = 60, ranks: frozenset[int] = frozenset({0, 1})) -> None:
+    """Every one of ``ranks`` of ``job`` registered: each listens for its requests by then."""
     seen: set[int] = set()
     async with bus.subscribe(AgentRegistered, deliver="all") as sub:
 
@@ -38,7 +40,7 @@ async def registered(bus, job: str, timeout: float = 60) -> None:
             async for ev in sub:
                 if ev.data.job == job:
                     seen.add(ev.data.rank)
-                    if seen == {0, 1}:
+                    if seen >= ranks:
                         return
 
         await asyncio.wait_for(wait(), timeout)
@@ -292,12 +294,15 @@ async def test_http_trigger_publishes_a_manual_request(bus, nats_server, tmp_pat
     json_type = {"Content-Type": "application/json", "Authorization": "Bearer s3cret"}
     try:
         await registered(bus, "jhttp")
-        for _ in range(50):  # the endpoint comes up with rank 0's agent
+
+        async def listening() -> bool:  # the endpoint comes up with rank 0's agent
             try:
                 await asyncio.to_thread(post, {})
-                break
+                return True
             except OSError:
-                await asyncio.sleep(0.1)
+                return False
+
+        await eventually(listening, 5, "rank 0's HTTP trigger endpoint")
         refused = [
             ({"Content-Type": "text/plain", "Origin": "http://evil.example", "Host": "evil.example"}, 421),
             ({"Content-Type": "text/plain", "Authorization": "Bearer s3cret"}, 415),

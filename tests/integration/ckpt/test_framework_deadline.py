@@ -13,7 +13,7 @@ import torch
 from powerguard.ckpt_agent import CheckpointAgent
 from powerguard.schemas import CheckpointDurable, CheckpointFailed
 
-from .test_agent import answers, request
+from .test_agent import answers, registered, request
 
 pytestmark = pytest.mark.integration
 
@@ -45,7 +45,7 @@ async def test_a_framework_save_past_the_deadline_answers_failed_at_the_deadline
     await failed.start()
     await durable.start()
     try:
-        await asyncio.sleep(1.0)  # the agent's bus thread has subscribed
+        await registered(bus, "jdl", 10, frozenset({0}))  # it listens for requests before it registers
         await request(bus, "jdl", deadline_s=3.0, rid="late")
         step = await _due(agent)
         t_due = time.time()

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
-import time
 
 import pytest
 
@@ -16,6 +15,7 @@ from powerguard.schemas import Envelope
 from powerguard.sim.agents import SimulatedRanks
 from powerguard.sim.executor import SimulatedPowerControl
 from tests.integration.nats_cluster import connect, nats_cluster
+from tests.waiting import eventually
 
 from .helpers import JOBS, SagaWatch, drain_battery, outage, policy, power_back, site
 
@@ -45,10 +45,7 @@ async def test_saga_survives_the_loss_of_the_stream_leader(cluster):
     task = asyncio.create_task(coordinator.run(stop))
     published: list[str] = []
     try:
-        deadline = time.monotonic() + 20
-        while not coordinator.leader:
-            assert time.monotonic() < deadline, "coordinator never became leader"
-            await asyncio.sleep(0.05)
+        await eventually(lambda: coordinator.leader, 20, "the coordinator to lead")
         published.append((await outage(sim_bus)).id)
         await watch.reach("holding", timeout=60)
         leader = (await bus.js.stream_info(names.stream)).cluster.leader
@@ -63,7 +60,12 @@ async def test_saga_survives_the_loss_of_the_stream_leader(cluster):
         await watch.reach("done", timeout=90)
         new_leader = (await bus.js.stream_info(names.stream)).cluster.leader
         assert new_leader and new_leader != leader
-        await asyncio.sleep(1.0)
+
+        async def caught_up() -> bool:  # every replica still up holds what the new leader holds
+            infos = [await bus.js.stream_info(s) for s in names.streams]
+            return all(p.current for i in infos for p in (i.cluster.replicas or []) if not p.offline)
+
+        await eventually(caught_up, 30, "the streams' live replicas to be current")
         # read the stream back from the two nodes left (a reader that lives through the node's
         # loss is tested on its own in tests/integration/test_bus_cluster.py)
         for stream, subjects in names.split([obs_bus.subjects.all]).items():  # the events', the jobs'

@@ -69,7 +69,7 @@ async def test_a_4096_rank_saga_in_parts_survives_sigkill_and_runs_every_command
         assert sorted(executor.actions()) == expected  # every command executed exactly once
         assert len(executor.executed) == len(set(executor.executed))
         assert len(watch.states) == len(set(watch.states))
-        live = {k for _, k in store._parts[after.saga_id].values()}
+        live = await store.live_parts(after.saga_id)
         assert set(await part_keys(kv)) == live  # every replaced part was purged
     finally:
         for p in procs:

@@ -10,11 +10,11 @@ import shutil
 import socket
 import subprocess
 import tarfile
-import time
 from pathlib import Path
 
 from powerguard.bus import free_ports
 from tests.conftest import require_binary
+from tests.waiting import eventually_sync
 
 from .peers import _spawn, stop
 
@@ -59,11 +59,7 @@ class Slurm:
             subprocess.run(["mungekey", "--create", "--keyfile", str(key)], check=True)
             os.chown(key, munge.pw_uid, munge.pw_gid)
         subprocess.run(["runuser", "-u", "munge", "--", self.munged], check=True)
-        deadline = time.monotonic() + 10
-        while subprocess.run(["munge", "-n"], capture_output=True).returncode != 0:
-            if time.monotonic() > deadline:
-                raise RuntimeError("munged did not start")
-            time.sleep(0.1)
+        eventually_sync(lambda: subprocess.run(["munge", "-n"], capture_output=True).returncode == 0, 10, "munged")
 
     def cmd(self, *argv: str, check: bool = True) -> str:
         r = subprocess.run(list(argv), env=self.env, capture_output=True, text=True, timeout=30)
@@ -92,15 +88,16 @@ class Slurm:
                 env={"SLURM_CONF": str(self.conf)},
             )
         )
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
+
+        def idle() -> bool:
             try:
-                if self.node_state() == "idle":
-                    return self
+                return self.node_state() == "idle"
             except (RuntimeError, subprocess.TimeoutExpired):
-                pass
-            time.sleep(0.3)
-        raise RuntimeError(f"slurm not idle: {(self.tmp / 'log' / 'ctld.log').read_text()[-1500:]}")
+                return False
+
+        log = self.tmp / "log" / "ctld.log"
+        eventually_sync(idle, 30, "the Slurm node idle", every=0.3, details=lambda: log.read_text()[-1500:])
+        return self
 
     def stop(self) -> None:
         for p in reversed(self.procs):
@@ -152,17 +149,17 @@ class Dockerd:
             ],
             self.tmp / "dockerd.log",
         )
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
+        log = self.tmp / "dockerd.log"
+
+        def pings() -> bool:
             try:
-                self.client().ping()
-                break
+                return bool(self.client().ping())
             except Exception:
                 if self.proc.poll() is not None:
-                    raise RuntimeError(f"dockerd exited: {(self.tmp / 'dockerd.log').read_text()[-1500:]}") from None
-                time.sleep(0.2)
-        else:
-            raise RuntimeError("dockerd not ready")
+                    raise RuntimeError(f"dockerd exited: {log.read_text()[-1500:]}") from None
+                return False
+
+        eventually_sync(pings, 30, "dockerd to answer", every=0.2, details=lambda: log.read_text()[-1500:])
         self._image()
         return self
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-import time
 from typing import Any
 
 from powerguard.bus import Bus
@@ -22,6 +20,7 @@ from powerguard.schemas import (
     SiteConfig,
     UpsOutputResult,
 )
+from tests.waiting import eventually
 
 from .peers import PASSWORD, USER
 
@@ -62,14 +61,12 @@ class Recorder:
 
     def __init__(self) -> None:
         self.events: list[Envelope] = []
-        self._changed = asyncio.Event()
 
     async def start(self, bus: Bus) -> Recorder:
         s = bus.subjects
 
         async def handler(event: Envelope) -> None:
             self.events.append(event)
-            self._changed.set()
 
         await bus.consume(
             PowerActionDone,
@@ -94,11 +91,9 @@ class Recorder:
         return [e.data.state for e in self.of(NodeState, node=node)]
 
     async def wait(self, pred, timeout: float = 30.0, what: str = "") -> None:
-        deadline = time.monotonic() + timeout
-        while not pred():
-            left = deadline - time.monotonic()
-            if left <= 0:
-                summary = [
+        def summary() -> str:
+            return str(
+                [
                     (
                         type(e).__name__,
                         getattr(e.data, "node", None) or getattr(e.data, "job", None) or getattr(e.data, "ups", None),
@@ -107,12 +102,9 @@ class Recorder:
                     )
                     for e in self.events
                 ]
-                raise AssertionError(f"timed out waiting for {what}: {summary}")
-            self._changed.clear()
-            try:
-                await asyncio.wait_for(self._changed.wait(), min(left, 0.5))
-            except TimeoutError:
-                pass
+            )
+
+        await eventually(pred, timeout, what or "the events", details=summary)
 
 
 def shutdown(node: str, saga: str = "saga-1", **kw: Any) -> ShutdownRequested:

@@ -9,12 +9,12 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from tests.conftest import require_binary
 from tests.integration.ups.nut_peer import free_port
 from tests.integration.ups.snmp_peer import start_snmpd
+from tests.waiting import eventually_sync
 
 HERE = Path(__file__).parent
 USER, PASSWORD = "admin", "s3cret-pw"
@@ -151,14 +151,14 @@ class PyghmiBmc:
 
     def start(self) -> PyghmiBmc:
         self.proc = _spawn(self.argv, self.log)
-        deadline = time.monotonic() + 15
-        while time.monotonic() < deadline:
-            if "listening" in self.log.read_text():
-                return self
-            if self.proc.poll() is not None:
-                break
-            time.sleep(0.05)
-        raise RuntimeError(f"simulated BMC did not start: {self.log.read_text()[-2000:]}")
+        eventually_sync(
+            lambda: "listening" in self.log.read_text() or _exited(self.proc, self.log),
+            15,
+            "the simulated BMC to listen",
+            every=0.05,
+            details=lambda: self.log.read_text()[-2000:],
+        )
+        return self
 
     def stop(self) -> None:
         stop(self.proc)
@@ -225,15 +225,18 @@ class IpmiSim:
             [self.bin, "-c", str(self.lan), "-f", str(self.emu), "-s", str(self.tmp / "ipmisim-state"), "-n"],
             self.tmp / "ipmisim.log",
         )
-        deadline = time.monotonic() + 15
-        while time.monotonic() < deadline:
-            r = ipmitool(self.port, "-R", "1", "-N", "1", "chassis", "power", "status")
-            if r.returncode == 0:
-                return self
-            if self.proc.poll() is not None:
-                break
-            time.sleep(0.1)
-        raise RuntimeError(f"ipmi_sim not ready: {(self.tmp / 'ipmisim.log').read_text()[-2000:]}")
+        log = self.tmp / "ipmisim.log"
+        eventually_sync(
+            lambda: (
+                ipmitool(self.port, "-R", "1", "-N", "1", "chassis", "power", "status").returncode == 0
+                or _exited(self.proc, log)
+            ),
+            15,
+            "ipmi_sim to answer",
+            every=0.1,
+            details=lambda: log.read_text()[-2000:],
+        )
+        return self
 
     def stop(self) -> None:
         stop(self.proc)
@@ -342,16 +345,24 @@ class SushyBmc:
 
     def start(self) -> SushyBmc:
         self.proc = _spawn(self.argv, self.tmp / "sushy.log", env=self.env)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
+        log = self.tmp / "sushy.log"
+
+        def answers() -> bool:
             try:
                 self.power()
-                return self
+                return True
             except Exception:
-                if self.proc.poll() is not None:
-                    break
-                time.sleep(0.2)
-        raise RuntimeError(f"sushy-emulator not ready: {(self.tmp / 'sushy.log').read_text()[-2000:]}")
+                return _exited(self.proc, log)
+
+        eventually_sync(answers, 30, "sushy-emulator to answer", every=0.2, details=lambda: log.read_text()[-2000:])
+        return self
 
     def stop(self) -> None:
         stop(self.proc)
+
+
+def _exited(proc, log) -> bool:
+    """False while ``proc`` runs; raises (ending the wait at once) with its log when it exited."""
+    if proc.poll() is None:
+        return False
+    raise RuntimeError(f"{proc.args[0]} exited ({proc.returncode}): {log.read_text()[-2000:]}")

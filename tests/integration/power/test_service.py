@@ -486,7 +486,7 @@ async def test_a_device_check_waiting_on_a_dead_bmc_never_holds_up_a_power_actio
     try:
         check = asyncio.create_task(pc.check_devices())
         # the check holds its one IPMI slot (n1's quick read, then n2's wait, or n2 first)
-        await eventually(lambda: pc.checked_devices._slots.get("ipmi") and pc.checked_devices._slots["ipmi"].locked())
+        await eventually(lambda: pc.checked_devices.saturated("ipmi"), 10, "the check to hold its one IPMI slot")
         await bus.publish(shutdown("n1"))
         await rec.wait(lambda: "off" in rec.states("n1"), what="n1 off")
         assert not check.done(), "the shutdown waited for the device check"

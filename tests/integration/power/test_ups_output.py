@@ -5,16 +5,13 @@ checks and command tracking are what power-control meets."""
 
 from __future__ import annotations
 
-import asyncio
-import time
-
 import pytest
 
 from powerguard.power_control.drivers.base import Guarded
 from powerguard.power_control.drivers.ups_nut import NutUpsOutput
 from powerguard.power_control.errors import CommandRejected
 from tests.integration.ups.nut_peer import require_nut
-from tests.waiting import eventually_sync
+from tests.waiting import eventually, eventually_sync
 
 pytestmark = pytest.mark.integration
 
@@ -205,16 +202,11 @@ async def test_ups_mib_shutdown_after_delay_with_auto_restart_cuts_and_restores_
     try:
         said = await snmp_output(agent).shutdown_return(1)
         assert said.startswith("upsShutdownAfterDelay counting down (1 s left), upsAutoRestart on"), said
-        deadline = time.monotonic() + 10
-        while output.is_on():
-            assert time.monotonic() < deadline, "the output never went off"
-            await asyncio.sleep(0.05)
+        await eventually(lambda: not output.is_on(), 10, "the output to go off")
         (asked,) = [t for t, w in output.log if w == "shutdown after 1"]
         assert 0.9 <= output.events("output off")[0] - asked < 3.0
         battery.set_on_battery(False)  # mains returns: with upsAutoRestart on, the output comes back
-        while not output.is_on():
-            assert time.monotonic() < deadline + 10, "the output never came back"
-            await asyncio.sleep(0.05)
+        await eventually(output.is_on, 10, "the output to come back")
     finally:
         agent.stop()
 
@@ -275,14 +267,9 @@ async def test_apc_powernet_conserve_battery_sleeps_the_ups_on_battery_and_is_re
         battery.set_on_battery(True)
         said = await snmp_output(agent, "apc").shutdown_return(1)
         assert said.endswith("(APC PowerNet)") and output.auto_restart, said
-        deadline = time.monotonic() + 10
-        while output.is_on():
-            assert time.monotonic() < deadline, "the UPS never went to sleep"
-            await asyncio.sleep(0.05)
+        await eventually(lambda: not output.is_on(), 10, "the UPS to go to sleep")
         battery.set_on_battery(False)
-        while not output.is_on():
-            assert time.monotonic() < deadline + 10, "the UPS never woke with mains"
-            await asyncio.sleep(0.05)
+        await eventually(output.is_on, 10, "the UPS to wake with mains")
     finally:
         agent.stop()
 

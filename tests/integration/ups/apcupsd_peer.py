@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import os
 import subprocess
-import time
 from pathlib import Path
 
 from tests.conftest import require_binary
+from tests.waiting import eventually_sync
 
 from .nut_peer import free_port
 from .snmp_peer import SnmpUps
@@ -41,14 +41,16 @@ class Apcupsd:
         )
         import socket
 
-        deadline = time.monotonic() + 15
-        while time.monotonic() < deadline:
+        def listening() -> bool:
             try:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
-                    return self
+                    return True
             except OSError:
-                time.sleep(0.1)
-        raise RuntimeError(f"apcupsd NIS not up: {(self.tmp / 'apcupsd.log').read_text()[-2000:]}")
+                return False
+
+        log = self.tmp / "apcupsd.log"
+        eventually_sync(listening, 15, "apcupsd's NIS port", every=0.1, details=lambda: log.read_text()[-2000:])
+        return self
 
     def stop(self) -> None:
         if self.proc and self.proc.poll() is None:

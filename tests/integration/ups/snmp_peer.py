@@ -6,10 +6,10 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from tests.conftest import require_binary
+from tests.waiting import eventually_sync
 
 from .nut_peer import free_port
 
@@ -30,17 +30,17 @@ def start_snmpd(
         stderr=out,
         start_new_session=True,
     )
-    deadline = time.monotonic() + 15
-    while time.monotonic() < deadline:
+
+    def answers() -> bool:
         r = subprocess.run(
             ["snmpget", "-v2c", "-c", community, "-t", "0.3", "-r", "0", f"127.0.0.1:{port}", probe],
             capture_output=True,
             text=True,
         )
-        if r.returncode == 0 and "INTEGER" in r.stdout:
-            return proc
-        time.sleep(0.1)
-    raise RuntimeError(f"snmpd not ready: {(tmp / log).read_text()[-2000:]}")
+        return r.returncode == 0 and "INTEGER" in r.stdout
+
+    eventually_sync(answers, 15, "snmpd to answer", every=0.1, details=lambda: (tmp / log).read_text()[-2000:])
+    return proc
 
 
 class SnmpUps:

@@ -74,8 +74,8 @@ class Drive:
                 now=self.now,
                 hold_policy=self.policy.hold_policy,
             )
-            return self._feed(Tick())
-        return self._feed(p)
+            return self.send(Tick())
+        return self.send(p)
 
     def ack(
         self,
@@ -89,7 +89,7 @@ class Drive:
     ) -> list[Command]:
         rid = f"s1/{job}/ckpt" if request_id == "auto" else request_id
         error = None if ok else "disk full"
-        return self._feed(Ack(job=job, rank=rank, request_id=rid, step=step, ok=ok, error=error, commit=commit))
+        return self.send(Ack(job=job, rank=rank, request_id=rid, step=step, ok=ok, error=error, commit=commit))
 
     def ack_all(self, job: str) -> list[Command]:
         out = []
@@ -98,16 +98,16 @@ class Drive:
         return out
 
     def node(self, node: str, state: str, detail: str | None = None) -> list[Command]:
-        return self._feed(NodeReport(node=node, state=state, detail=detail))
+        return self.send(NodeReport(node=node, state=state, detail=detail))
 
     def resumed(self, job: str, step: int = 101) -> list[Command]:
-        return self._feed(Resumed(job=job, step=step))
+        return self.send(Resumed(job=job, step=step))
 
     def advance(self, seconds: float) -> list[Command]:
         self.now += seconds
-        return self._feed(Tick())
+        return self.send(Tick())
 
-    def _feed(self, inp) -> list[Command]:
+    def send(self, inp) -> list[Command]:
         out = saga.handle(self.rec, inp, now=self.now, topo=self.topo, policy=self.policy, jobs=self.reg.jobs)
         self.commands += out
         return out

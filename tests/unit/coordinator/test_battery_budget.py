@@ -51,9 +51,9 @@ def test_the_most_conservative_estimate_wins_and_says_which_it_is():
 def test_an_optimistic_ups_estimate_shortens_the_budget_in_the_saga():
     d = Drive(policy=AT_STOP)
     d.power("A", True, runtime_s=1000, charge_pct=100)
-    d._feed(Power(ups="A", on_battery=True, runtime_s=1000, charge_pct=100, load_pct=50))
+    d.send(Power(ups="A", on_battery=True, runtime_s=1000, charge_pct=100, load_pct=50))
     d.now += 60
-    d._feed(Power(ups="A", on_battery=True, runtime_s=1000, charge_pct=80, load_pct=50))
+    d.send(Power(ups="A", on_battery=True, runtime_s=1000, charge_pct=80, load_pct=50))
     # the UPS still says 1000 s; 20 % a minute says 80 % lasts 240 s
     est = budget.ups_estimate(d.rec.ups["A"])
     assert est.source == "discharge" and round(est.runtime_s) == 240

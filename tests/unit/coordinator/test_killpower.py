@@ -154,7 +154,7 @@ def test_the_saga_tells_the_ups_once_down_and_restores_only_after_it_could_cycle
     told = d.rec.ups_off["A"]
     assert told.told_at == d.now and told.reason.startswith("runtime 50s")
     assert commands.pending(d.rec, d.policy) == cmds  # unanswered: a restarted coordinator sends it again
-    d._feed(inputs.UpsReport(ups="A", ok=True, detail="shutdown.return done by the UPS (ups1)"))
+    d.send(inputs.UpsReport(ups="A", ok=True, detail="shutdown.return done by the UPS (ups1)"))
     assert d.rec.ups_off["A"].done_at == d.now and commands.pending(d.rec, d.policy) == []
     d.power("A", False, charge_pct=90)  # mains is back at once: the UPS still cycles its output
     d.advance(d.policy.restore_stable_s + 1)
@@ -165,7 +165,7 @@ def test_the_saga_tells_the_ups_once_down_and_restores_only_after_it_could_cycle
 
 def test_a_failed_ups_command_is_recorded_and_not_sent_again():
     d = down_on_a(ON)
-    d._feed(inputs.UpsReport(ups="A", ok=False, detail="upsd user pg may not run shutdown.return"))
+    d.send(inputs.UpsReport(ups="A", ok=False, detail="upsd user pg may not run shutdown.return"))
     assert d.rec.ups_off["A"].error == "upsd user pg may not run shutdown.return"
     assert commands.pending(d.rec, d.policy) == [] and len([c for c in d.commands if c.kind == "ups_off"]) == 1
 

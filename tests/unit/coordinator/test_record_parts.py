@@ -78,7 +78,7 @@ def big_drive(ranks: int = 4096, per_node: int = 16) -> Drive:
 def test_a_4096_rank_saga_is_stored_in_parts_of_at_most_64_kib_and_an_ack_rewrites_one_part():
     d = big_drive()
     d.power("A", True)
-    d._feed([Ack(job="big", rank=r, request_id="s1/big/ckpt", step=101) for r in range(4000)])  # one batch
+    d.send([Ack(job="big", rank=r, request_id="s1/big/ckpt", step=101) for r in range(4000)])  # one batch
     limits = PartLimits()
     store: dict[str, bytes] = {}
 

@@ -380,7 +380,7 @@ def test_a_batch_of_inputs_counts_power_readings_in_order():
     low = inputs.Power(ups="A", on_battery=True, runtime_s=40)
     back = inputs.Power(ups="A", on_battery=False, runtime_s=600, charge_pct=90)
     d.ups["A"].on_battery = False
-    cmds = d._feed([low, back])  # the coordinator was busy: both readings arrive together
+    cmds = d.send([low, back])  # the coordinator was busy: both readings arrive together
     assert d.state == "shutting_down"  # the low reading decided before power came back (power race)
     assert ("shutdown", "n1") in d.kinds(cmds)
 
@@ -389,7 +389,7 @@ def test_a_batch_of_acks_settles_like_one_by_one():
     d = Drive()
     d.power("A", True)
     acks = [inputs.Ack(job="j1", rank=r, request_id="s1/j1/ckpt", step=101) for r in range(4)]
-    d._feed(acks)
+    d.send(acks)
     assert d.state == "holding" and d.rec.jobs["j1"].missing == []
 
 

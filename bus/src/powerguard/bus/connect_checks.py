@@ -17,15 +17,15 @@ from .jwt import decode_claims, read_creds_jwt
 FIX_CREDS = "give the service's own file with --creds or NATS_CREDS (made by `powerguard creds init|issue`)"
 
 
-def require_credential(creds_file: str | Path | None, *parties: str, command: str) -> None:
+def require_credential(creds_file: str | Path | None, *parties: str, command: str) -> str | None:
     """Refuse, in words, a credential that is not one of ``parties`` (:class:`ConfigError`);
-    the server would answer the first request it may not make with a timeout. No file: the
-    connection has no credential to check (a server without auth)."""
+    the server would answer the first request it may not make with a timeout. Returns the
+    credential's party; None when there is no file (a server without auth: nothing to check)."""
     if creds_file is None:
-        return
+        return None
     name = credential_name(creds_file)
     if name in parties:
-        return
+        return name
     who = f"a training job's ({name})" if name.startswith("agent.") else f"the {name or 'unnamed'} credential"
     raise ConfigError(
         f"`{command}` needs the {' or '.join(parties)} credential; {creds_file} is {who}: "

@@ -128,6 +128,13 @@ class Coordinator:
         self._unsaved: dict[str, tuple[SagaRecord, int, list[Command]]] = {}
 
     @property
+    def lease(self) -> Lease:
+        """This replica's lease of the site (its key, holder and expiry; :meth:`Lease.lapse` is
+        the test seam for a stall past it)."""
+        assert self._lease is not None, "run() first"
+        return self._lease
+
+    @property
     def open(self) -> dict[str, SagaRecord]:
         return self.core.open
 

@@ -114,6 +114,14 @@ class SagaStore:
         log.error("saga record %s skipped: its parts kept changing while read", key)
         return None
 
+    async def live_parts(self, saga_id: str) -> set[str]:
+        """The part keys the stored record of ``saga_id`` refers to (directly or through other
+        parts): what must be in the bucket; any other ``sagapart.<id>.*`` key is garbage."""
+        entry = await self.kv.get(saga_key(saga_id))
+        if entry is None or not entry.value:
+            return set()
+        return set(await self._fetch(json.loads(entry.value)))
+
     async def _fetch(self, head: dict) -> dict[str, bytes]:
         parts: dict[str, bytes] = {}
         todo = references(head)

@@ -51,6 +51,11 @@ class Devices:
             auth_holdoff_s=self.settings.auth_holdoff_s,
         )
 
+    def saturated(self, kind: str) -> bool:
+        """Every request slot of this driver kind is taken now (``max_parallel_per_driver``)."""
+        slots = self._slots.get(kind)
+        return slots is not None and slots.locked()
+
     def node(self, name: str) -> NodeConfig:
         try:
             return self.nodes[name]
