@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from powerguard.ckpt_agent import CheckpointAgent, NoRestorableCheckpoint
+from powerguard.ckpt_agent import _keys as K
 from powerguard.ckpt_agent import _layout as L
 from powerguard.ckpt_agent.errors import CheckpointError
 from powerguard.schemas import CheckpointRecorded, RecordedData
@@ -88,7 +89,7 @@ def test_a_jobs_own_key_cannot_sign_for_another_job(tmp_path, caplog):
     root = tmp_path / "ckpt"
     _saved(root, "victim", {5: 5.0}, checksum_key_file=keys["victim"])
     # "other"'s container, with its own key, writes a checkpoint naming the victim
-    forged = L.job_key(L.load_key(tmp_path / "site.key"), "other")
+    forged = K.job_key(K.load_key(tmp_path / "site.key"), "other")
     src = root / "victim" / "step-5"
     dst = root / "victim" / "step-9"
     shutil.copytree(src, dst)

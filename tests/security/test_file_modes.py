@@ -65,7 +65,7 @@ async def test_a_credential_every_user_can_read_is_a_warning_at_start(tmp_path, 
 
 
 def test_a_checkpoint_key_every_user_can_read_is_a_warning(tmp_path, caplog):
-    from powerguard.ckpt_agent._layout import load_key
+    from powerguard.ckpt_agent._keys import load_key
 
     key = tmp_path / "ckpt.key"
     key.write_bytes(b"k" * 32)

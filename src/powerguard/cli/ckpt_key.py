@@ -29,16 +29,16 @@ def issue(
     POWERGUARD_CKPT_KEY_FILE. With it they sign and check their own job's checkpoints only: a
     container cannot sign a checkpoint another job would restore. The site key checks every
     job's (python -m powerguard.ckpt_agent verify --key-file SITE_KEY DIR)."""
-    from powerguard.ckpt_agent import _layout as L
+    from powerguard.ckpt_agent import _keys as K
     from powerguard.ckpt_agent.errors import CheckpointError
     from powerguard.schemas.file_modes import write_private
     from powerguard.schemas.subjects import token
 
     try:
         token(job, what="job")
-        site = L.load_key(site_key)
+        site = K.load_key(site_key)
     except (CheckpointError, ValueError) as exc:
         err.print(f"[red]error:[/red] {exc}", highlight=False)
         raise typer.Exit(1) from None
-    write_private(out, L.job_key_file_text(site, job).encode())
+    write_private(out, K.job_key_file_text(site, job).encode())
     err.print(f"wrote {out} (0600): job {job}'s checkpoint key; give it to the job as POWERGUARD_CKPT_KEY_FILE")

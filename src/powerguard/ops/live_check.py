@@ -76,7 +76,7 @@ async def nats(
 async def ups(site: SiteConfig, skip: set[str]) -> list[Finding]:
     """Each UPS read once with ups-monitor's driver and timeout."""
     from powerguard.ups_monitor.config import MonitorSettings
-    from powerguard.ups_monitor.service import make_driver
+    from powerguard.ups_monitor.drivers import make_driver
 
     settings = site.settings("ups_monitor", MonitorSettings)
 

@@ -119,7 +119,7 @@ async def drivers(site: SiteConfig, found: list[Finding] = ()) -> list[Finding]:
     from powerguard.power_control.errors import PowerControlError
     from powerguard.power_control.service import load_settings
     from powerguard.ups_monitor.config import MonitorSettings
-    from powerguard.ups_monitor.service import make_driver
+    from powerguard.ups_monitor.drivers import make_driver
 
     out = []
     try:

@@ -13,7 +13,7 @@ import torch
 
 from powerguard.ckpt_agent import CommitError, NoRestorableCheckpoint
 from powerguard.ckpt_agent._framework import commit_directory, newest_valid, verify_directory
-from powerguard.ckpt_agent._layout import job_key, load_key
+from powerguard.ckpt_agent._keys import job_key, load_key
 from powerguard.ckpt_agent.lightning import latest_checkpoint
 
 

@@ -8,6 +8,7 @@ import fsspec
 import pytest
 
 from powerguard.ckpt_agent import CorruptCheckpoint, verify_checkpoint
+from powerguard.ckpt_agent import _keys as K
 from powerguard.ckpt_agent import _layout as L
 
 FS = fsspec.filesystem("file")
@@ -16,13 +17,13 @@ FS = fsspec.filesystem("file")
 def make(root, step, *, commit=True, payload=b"x" * 1000, key=None):
     """A one-rank checkpoint written the way the agent writes one (signed with the job's key
     derived from the site ``key``, when given)."""
-    key = L.job_key(key, "job") if key is not None else None
+    key = K.job_key(key, "job") if key is not None else None
     d = L.step_dir(str(root), "job", step)
     FS.makedirs(d, exist_ok=True)
     (root / "job" / f"step-{step}" / "__0_0.distcp").write_bytes(payload)
     (root / "job" / f"step-{step}" / ".metadata").write_bytes(b"meta")
     size, digest, keyed = L.hash_file(FS, f"{d}/__0_0.distcp", key)
-    entry = {"size": size, "xxh3": digest, **({L.KEYED: keyed} if key else {})}
+    entry = {"size": size, "xxh3": digest, **({K.KEYED: keyed} if key else {})}
     mdigest, nbytes, mkeyed = L.write_manifest(FS, d, 0, step, {"__0_0.distcp": entry}, key=key)
     assert nbytes == len(payload)
     if commit:
@@ -132,7 +133,7 @@ def test_a_site_key_refuses_a_checkpoint_forged_on_a_writable_tier(tmp_path):
     the key. With the site key its signature or keyed digests no longer match."""
     key_file = tmp_path / "ckpt.key"
     key_file.write_bytes(b"k" * 32)
-    key = L.load_key(key_file)
+    key = K.load_key(key_file)
     d = make(tmp_path, 30, key=key)
     assert verify_checkpoint(d, key=key)["step"] == 30
     forge(d, b"evil" * 250)
@@ -145,7 +146,7 @@ def test_a_site_key_refuses_a_checkpoint_forged_on_a_writable_tier(tmp_path):
     other = tmp_path / "other.key"
     other.write_bytes(b"o" * 32)
     with pytest.raises(CorruptCheckpoint, match="does not match the job's key"):
-        verify_checkpoint(make(tmp_path, 50, key=key), key=L.load_key(other))
+        verify_checkpoint(make(tmp_path, 50, key=key), key=K.load_key(other))
 
 
 def test_the_verify_command_checks_the_signature_with_a_key_file(tmp_path, capsys):
@@ -153,7 +154,7 @@ def test_the_verify_command_checks_the_signature_with_a_key_file(tmp_path, capsy
 
     key_file = tmp_path / "ckpt.key"
     key_file.write_bytes(b"k" * 32)
-    signed, unsigned = make(tmp_path, 10, key=L.load_key(key_file)), make(tmp_path, 20)
+    signed, unsigned = make(tmp_path, 10, key=K.load_key(key_file)), make(tmp_path, 20)
     assert main(["verify", "--key-file", str(key_file), signed]) == 0
     assert main(["verify", "--key-file", str(key_file), unsigned]) == 1
     out = capsys.readouterr().out

@@ -14,7 +14,7 @@ import json
 import os
 import sys
 
-from ._layout import load_job_keys
+from ._keys import load_job_keys
 from .errors import CheckpointError, CorruptCheckpoint
 from .verify import placed, verify_checkpoint
 

@@ -9,7 +9,7 @@ from typing import ClassVar
 
 from powerguard.schemas import HOLD_POLICIES, HoldPolicy
 
-from . import _layout as L
+from . import _keys as K
 from ._check import CheckMode
 
 FRAMEWORKS = ("lightning", "hf")
@@ -126,7 +126,7 @@ class AgentConfig:
     reshard: bool
     pipelined: bool
     framework: str | None
-    key: L.Keys | None  # the job's checkpoint keys (the file's: a job key, or the site key derived)
+    key: K.Keys | None  # the job's checkpoint keys (the file's: a job key, or the site key derived)
     allow_fresh_start: bool = False
     writer_threads: int | None = None
     allow_rollback: int | None = None  # a step the operator named: restored although older than the record
@@ -184,7 +184,7 @@ class AgentConfig:
         key_file = checksum_key_file or os.environ.get("POWERGUARD_CKPT_KEY_FILE")
         return cls(
             local_root=os.path.abspath(os.fspath(local_dir)),
-            key=L.load_job_keys(key_file, kw["job"]) if key_file else None,
+            key=K.load_job_keys(key_file, kw["job"]) if key_file else None,
             pipelined=pipelined_agreement,
             check=check,
             **kw,

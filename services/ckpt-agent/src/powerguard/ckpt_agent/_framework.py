@@ -19,6 +19,7 @@ from typing import Any
 
 from powerguard.schemas import CheckpointRequestData
 
+from . import _keys as K
 from . import _layout as L
 from . import _spans
 from ._acks import Acks, Saved
@@ -81,7 +82,7 @@ def commit_directory(
             size, digest, keyed = L.hash_file(fs, path, key)
         except OSError as exc:
             raise CommitError(f"{path}: {exc}") from None
-        files[name] = {"size": size, "xxh3": digest, **({L.KEYED: keyed} if keyed else {})}
+        files[name] = {"size": size, "xxh3": digest, **({K.KEYED: keyed} if keyed else {})}
     if not files:
         raise CommitError(f"{directory}: the framework wrote no file")
     try:
@@ -112,7 +113,7 @@ def verify_directory(
     *,
     framework: str,
     world_size: int | None,
-    keys: L.Keys | None = None,
+    keys: K.Keys | None = None,
     job: str | None = None,
     step: int | None = None,
 ) -> None:
@@ -143,7 +144,7 @@ def newest_valid(
     *,
     framework: str,
     world_size: int | None,
-    keys: L.Keys | None = None,
+    keys: K.Keys | None = None,
     job: str | None = None,
 ) -> tuple[int, str] | None:
     """The newest ``(step, directory)`` of ``candidates`` that verifies; every one skipped is
@@ -153,7 +154,7 @@ def newest_valid(
 
 
 def _newest(
-    candidates: list[tuple[int, str]], *, framework: str, world_size: int | None, keys: L.Keys | None, job: str | None
+    candidates: list[tuple[int, str]], *, framework: str, world_size: int | None, keys: K.Keys | None, job: str | None
 ) -> tuple[tuple[int, str] | None, list[tuple[str, CheckpointError]]]:
     """(the newest that verifies, every committed one refused before it: (directory, why))."""
     refused: list[tuple[str, CheckpointError]] = []
@@ -175,7 +176,7 @@ def resume_point(
     *,
     framework: str,
     world_size: int,
-    keys: L.Keys | None,
+    keys: K.Keys | None,
     job: str | None,
     reshard: bool,
     allow_fresh_start: bool,

@@ -23,7 +23,7 @@ from torch.distributed.checkpoint import FileSystemWriter
 from torch.distributed.checkpoint.filesystem import FileSystem
 from torch.utils.serialization import config as torch_serialization
 
-from ._layout import KEYED
+from ._keys import KEYED
 
 
 class _HashingStream(io.RawIOBase):

@@ -44,6 +44,7 @@ from torch.distributed.checkpoint._traverse import set_element
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner, _EmptyStateDictLoadPlanner
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner, ReadItem
 
+from . import _keys as K
 from . import _layout as L
 from ._metadata import SafeFileSystemReader, completed, each_file, items_by_file
 from .errors import CorruptCheckpoint
@@ -231,7 +232,7 @@ class VerifyingReader(SafeFileSystemReader):
         the items DCP reads itself, which stay in the page cache for it); every byte hashed.
         (xxh3, keyed digest or None)."""
         hasher = xxhash.xxh3_128()
-        keyed = L.keyed_hasher(self.key) if self.key is not None else None
+        keyed = K.keyed_hasher(self.key) if self.key is not None else None
         ends = [d.start for d in direct] + [size]
         gaps = [end - start for start, end in zip([0] + [d.end for d in direct], ends, strict=True)]
         scratch = memoryview(bytearray(min(_CHUNK, max(gaps)) or 1))

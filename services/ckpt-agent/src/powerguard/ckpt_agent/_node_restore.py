@@ -10,6 +10,7 @@ import logging
 import os
 from typing import Any
 
+from . import _keys as K
 from . import _layout as L
 from ._metadata import SafeFileSystemReader
 from ._node_exchange import NodeExchange
@@ -22,7 +23,7 @@ log = logging.getLogger("powerguard.ckpt_agent")
 
 class NodeRestorer:
     def __init__(
-        self, ex: NodeExchange, fs: Any, *, job: str, root: str, keys: L.Keys | None, reshard: bool, readers: int
+        self, ex: NodeExchange, fs: Any, *, job: str, root: str, keys: K.Keys | None, reshard: bool, readers: int
     ) -> None:
         self.ex, self.fs, self.job, self.root, self.keys, self.reshard = ex, fs, job, root, keys, reshard
         self.readers = readers  # files each rank loads at once; the leader verifies its node's with all
@@ -168,7 +169,7 @@ def _small_mismatch(commit: dict[str, Any], name: str, body: bytes, key: bytes |
         want, keyed = commit["manifests"].get(rank), ((commit.get("keyed") or {}).get("manifests") or {}).get(rank)
     if L.digest_bytes(body) != want:
         return "does not match COMMIT"
-    if key is not None and L.keyed_digest(key, body) != keyed:
+    if key is not None and K.keyed_digest(key, body) != keyed:
         return "does not match its keyed digest"
     return None
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import _layout as L
+from . import _keys as K
 from ._node_commit import NodeCommitter
 from ._node_exchange import NodeExchange
 from ._node_replica import OnReplicated, Replicator
@@ -38,7 +38,7 @@ class NodeTier:
         *,
         job: str,
         root: str,
-        keys: L.Keys | None,
+        keys: K.Keys | None,
         replicas: int,
         reshard: bool,
         retainer: Retainer,

@@ -34,6 +34,7 @@ import torch
 import torch.distributed as dist
 import xxhash
 
+from . import _keys as K
 from . import _layout as L
 from .errors import CorruptCheckpoint
 
@@ -148,7 +149,7 @@ def exchange(
                 if path not in handles:
                     handles[path] = open(f"{path}.recv", "wb")
                     hashers[path] = xxhash.xxh3_128()
-                    keyed[path] = L.keyed_hasher(key) if key is not None else None
+                    keyed[path] = K.keyed_hasher(key) if key is not None else None
                 data = buf.numpy().tobytes()
                 handles[path].write(data)
                 hashers[path].update(data)
@@ -166,11 +167,11 @@ def exchange(
         if want["size"] == 0:
             open(tmp, "wb").close()
             hashers[path] = xxhash.xxh3_128()
-            keyed[path] = L.keyed_hasher(key) if key is not None else None
+            keyed[path] = K.keyed_hasher(key) if key is not None else None
         wrong = None
         if hashers[path].hexdigest() != want["xxh3"]:
             wrong = "checksum mismatch"
-        elif keyed[path] is not None and keyed[path].hexdigest() != want.get(L.KEYED):
+        elif keyed[path] is not None and keyed[path].hexdigest() != want.get(K.KEYED):
             wrong = "keyed digest mismatch"
         if wrong:
             os.unlink(tmp)

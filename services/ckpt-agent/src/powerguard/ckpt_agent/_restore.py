@@ -16,6 +16,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 from powerguard.schemas import JobData, JobResumed
 
+from . import _keys as K
 from . import _layout as L
 from . import _spans
 from ._loading import SafeLoadPlanner, VerifyingReader, precheck_sizes
@@ -128,7 +129,7 @@ class Restorer:
         root: str,
         fs: Any,
         remote_url: str | None,
-        keys: L.Keys | None,
+        keys: K.Keys | None,
         reshard: bool,
         nodes: NodeRestore | None = None,
         allow_fresh_start: bool = False,

@@ -26,7 +26,7 @@ from powerguard.bus import BusNames
 
 from ._check import CheckMode
 from ._framework import env_world_size, resume_point
-from ._layout import load_job_keys
+from ._keys import load_job_keys
 from .agent import CheckpointAgent
 from .errors import CheckpointError
 

@@ -26,6 +26,7 @@ import torch
 
 from powerguard.bus import BusNames
 
+from . import _keys as K
 from . import _layout as L
 from ._check import CheckMode
 from ._framework import env_world_size, resume_point
@@ -65,7 +66,7 @@ def latest_checkpoint(
         L.list_steps(fs, root, job),
         framework="lightning",
         world_size=world_size if world_size is not None else env_world_size(),
-        keys=L.load_job_keys(key_file, job) if key_file else None,
+        keys=K.load_job_keys(key_file, job) if key_file else None,
         job=job,
         reshard=reshard,
         allow_fresh_start=allow_fresh_start,

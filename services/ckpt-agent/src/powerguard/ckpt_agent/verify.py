@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 
+from . import _keys as K
 from . import _layout as L
 
 _STEP_DIR = re.compile(r"^step-(\d+)$")
@@ -18,10 +19,10 @@ def placed(url: str) -> tuple[str | None, int | None]:
     return parts[-2] or None, int(m.group(1))
 
 
-def verify_checkpoint(url: str, *, key: bytes | None = None, keys: L.Keys | None = None) -> dict:
+def verify_checkpoint(url: str, *, key: bytes | None = None, keys: K.Keys | None = None) -> dict:
     """Check COMMIT, every manifest and every file of one checkpoint (local path or fsspec URL);
     with a key also its signature and keyed digests, first: ``keys`` (the job's,
-    ``_layout.load_job_keys``) or the site's ``key`` (``_layout.load_key``; the job's key is
+    ``_keys.load_job_keys``) or the site's ``key`` (``_keys.load_key``; the job's key is
     derived from it for the job the directory's place names). A COMMIT written for another job or
     step than its place names is refused by name.
 
@@ -30,7 +31,7 @@ def verify_checkpoint(url: str, *, key: bytes | None = None, keys: L.Keys | None
     job, step = placed(path)
     commit = L.read_commit(fs, path)
     if keys is None and key is not None:
-        keys = L.Keys(L.job_key(key, job or ""), key)
+        keys = K.Keys(K.job_key(key, job or ""), key)
     L.check_binding(commit, job=job, step=step, tier=None, where=path)
     signing = keys.for_commit(commit, path) if keys is not None else None
     L.authenticate(commit, signing, path)

@@ -14,11 +14,10 @@ and applied: the saga acts on the UPS's current state, not on its queue. A repli
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import socket
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 
 from opentelemetry import context as otel_context
 
@@ -43,9 +42,10 @@ from powerguard.schemas import (
     new_id,
 )
 
-from . import metrics, saga
+from . import gauges, metrics, saga
 from .commands import pending
 from .core import SiteCore, Step
+from .gate import Gate
 from .heap import Settler
 from .inputs import Command
 from .lease import Lease
@@ -71,36 +71,6 @@ JOB_TYPES = (CheckpointDurable, CheckpointFailed, JobResumed)  # the jobs' agent
 
 class NotLeader(PowerGuardError):
     """This replica no longer holds the site's lease: it must not store or publish."""
-
-
-class Gate:
-    """The coordinator's one lock, with power batches first: a batch of results or a tick waits
-    while a power batch waits, so a flood of acks never holds a power event back by more than
-    the one batch already being applied."""
-
-    def __init__(self) -> None:
-        self._lock = asyncio.Lock()
-        self._urgent = 0
-        self._clear = asyncio.Event()
-        self._clear.set()
-
-    @contextlib.asynccontextmanager
-    async def urgent(self) -> AsyncIterator[None]:
-        self._urgent += 1
-        self._clear.clear()
-        try:
-            async with self._lock:
-                yield
-        finally:
-            self._urgent -= 1
-            if not self._urgent:
-                self._clear.set()
-
-    @contextlib.asynccontextmanager
-    async def normal(self) -> AsyncIterator[None]:
-        await self._clear.wait()
-        async with self._lock:
-            yield
 
 
 class Coordinator:
@@ -375,48 +345,13 @@ class Coordinator:
         self._gauges()
 
     def _battery_gauges(self, rec: SagaRecord) -> None:
-        """Each UPS's estimate against what happened (real outages), and whether it still covers
-        the site's slowest measured checkpoint, its shutdown and the margin."""
-        for group, seconds in self.core.shutdown_need().items():
-            metrics.SHUTDOWN_MEASURED.labels(group).set(seconds)
-        if rec.drill:
-            return
-        for ups, fig in rec.battery.items():
-            need = saga.site_need_s(rec, self.core.topo, self.policy)
-            if fig.predicted_s is not None:
-                metrics.UPS_PREDICTED.labels(ups).set(fig.predicted_s)
-            if fig.observed_s is not None:
-                metrics.UPS_OBSERVED.labels(ups).set(fig.observed_s)
-                metrics.UPS_HEADROOM.labels(ups).set(fig.observed_s - need)
-            if fig.ratio is not None:
-                metrics.UPS_RATIO.labels(ups).set(fig.ratio)
+        gauges.battery(rec, self.core.shutdown_need(), lambda: saga.site_need_s(rec, self.core.topo, self.policy))
 
     def _job_gauges(self, now: float) -> None:
-        """Each registered job's ranks heard, world size, last heard and credential expiry; a job
-        that deregistered leaves the series."""
-        health = self.registry.health(now)
-        for job in self._gauged_jobs - set(health):
-            for g in (
-                metrics.JOB_RANKS_HEARD,
-                metrics.JOB_WORLD_SIZE,
-                metrics.JOB_LAST_HEARD,
-                metrics.JOB_CREDENTIAL_EXPIRY,
-            ):
-                with contextlib.suppress(KeyError):
-                    g.remove(job)
-        for job, h in health.items():
-            metrics.JOB_RANKS_HEARD.labels(job).set(h.heard)
-            metrics.JOB_WORLD_SIZE.labels(job).set(h.world_size)
-            if h.heard_at is not None and h.heard_at > 0:
-                metrics.JOB_LAST_HEARD.labels(job).set(h.heard_at)
-            if h.credential_expires is not None:
-                metrics.JOB_CREDENTIAL_EXPIRY.labels(job).set(h.credential_expires)
-        self._gauged_jobs = set(health)
+        self._gauged_jobs = gauges.jobs(self.registry.health(now), self._gauged_jobs)
 
     def _gauges(self) -> None:
-        metrics.OPEN_SAGAS.set(len(self.open))
-        down = sum(r.state.powered_down for r in self.open.values())
-        metrics.SHUTTING_DOWN.labels(self.site.site).set(down)
+        gauges.sagas(self.open, self.site.site)
 
     async def _publish(
         self, rec: SagaRecord, cmds: list[Command], state_from: int | None = None, *, resend: bool = False

@@ -44,8 +44,9 @@ from powerguard.schemas import (
 )
 
 from . import metrics
-from .config import MonitorSettings, NutOptions, SnmpOptions
-from .nut import NutDriver, UpsError
+from .config import MonitorSettings, SnmpOptions
+from .drivers import make_driver
+from .nut import UpsError
 from .readiness import Readiness
 from .reading import Reading
 from .state import POWER_KINDS, Transition, UpsState
@@ -76,44 +77,6 @@ class Target:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # a trap's poll and the periodic one
     trap_poll: asyncio.Task | None = None
     unsent: list[Envelope] = field(default_factory=list)  # power transitions the server has not stored yet
-
-
-def make_driver(cfg: UpsConfig, settings: MonitorSettings):
-    if cfg.driver == "nut":
-        opts = NutOptions.model_validate(cfg.options)
-        password = secret_value(opts.password)
-        return NutDriver(
-            host=cfg.host,
-            port=cfg.port,
-            ups_name=opts.ups_name or cfg.name,
-            user=opts.user,
-            password=password,
-            timeout=settings.timeout_s,
-        )
-    if cfg.driver == "snmp":
-        from powerguard.snmp import auth_data
-
-        from .snmp import SnmpDriver
-
-        o = SnmpOptions.model_validate(cfg.options)
-        try:
-            auth = auth_data(o, default_community="public")  # read-only monitoring: the usual default
-        except ValueError as exc:
-            raise ConfigError(f"ups {cfg.name}: {exc}") from None
-        return SnmpDriver(
-            name=cfg.name,
-            host=cfg.host,
-            port=cfg.port,
-            auth=auth,
-            profile=o.profile,
-            timeout=settings.timeout_s,
-            retries=o.retries,
-        )
-    if cfg.driver == "apcupsd":
-        from .apcupsd import ApcupsdDriver
-
-        return ApcupsdDriver(name=cfg.name, host=cfg.host, port=cfg.port, timeout=settings.timeout_s * 0.8)
-    raise ConfigError(f"ups {cfg.name}: unknown driver {cfg.driver!r}")
 
 
 class RateLimiter:
