@@ -6,7 +6,7 @@ PIP    := $(BIN)/python -m pip
 STAMP  := $(VENV)/.installed
 
 PROJECTS := -e ./schemas -e ./bus[embedded,otlp] -e ./snmp -e ./services/ups-monitor -e ./services/coordinator \
-            -e ./services/power-control -e ./services/ckpt-agent[lightning,hf] -e .
+            -e ./services/power-control -e ./services/ckpt-agent[lightning,hf,s3] -e .
 PYPROJECTS := pyproject.toml schemas/pyproject.toml bus/pyproject.toml snmp/pyproject.toml $(wildcard services/*/pyproject.toml) \
               constraints.txt requirements-dev.txt VERSION
 

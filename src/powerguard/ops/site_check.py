@@ -36,7 +36,7 @@ def load(path: Path) -> tuple[SiteConfig | None, list[Finding]]:
     return site, [ok("site file", f"{path}: site {site.site}, {len(site.ups)} UPS, {len(site.nodes)} nodes")]
 
 
-SECTIONS = ("coordinator", "ups_monitor", "power_control")
+SECTIONS = ("coordinator", "ups_monitor", "power_control", "ckpt_agent")
 
 
 def section_models() -> dict[str, type[BaseModel]]:

@@ -134,6 +134,9 @@ def test_a_jobs_own_newer_checkpoint_stands_and_an_older_one_is_overwritten(tmp_
         ({"framework": "hf", "remote_url": "file:///x"}, "shared local tier only"),
         ({"writer_threads": 0}, "writer_threads"),
         ({"allow_rollback": -1}, "allow_rollback"),
+        ({"remote_url": "s3://b/p", "remote_options": {"checksum": "MD5"}}, r"remote_options\.checksum"),
+        ({"remote_url": "file:///x", "remote_options": {"region": "eu-1"}}, "the S3 tier's"),
+        ({"remote_url": "s3://b/p", "remote_options": {"part_size_mb": 1}}, r"remote_options\.part_size_mb"),
     ],
 )
 def test_settings_are_checked_once_and_name_what_is_wrong(tmp_path, bad, names):
@@ -143,6 +146,7 @@ def test_settings_are_checked_once_and_name_what_is_wrong(tmp_path, bad, names):
         checksum_key_file=None,
         pipelined_agreement=True,
         remote_url=None,
+        remote_options=None,
         local_every_s=0,
         remote_every_s=0,
         keep=1,

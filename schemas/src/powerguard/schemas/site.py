@@ -4,9 +4,9 @@ UPSes, PDUs and nodes live here; jobs are not configured (agents register them).
 Credentials are *references* (``{env: NAME}`` or ``{file: PATH}``), never values, so the
 YAML can be committed and the secrets never reach logs or events.
 
-Service-specific sections (``coordinator:``, ``ups_monitor:``, ``power_control:``)
+Service-specific sections (``coordinator:``, ``ups_monitor:``, ``power_control:``, ``ckpt_agent:``)
 are kept as mappings here and validated by the service that owns them (``powerguard config
-check`` validates all three at once). Any other top-level key is refused by every service: a
+check`` validates each at once). Any other top-level key is refused by every service: a
 typo (``coordinater:``) must never leave a service on its defaults.
 """
 
@@ -217,6 +217,7 @@ class SiteConfig(BaseModel):
     coordinator: dict[str, Any] | None = None
     ups_monitor: dict[str, Any] | None = None
     power_control: dict[str, Any] | None = None
+    ckpt_agent: dict[str, Any] | None = None  # what the site gives its jobs: the remote tier (url, S3 settings)
 
     _site = field_validator("site")(lambda v: site_token(v))
 

@@ -3,14 +3,18 @@ raised before any process group or thread exists."""
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass, field
 from typing import ClassVar
+
+from pydantic import ValidationError
 
 from powerguard.schemas import HOLD_POLICIES, HoldPolicy
 
 from . import _keys as K
 from ._check import CheckMode
+from ._s3 import RemoteSettings, is_s3
 
 FRAMEWORKS = ("lightning", "hf")
 
@@ -30,7 +34,11 @@ ARGUMENTS_DOC = """Keyword-only arguments:
   reshard: restore a checkpoint written by more ranks than this job has (a node that stayed
     dead): DCP reshards model and optimizer; rank r keeps old rank r's RNG and rank state;
     not a bit-exact resume (the data order changes with the world size). Default: refused.
-  remote_url: optional fsspec URL of the remote tier (``file:///nas/ckpt``, ``s3://...``).
+  remote_url: optional remote tier: an fsspec URL (``file:///nas/ckpt``) or ``s3://bucket/prefix``
+    (S3's own guarantees: checksums, a create-only COMMIT, multipart uploads; see the README).
+  remote_options: the S3 tier's settings (``_s3.RemoteSettings``: endpoint_url, region,
+    addressing_style, checksum, concurrency, part_size_mb, profile, secret files; default: env
+    ``POWERGUARD_REMOTE_OPTIONS`` as JSON, else boto3's own: ``AWS_ENDPOINT_URL``, ...).
   nats_url / names: the bus (None: no bus; checkpoints are periodic or explicit only).
   nats_creds: this job's NATS credential (``powerguard creds issue --job JOB``; default: env
     ``NATS_CREDS``). It lets the ranks talk about their own job only; TLS from ``NATS_CA``,
@@ -88,6 +96,7 @@ class AgentConfig:
             "checksum_key_file",
             "pipelined_agreement",
             "remote_url",
+            "remote_options",
             "local_every_s",
             "remote_every_s",
             "keep",
@@ -131,6 +140,7 @@ class AgentConfig:
     writer_threads: int | None = None
     allow_rollback: int | None = None  # a step the operator named: restored although older than the record
     check: CheckMode = field(default_factory=CheckMode)  # powerguard check-resume's mode (the environment)
+    remote_options: RemoteSettings | None = None  # the S3 tier's settings (s3:// remote_url)
 
     @classmethod
     def checked(
@@ -181,6 +191,7 @@ class AgentConfig:
         if check.on:  # under `powerguard check-resume` / `try`: its own directory, no remote tier
             local_dir, kw["remote_url"] = check.directory, None
             kw["job"] = check.job or kw["job"]  # try: the simulated site's name for the job
+        kw["remote_options"] = _remote_options(kw["remote_url"], kw.get("remote_options"))
         key_file = checksum_key_file or os.environ.get("POWERGUARD_CKPT_KEY_FILE")
         return cls(
             local_root=os.path.abspath(os.fspath(local_dir)),
@@ -189,3 +200,24 @@ class AgentConfig:
             check=check,
             **kw,
         )
+
+
+def _remote_options(url: str | None, given: dict | RemoteSettings | None) -> RemoteSettings | None:
+    """The S3 tier's settings: given, or ``POWERGUARD_REMOTE_OPTIONS`` (JSON); a wrong one is a
+    ValueError naming the field."""
+    if given is None and os.environ.get("POWERGUARD_REMOTE_OPTIONS"):
+        if not is_s3(url):
+            return None  # the environment's default, for the S3 tier this job does not use
+        try:
+            given = json.loads(os.environ["POWERGUARD_REMOTE_OPTIONS"])
+        except ValueError as exc:
+            raise ValueError(f"POWERGUARD_REMOTE_OPTIONS is not JSON: {exc}") from None
+    if given is None:
+        return RemoteSettings() if is_s3(url) else None
+    if not is_s3(url):
+        raise ValueError("remote_options are the S3 tier's: give remote_url='s3://bucket/prefix'")
+    try:
+        return given if isinstance(given, RemoteSettings) else RemoteSettings.model_validate(given)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise ValueError(f"remote_options.{'.'.join(map(str, first['loc']))}: {first['msg']}") from None

@@ -134,7 +134,10 @@ class Restorer:
         nodes: NodeRestore | None = None,
         allow_fresh_start: bool = False,
         readers: int = 1,
+        s3: Any = None,
+        node: str | None = None,
     ) -> None:
+        self.s3, self.node = s3, node  # the S3 tier (_s3.S3Store): a step is staged on each node, then verified
         self.ranks, self.state, self.job, self.root, self.fs = ranks, state, job, root, fs
         self.readers = readers  # files each rank verifies at once
         self.remote_url, self.keys, self.reshard, self.nodes = remote_url, keys, reshard, nodes
@@ -204,6 +207,13 @@ class Restorer:
                 log.warning("rank %d: skipping %s checkpoint %s: %s", rank, tier, url, why)
                 refused.append(f"{url}: {why}")
                 continue
+            if tier == "remote" and self.s3 is not None:
+                url, staging_problem = self._staged(step)
+                if staging_problem:
+                    log.warning("rank %d: skipping remote checkpoint of step %d: %s", rank, step, staging_problem)
+                    if committed:
+                        refused.append(f"{self.s3.where(self.job, step)}: {staging_problem}")
+                    continue
             fs, path = L.fs_for(url)
             # verified while loaded (each file hashed in the one pass that loads it), unless a fresh
             # start is allowed: a file failing half-way leaves the model part loaded, which only a
@@ -255,12 +265,38 @@ class Restorer:
     def _candidates(self) -> list[tuple[str, str, int, bool]]:
         """(tier, url, step, committed: it has a COMMIT) of every step directory, newest first per tier."""
         out = [("local", d, s, _committed(self.fs, d)) for s, d in L.list_steps(self.fs, self.root, self.job)]
-        if self.remote_url:
+        if self.s3 is not None:
+            out += [("remote", self.s3.where(self.job, s), s, c) for s, c in self.s3.steps(self.job).items()]
+        elif self.remote_url:
             rfs, rpath = L.fs_for(self.remote_url)
             proto = rfs.protocol if isinstance(rfs.protocol, str) else rfs.protocol[0]
             for s, d in L.list_steps(rfs, rpath, self.job):
                 out.append(("remote", d if "://" in d else f"{proto}://{d}", s, _committed(rfs, d)))
         return out
+
+    def _staged(self, step: int) -> tuple[str, str | None]:
+        """The S3 tier's step downloaded into this node's staging directory (by the node's first
+        rank, its objects in parallel, S3 checking each one's checksum), to be verified and loaded
+        as any local copy: (the directory, why not or None), the same on every rank."""
+        dst = os.path.join(self.root, ".remote", self.job, f"step-{step}")
+        nodes = self.ranks.gather(self.node)
+        problem = None
+        if nodes.index(self.node) == self.ranks.rank:
+            t0 = time.perf_counter()
+            try:
+                got = self.s3.download(self.job, step, dst)
+                log.info(
+                    "rank %d: step %d read from %s (%.1f MB in %.2fs)",
+                    self.ranks.rank,
+                    step,
+                    self.s3.where(self.job, step),
+                    got / 1e6,
+                    time.perf_counter() - t0,
+                )
+            except Exception as exc:  # botocore's errors, a checksum S3 refused, the disk
+                problem = f"rank {self.ranks.rank}: reading {self.s3.where(self.job, step)}: {exc}"
+        problems = [p for p in self.ranks.gather(problem) if p]
+        return dst, ("; ".join(problems) or None)
 
     def _verify(
         self, fs, path: str, tier: str, step: int, *, contents: bool

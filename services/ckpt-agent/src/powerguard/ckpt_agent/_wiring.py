@@ -27,6 +27,7 @@ from ._ranks import Ranks
 from ._remote import RemoteCopier
 from ._restore import Restorer
 from ._retainer import Retainer
+from ._s3 import S3Store, is_s3
 from ._saver import Saver
 from ._state import TrainingState
 from ._tiers import SharedTier
@@ -139,6 +140,7 @@ def wire(cfg: AgentConfig, training: TrainingParts, *, node: str | None, bus: Bu
         agree_every_s=cfg.agree_every_s,
         agree_timeout_s=cfg.agree_timeout_s,
     )
+    s3 = S3Store(cfg.remote_url, cfg.remote_options) if is_s3(cfg.remote_url) else None
     restorer = Restorer(
         ranks,
         state,
@@ -146,6 +148,8 @@ def wire(cfg: AgentConfig, training: TrainingParts, *, node: str | None, bus: Bu
         root=cfg.local_root,
         fs=fs,
         remote_url=cfg.remote_url,
+        s3=s3,
+        node=node,
         keys=cfg.key,
         reshard=cfg.reshard,
         nodes=nodes,
@@ -165,6 +169,7 @@ def wire(cfg: AgentConfig, training: TrainingParts, *, node: str | None, bus: Bu
             every_s=cfg.remote_every_s,
             key=signing,
             on_copied=acks.remote_copied,
+            s3=s3,
         )
     hold = Hold(thread, ranks, poll_s=cfg.pause_poll_s)
     quiet = Quiet(ranks, thread, poll_s=cfg.pause_poll_s, timeout_s=cfg.agree_timeout_s)

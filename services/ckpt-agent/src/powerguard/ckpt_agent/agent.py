@@ -53,6 +53,7 @@ class CheckpointAgent:
         rank_state: dict[str, Any] | None = None,
         local_dir: str | os.PathLike,
         remote_url: str | None = None,
+        remote_options: dict | None = None,
         nats_url: str | None = None,
         nats_creds: str | os.PathLike | None = None,
         names: BusNames | None = None,
