@@ -458,6 +458,29 @@ def main() -> None:
                 "`bench/powercut.py`",
             )
         )
+        if s3c := (pcut.get("kinds") or {}).get("s3_cuts"):
+            rows.append(
+                (
+                    "the S3 tier's uploader killed at random moments of its copy (a real S3 server): a copy reported "
+                    "done not committed, a COMMIT without every object behind it, an upload left after the next start",
+                    "0 (≥ 100 cuts)",
+                    f"{len(s3c['violations'])} in {s3c['cuts']} cuts ({s3c.get('committed', '?')} after the COMMIT)",
+                    "`bench/powercut.py --s3-cuts`",
+                )
+            )
+    if obj := load("object_storage"):
+        rows.append(
+            (
+                f"S3 tier over the same server's plain multipart PUT / GET ({obj['checkpoint_mb']} MB checkpoint, "
+                f"{obj['files']} files, {obj['part_size_mb']} MiB parts, {obj['concurrency']} in flight; "
+                f"{obj['server']})",
+                "≥ 0.8 each",
+                f"upload {obj['upload_over_raw']} ({obj['tier_upload_mb_s']} vs {obj['raw_put_mb_s']} MB/s), "
+                f"restore {obj['restore_over_raw']} ({obj['tier_restore_mb_s']} vs {obj['raw_get_mb_s']} MB/s); "
+                f"measured {obj.get('measured', '?')}",
+                "`bench/object_storage.py`",
+            )
+        )
     if r := load("drill_breakdown"):
         rows.append(
             (

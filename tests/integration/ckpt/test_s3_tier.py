@@ -237,3 +237,11 @@ def test_the_server_killed_and_started_again_mid_copy_the_copy_is_tried_again_an
     finally:
         agent.close()
     assert all(torch.equal(model.state_dict()[k], v) for k, v in state.items())
+
+
+def test_cuts_of_the_uploader_at_random_moments_never_leave_a_commit_without_its_objects(tmp_path, s3, url):
+    """Fixed seeds of the campaign (bench/powercut.py --s3-cuts runs a hundred and more)."""
+    from tests.powercut.s3_campaign import s3_cut
+
+    cuts = [s3_cut(tmp_path, seed, s3, url) for seed in (1, 2, 3, 4)]
+    assert [v for c in cuts for v in c.violations] == [], cuts

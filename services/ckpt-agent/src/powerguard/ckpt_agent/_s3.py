@@ -177,6 +177,7 @@ class S3Store:
         create-only. Returns the bytes uploaded. Raises before COMMIT when anything is missing
         or differs: the step stays uncommitted (invisible to a restore)."""
         local = json.loads(commit)
+        L.check_binding(local, job=job, step=step, tier="remote", where=f"{src} (to {self.where(job, step)})")
         fs, _ = L.fs_for(src)
         files = L.manifest_files(fs, src, local)  # name -> {size, xxh3}: checked against COMMIT
         want = dict(files)
