@@ -5,8 +5,9 @@ own records: those are its storage."""
 from __future__ import annotations
 
 import logging
+from typing import TypeVar
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from powerguard.schemas import SagaStatus
 from powerguard.schemas.status import SiteStatus
@@ -15,23 +16,24 @@ from .client import Bus
 from .names import BusNames
 
 log = logging.getLogger(__name__)
+T = TypeVar("T", bound=BaseModel)
+
+
+def _parse(model: type[T], key: str, value: bytes) -> T | None:
+    """One status as stored; None (logged) for a value no version of the schema reads."""
+    try:
+        return model.model_validate_json(value)
+    except ValidationError as exc:
+        log.warning("status %s unreadable: %s", key, exc.errors()[0].get("msg", exc))
+        return None
 
 
 def parse(key: str, value: bytes) -> SagaStatus | None:
-    """One status as stored; None (logged) for a value no version of the schema reads."""
-    try:
-        return SagaStatus.model_validate_json(value)
-    except ValidationError as exc:
-        log.warning("saga status %s unreadable: %s", key, exc.errors()[0].get("msg", exc))
-        return None
+    return _parse(SagaStatus, key, value)
 
 
 def parse_site(key: str, value: bytes) -> SiteStatus | None:
-    try:
-        return SiteStatus.model_validate_json(value)
-    except ValidationError as exc:
-        log.warning("site status %s unreadable: %s", key, exc.errors()[0].get("msg", exc))
-        return None
+    return _parse(SiteStatus, key, value)
 
 
 async def site_status(bus: Bus, site: str) -> SiteStatus | None:
