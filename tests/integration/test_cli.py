@@ -16,6 +16,7 @@ import pytest
 
 from powerguard.bus import EmbeddedNats
 from powerguard.schemas import OnBattery, PowerData, registry
+from powerguard.schemas.export import kv_values
 
 pytestmark = pytest.mark.integration
 BIN = Path(sys.executable).parent
@@ -72,7 +73,7 @@ def test_schemas_export_writes_asyncapi_and_one_schema_per_type(tmp_path):
     )
     assert out.returncode == 0, out.stderr
     assert (tmp_path / "asyncapi.yaml").read_text().startswith("asyncapi: 3.0.0")
-    assert len(list(tmp_path.glob("*.schema.json"))) == len(registry())
+    assert len(list(tmp_path.glob("*.schema.json"))) == len(registry()) + len(kv_values())  # + the status's
 
 
 def test_help_everywhere():
