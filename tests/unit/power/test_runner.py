@@ -18,7 +18,7 @@ from powerguard.power_control.plans import call_s, restore_plan, shutdown_plan
 from powerguard.power_control.ramp import Ramp
 from powerguard.power_control.schedulers.base import Scheduler
 from powerguard.power_control.sequences import Order, Sequencer
-from powerguard.schemas import NodeConfig, NodeState, PowerActionFailed
+from powerguard.schemas import NodeConfig, NodeState, PowerActionDone, PowerActionFailed
 
 from .virtual_time import run
 
@@ -225,3 +225,20 @@ def test_a_power_on_that_never_answers_is_failed_at_the_nodes_bound_and_the_othe
     assert failed.data.node == "a" and "not done by its planned deadline" in failed.data.error
     assert t - t0 <= plan.node("a").bound_s + 0.1  # cut at its bound, not at the hang's end
     assert plan.node("a").bound_s == pytest.approx(call_s(s) + 20)
+
+
+def test_a_soft_off_that_outlasts_its_window_is_followed_by_the_hard_off_not_a_failure():
+    """The BMC takes the ACPI request but its answer never comes (hangs): at the step's planned
+    deadline the runner moves on to the hard off, as for a node that ignored the request."""
+    bmc = FakeBmc("n1", hang=("soft_off",))
+    s = settings()
+    seq, events, _ = runner({"n1": bmc}, s)
+
+    async def go():
+        return await seq.shutdown(Order(saga_id="s1", node="n1", key="k"))
+
+    assert run(go())
+    assert [c for c, _ in bmc.calls if c != "status"] == ["soft_off", "off"] and bmc.state == "off"
+    (_, done), *_ = [(t, e) for t, e in of(events, PowerActionDone) if e.data.detail.startswith("hard off")]
+    assert "soft-off failed" in done.data.detail and "planned deadline" in done.data.detail
+    assert not of(events, PowerActionFailed)

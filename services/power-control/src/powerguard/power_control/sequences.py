@@ -119,6 +119,9 @@ class Sequencer:
                     else:
                         await self._bmc_step(o, bmc, step, run)
             except TimeoutError:
+                if step.action == "soft_off":  # the ACPI shutdown's window is over: the hard off follows
+                    run.soft_error = _past(f"{step.device} soft-off", started, step.deadline)
+                    continue
                 action = {"job_stop": "job_stop", "outlet_off": "outlet_off"}.get(step.action, "off")
                 await self.report.failed(
                     o, action, step.device, t, _past(f"{step.device} {step.action}", started, step.deadline)
