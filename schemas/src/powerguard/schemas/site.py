@@ -202,7 +202,7 @@ class ShutdownTimings(BaseModel):
         return t
 
 
-SERVICE_SECTIONS = ("coordinator", "ups_monitor", "power_control")
+SERVICE_SECTIONS = ("coordinator", "ups_monitor", "power_control", "ckpt_agent")
 
 
 class SiteConfig(BaseModel):
