@@ -324,11 +324,6 @@ class BusThread:
         with self._lock:
             return self.queue.pending()
 
-    @property
-    def request_seq(self) -> int:
-        """How many distinct requests arrived (read by the training thread without a lock)."""
-        return self.queue.seq
-
     def answer(
         self, requests: list[CheckpointRequestData], event_for: Callable, ctx: otel_context.Context | None = None
     ) -> None:
