@@ -181,7 +181,8 @@ def permissions(
         pub += [_api("DIRECT.GET", stream, s.saga("*"))]
         for site in sites:
             pub += _durable(stream, durable_names(site)["power-control"])
-        return Permissions(pub_allow=tuple(pub), sub_allow=common_sub, inbox=inbox(role))
+        # the announcements live too: an outage's start and end for the scheduler adapter (saga_edges.py)
+        return Permissions(pub_allow=tuple(pub), sub_allow=(*common_sub, s.saga("*")), inbox=inbox(role))
     # observer: reads everything, publishes no event, cannot touch any service's consumer;
     # operator (`powerguard drill`, `status`, `tail`): the same, and may publish a site's drill
     # power events (never a real one: a drill's subject is its own, so nothing it says is real).

@@ -17,7 +17,7 @@ class _Model(BaseModel):
 
 
 class SchedulerSettings(_Model):
-    kind: Literal["none", "slurm", "docker", "process", "command"] = "none"
+    kind: Literal["none", "slurm", "docker", "process", "command", "kubernetes"] = "none"
     options: dict[str, Any] = Field(default_factory=dict, description="Adapter settings (see the README)")
 
 

@@ -135,6 +135,7 @@ class Sequencer:
         took = clock.now() - started
         detail = f"outlets off after the BMC failed ({took:.1f}s)" if run.bmc_failed else f"off after {took:.1f}s"
         await self.report.node_state(o, "off", detail)
+        await self.scheduler.node_powered_off(o.node, saga_id=o.saga_id)
         return True
 
     async def _stop_jobs(self, o: Order) -> None:

@@ -28,6 +28,7 @@ from powerguard.schemas import (
     NodeState,
     NodeStateData,
     PowerOnRequested,
+    SagaStateChanged,
     ShutdownRequested,
     SiteConfig,
     UpsOutputOffRequested,
@@ -45,6 +46,7 @@ from .probes import probe_once
 from .readback import ReadBack
 from .readback import meaning as readback_meaning
 from .report import Reporter
+from .saga_edges import SagaEdges
 from .schedulers import make_scheduler
 from .schedulers.base import DryRunScheduler
 from .sequences import Sequencer
@@ -97,6 +99,8 @@ class PowerControl:
         self.intake: Intake | None = None  # once started (the ledger's bucket opened)
         self._consumer: Any = None
         self._reader: asyncio.Task | None = None
+        self.saga_edges = SagaEdges(self.scheduler, self._nodes)
+        self._edges: asyncio.Task | None = None
 
     @property
     def executed(self) -> list[str]:
@@ -123,6 +127,8 @@ class PowerControl:
             log.info("resuming %s left running by a previous power-control", entry.key)
             self.executor.run(event, entry.key)
         self._reader = asyncio.create_task(self._read_back_loop())
+        listener = await self.bus.listen(SagaStateChanged, subject=self.bus.subjects.saga("*")).start()
+        self._edges = asyncio.create_task(self._saga_edges_loop(listener))
         durable = durable_names(self.site.site)["power-control"]
         self._consumer = await self.bus.consume(
             *COMMANDS,
@@ -132,9 +138,15 @@ class PowerControl:
             since_s=self.settings.max_command_age_s,
         )
 
+    async def _saga_edges_loop(self, listener) -> None:
+        async with listener:
+            async for event in listener:
+                await self.saga_edges.on(event)
+
     async def stop(self, grace_s: float = 5.0) -> None:
-        if self._reader is not None:
-            self._reader.cancel()
+        for task in (self._reader, self._edges):
+            if task is not None:
+                task.cancel()
         if self._consumer is not None:
             await self._consumer.stop()
         await self.executor.stop(grace_s)

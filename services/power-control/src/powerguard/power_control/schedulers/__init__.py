@@ -1,4 +1,4 @@
-"""Scheduler adapters: slurm, docker, process, command (and none)."""
+"""Scheduler adapters: slurm, docker, process, command, kubernetes (and none)."""
 
 from __future__ import annotations
 
@@ -37,6 +37,10 @@ def _make(settings: SchedulerSettings) -> Scheduler:
         from .process import ProcessScheduler
 
         return ProcessScheduler(settings.options)
+    if settings.kind == "kubernetes":
+        from .kubernetes import KubernetesScheduler
+
+        return KubernetesScheduler(settings.options)
     if settings.kind == "command":
         from .command import CommandScheduler
 

@@ -58,6 +58,19 @@ class Scheduler(ABC):
         """After the node is back: let the scheduler use it again."""
         return None
 
+    async def on_battery(self, nodes: Sequence[str], *, saga_id: str) -> str:
+        """An outage began (the saga's first announcement): keep new work off the nodes at risk."""
+        return ""
+
+    async def outage_over(self, nodes: Sequence[str], *, saga_id: str) -> str:
+        """The saga ended (cancelled, done or failed): undo what :meth:`on_battery` did that
+        no restore undid (a cancelled outage powers nothing off)."""
+        return ""
+
+    async def node_powered_off(self, node: str, *, saga_id: str) -> None:
+        """The node's shutdown ended with it off (never raises: the shutdown is done)."""
+        return None
+
     async def close(self) -> None:
         return None
 

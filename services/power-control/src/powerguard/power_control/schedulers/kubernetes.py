@@ -1,0 +1,463 @@
+"""Kubernetes: GPU training jobs on a cluster (JobSet, Kubeflow TrainJob, Kueue) through the
+Kubernetes API with lightkube (an asyncio client with typed core resources and generic custom
+resources: power-control is asyncio; the official client is synchronous).
+
+- on battery (the saga starts): the nodes at risk get ``powerguard.io/on-battery=<saga>:NoSchedule``
+  (attributable, unlike ``spec.unschedulable``), the ClusterQueues' admission is held
+  (``stopPolicy: Hold``), so nothing new lands on a node about to lose power;
+- the checkpoint goes through PowerGuard's own bus (the ckpt-agent in each pod), not SIGTERM;
+- job stop (sent by the coordinator only after every rank acked): the job's workload, found from
+  its pods on the nodes (``fieldSelector=spec.nodeName``) through their owners (Job -> JobSet ->
+  TrainJob, and Kueue's Workload), is deactivated (``Workload.spec.active=false``) or suspended
+  (``spec.suspend=true``): the object and its history stay; the job's pods left over are evicted
+  (a PodDisruptionBudget's 429 reported by name); Events PowerGuardCheckpointed/Suspended;
+- a node off past ``out_of_service_after_s`` gets ``node.kubernetes.io/out-of-service:NoExecute``
+  (its pods and volumes released);
+- power back: waits for the node's ``Ready`` (a watch, relisted after 410 Gone), removes our
+  taints; the job start lifts our hold and resumes the workload (Event PowerGuardResumed).
+
+A 403 names the verb, resource and group the API refused; the shipped ClusterRole
+(deploy/kubernetes/rbac.yaml) grants exactly what this file uses."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Sequence
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ..errors import SchedulerError
+from . import kube_objects as ko
+from .base import Scheduler, job_name
+
+log = logging.getLogger(__name__)
+
+
+class KubernetesOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kubeconfig: str | None = Field(default=None, description="kubeconfig file (default: in-cluster, else $KUBECONFIG)")
+    context: str | None = Field(default=None, description="kubeconfig context (default: its current one)")
+    node_map: dict[str, str] = Field(default_factory=dict, description="PowerGuard node -> Kubernetes node name")
+    namespaces: list[str] = Field(default_factory=list, description="Where training jobs run (default: every one)")
+    job_label: str = Field(default="powerguard.io/job", description="The pod label that names the PowerGuard job")
+    cluster_queues: list[str] | None = Field(
+        default=None, description="Kueue ClusterQueues held on battery (default: every one; [] holds none)"
+    )
+    kueue: bool = Field(default=True, description="Deactivate Kueue Workloads (false: suspend the workload itself)")
+    stop_timeout_s: float = Field(default=120.0, gt=0, description="Wait for the job's pods to be gone")
+    ready_timeout_s: float = Field(default=300.0, gt=0, description="Wait for a powered-on node to be Ready")
+    out_of_service_after_s: float = Field(
+        default=300.0, gt=0, description="A node still off this long gets the out-of-service taint"
+    )
+    request_timeout_s: float = Field(default=10.0, gt=0)
+    poll_s: float = Field(default=0.5, gt=0)
+
+
+class KubernetesScheduler(Scheduler):
+    kind = "kubernetes"
+
+    def __init__(self, options: dict, *, instance: str = "power-control") -> None:
+        self.opts = KubernetesOptions.model_validate(options)
+        self.one_stop_s = self.opts.stop_timeout_s + 4 * self.opts.request_timeout_s
+        self.instance = instance
+        self._client = None
+        self._off_timers: dict[str, asyncio.Task] = {}
+        self.relists = 0  # watches that were answered 410 Gone and listed again
+
+    # ------------------------------------------------------------ client
+    def client(self):
+        if self._client is None:
+            import httpx2
+            from lightkube import AsyncClient, KubeConfig
+
+            config = KubeConfig.from_file(self.opts.kubeconfig) if self.opts.kubeconfig else KubeConfig.from_env()
+            self._client = AsyncClient(
+                config=config.get(self.opts.context),
+                timeout=httpx2.Timeout(self.opts.request_timeout_s),
+                field_manager="powerguard",
+            )
+        return self._client
+
+    async def close(self) -> None:
+        for t in self._off_timers.values():
+            t.cancel()
+        if self._client is not None:
+            await self._client.close()
+
+    async def _call(self, what: str, coro):
+        """An API call; its error as a SchedulerError naming what was asked and what the API said."""
+        from httpx2 import HTTPError
+        from lightkube import ApiError
+
+        try:
+            return await coro
+        except ApiError as exc:
+            hint = " (the ClusterRole in deploy/kubernetes/rbac.yaml grants it)" if exc.status.code == 403 else ""
+            raise SchedulerError(f"kubernetes: {what}: {exc.status.code} {exc.status.message}{hint}") from None
+        except HTTPError as exc:
+            raise SchedulerError(f"kubernetes: {what}: {type(exc).__name__}: {exc}") from None
+
+    def _node(self, node: str) -> str:
+        return self.opts.node_map.get(node, node)
+
+    # ------------------------------------------------------------ resources
+    @staticmethod
+    def _res(kind: str):
+        from lightkube.generic_resource import create_global_resource, create_namespaced_resource
+        from lightkube.resources.batch_v1 import Job
+        from lightkube.resources.core_v1 import Event, Node, Pod
+
+        custom = {
+            "JobSet": ("jobset.x-k8s.io", "v1alpha2", "jobsets", True),
+            "TrainJob": ("trainer.kubeflow.org", "v1alpha1", "trainjobs", True),
+            "Workload": ("kueue.x-k8s.io", "v1beta1", "workloads", True),
+            "ClusterQueue": ("kueue.x-k8s.io", "v1beta1", "clusterqueues", False),
+        }
+        if kind in custom:
+            group, version, plural, namespaced = custom[kind]
+            make = create_namespaced_resource if namespaced else create_global_resource
+            return make(group, version, kind, plural)
+        return {"Node": Node, "Pod": Pod, "Job": Job, "Event": Event}[kind]
+
+    async def _get(self, kind: str, name: str, namespace: str | None = None) -> dict:
+        res = self._res(kind)
+        kw = {"namespace": namespace} if namespace else {}
+        obj = await self._call(f"get {kind} {name}", self.client().get(res, name, **kw))
+        return obj.to_dict()
+
+    async def _list(
+        self, kind: str, *, namespace: str | None = None, labels: dict | None = None, fields: dict | None = None
+    ) -> list[dict]:
+        res = self._res(kind)
+        kw = (
+            {"namespace": namespace}
+            if namespace
+            else ({"namespace": "*"} if kind in ("Pod", "Workload", "JobSet", "TrainJob", "Job") else {})
+        )
+
+        async def collect() -> list[dict]:
+            return [o.to_dict() async for o in self.client().list(res, labels=labels, fields=fields, **kw)]
+
+        return await self._call(f"list {kind}", collect())
+
+    async def _patch(self, kind: str, name: str, patch, *, namespace: str | None = None, json_patch: bool = False):
+        from lightkube.types import PatchType
+
+        kw = {"namespace": namespace} if namespace else {}
+        return await self._call(
+            f"patch {kind} {name}",
+            self.client().patch(
+                self._res(kind), name, patch, patch_type=PatchType.JSON if json_patch else PatchType.MERGE, **kw
+            ),
+        )
+
+    async def _event(self, obj: dict, reason: str, message: str) -> None:
+        from lightkube.resources.core_v1 import Event
+
+        body = ko.event(obj, reason, message, instance=self.instance, now=time.time())
+        try:
+            await self._call(
+                f"create Event {reason}",
+                self.client().create(Event.from_dict(body), namespace=body["metadata"]["namespace"]),
+            )
+        except SchedulerError as exc:  # an Event is a report, never a reason to fail the step
+            log.warning("%s", exc)
+
+    # ------------------------------------------------------------ taints
+    async def _taints(self, node: str, change) -> bool:
+        """Rewrite a node's taints with ``change(taints) -> new | None``, conditional on the
+        resourceVersion read (a JSON patch with a ``test``: a concurrent writer's 422/409 is read
+        again), so nobody else's taint is lost."""
+        for _ in range(5):
+            obj = await self._get("Node", node)
+            taints = (obj.get("spec") or {}).get("taints") or []
+            new = change(taints)
+            if new is None:
+                return False
+            ops = [
+                {"op": "test", "path": "/metadata/resourceVersion", "value": obj["metadata"]["resourceVersion"]},
+                {"op": "add", "path": "/spec/taints", "value": new},
+            ]
+            try:
+                await self._patch("Node", node, ops, json_patch=True)
+                return True
+            except SchedulerError as exc:
+                if " 409 " not in str(exc) and " 422 " not in str(exc):
+                    raise
+        raise SchedulerError(f"kubernetes: node {node}: its taints kept changing under five tries")
+
+    async def taint_on_battery(self, node: str, saga_id: str) -> bool:
+        return await self._taints(self._node(node), lambda t: ko.with_taint(t, ko.ON_BATTERY, saga_id, "NoSchedule"))
+
+    # ------------------------------------------------------------ the hold
+    async def _cluster_queues(self) -> list[dict]:
+        if self.opts.cluster_queues == []:
+            return []
+        cqs = await self._list("ClusterQueue")
+        if self.opts.cluster_queues is None:
+            return cqs
+        return [c for c in cqs if c["metadata"]["name"] in self.opts.cluster_queues]
+
+    async def hold(self, saga_id: str) -> list[str]:
+        if not self.opts.kueue:
+            return []
+        held = []
+        for cq in await self._cluster_queues():
+            if (patch := ko.hold_patch(cq, saga_id)) is not None:
+                await self._patch("ClusterQueue", cq["metadata"]["name"], patch)
+                held.append(cq["metadata"]["name"])
+        return held
+
+    async def release(self, saga_id: str | None) -> list[str]:
+        if not self.opts.kueue:
+            return []
+        lifted = []
+        for cq in await self._cluster_queues():
+            if (patch := ko.release_patch(cq, saga_id)) is not None:
+                await self._patch("ClusterQueue", cq["metadata"]["name"], patch)
+                lifted.append(cq["metadata"]["name"])
+        return lifted
+
+    # ------------------------------------------------------------ the saga's edges
+    async def on_battery(self, nodes: Sequence[str], *, saga_id: str) -> str:
+        tainted = [n for n in nodes if await self.taint_on_battery(n, saga_id)]
+        held = await self.hold(saga_id)
+        return (
+            f"tainted {', '.join(tainted) or 'no new node'} {ko.ON_BATTERY}:NoSchedule; "
+            f"held {', '.join(held) or 'no ClusterQueue'}"
+        )
+
+    async def outage_over(self, nodes: Sequence[str], *, saga_id: str) -> str:
+        untainted = []
+        for n in nodes:
+            if await self._taints(self._node(n), lambda t: ko.without_taints(t, [(ko.ON_BATTERY, saga_id)])):
+                untainted.append(n)
+        lifted = await self.release(saga_id)
+        return f"untainted {', '.join(untainted) or 'no node'}; released {', '.join(lifted) or 'no ClusterQueue'}"
+
+    # ------------------------------------------------------------ jobs
+    async def _workloads(self, job: str, nodes: Sequence[str]) -> list[dict]:
+        """The top objects (JobSet, TrainJob) of the job's pods on these nodes, followed through
+        their controllers; each with the Kueue Workload that owns its admission, if any."""
+        job = job_name(job)
+        pods: list[dict] = []
+        for ns in self.opts.namespaces or [None]:
+            for node in nodes:
+                pods += await self._list(
+                    "Pod", namespace=ns, labels={self.opts.job_label: job}, fields={"spec.nodeName": self._node(node)}
+                )
+        tops: dict[str, dict] = {}
+        for pod in pods:
+            obj, ns = pod, pod["metadata"]["namespace"]
+            chain = [pod]
+            while (ref := ko.controller(obj)) is not None and ref.get("kind") in ko.CHAIN_KINDS:
+                obj = await self._get(ref["kind"], ref["name"], ns)
+                chain.append(obj)
+            top = next((o for o in reversed(chain) if o.get("kind") in ko.SUSPENDABLE), None)
+            if top is not None:
+                tops[top["metadata"]["uid"]] = top
+        return list(tops.values())
+
+    async def _kueue_workload(self, top: dict) -> dict | None:
+        if not self.opts.kueue:
+            return None
+        ns, uid = top["metadata"]["namespace"], top["metadata"]["uid"]
+        for wl in await self._list("Workload", namespace=ns):
+            if any(o.get("uid") == uid for o in wl["metadata"].get("ownerReferences") or []):
+                return wl
+        return None
+
+    async def _pods_left(self, job: str, nodes: Sequence[str]) -> list[dict]:
+        left: list[dict] = []
+        for ns in self.opts.namespaces or [None]:
+            for node in nodes:
+                left += await self._list(
+                    "Pod",
+                    namespace=ns,
+                    labels={self.opts.job_label: job_name(job)},
+                    fields={"spec.nodeName": self._node(node)},
+                )
+        return left
+
+    async def _evict(self, pod: dict) -> str | None:
+        """Evict one pod; None when done, else why not (a PodDisruptionBudget's own words)."""
+        from lightkube import ApiError
+        from lightkube.models.meta_v1 import ObjectMeta
+        from lightkube.resources.core_v1 import Pod
+
+        name, ns = pod["metadata"]["name"], pod["metadata"]["namespace"]
+        body = Pod.Eviction(metadata=ObjectMeta(name=name, namespace=ns))
+        try:
+            await self.client().create(body, name=name, namespace=ns)
+            return None
+        except ApiError as exc:
+            if exc.status.code == 404:
+                return None
+            details = exc.status.details.to_dict() if exc.status.details else None
+            return (
+                f"pod {ns}/{name}: eviction refused ({exc.status.code}): {ko.refused_by(details, exc.status.message)}"
+            )
+
+    async def prepare_shutdown(self, node: str, *, saga_id: str, jobs: Sequence[str]) -> str:
+        self._cancel_timer(node)
+        await self.taint_on_battery(node, saga_id)
+        done = [await self.stop_job(job, nodes=[node], saga_id=saga_id) for job in jobs]
+        return f"tainted {self._node(node)}" + (f"; {'; '.join(done)}" if done else "")
+
+    async def stop_job(self, job: str, *, nodes: Sequence[str], saga_id: str) -> str:
+        tops = await self._workloads(job, nodes)
+        said = []
+        for top in tops:
+            meta, kind = top["metadata"], top["kind"]
+            label = {"metadata": {"labels": {ko.SUSPENDED_BY: saga_id, self.opts.job_label: job_name(job)}}}
+            await self._event(
+                top,
+                "PowerGuardCheckpointed",
+                f"every rank of job {job} acked its checkpoint (outage {saga_id}); stopping it before the power-off",
+            )
+            wl = await self._kueue_workload(top)
+            await self._patch(kind, meta["name"], label, namespace=meta["namespace"])
+            if wl is not None:
+                await self._patch(
+                    "Workload",
+                    wl["metadata"]["name"],
+                    {**label, "spec": {"active": False}},
+                    namespace=meta["namespace"],
+                )
+                said.append(f"deactivated Workload {meta['namespace']}/{wl['metadata']['name']}")
+            else:
+                await self._patch(kind, meta["name"], {"spec": {"suspend": True}}, namespace=meta["namespace"])
+                said.append(f"suspended {kind} {meta['namespace']}/{meta['name']}")
+            await self._event(top, "PowerGuardSuspended", f"{said[-1]} for outage {saga_id}")
+        refusals = await self._drain_job(job, nodes, evict_all=not tops)
+        if refusals:
+            raise SchedulerError(f"kubernetes: job {job}: {'; '.join(refusals)}")
+        return "; ".join(said) if said else f"evicted the pods of job {job}"
+
+    async def _drain_job(self, job: str, nodes: Sequence[str], *, evict_all: bool) -> list[str]:
+        """Wait for the job's pods on these nodes to be gone; the ones nobody is deleting (no
+        suspended owner) are evicted. Returns what refused (named), or what is still there."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.opts.stop_timeout_s
+        refusals: dict[str, str] = {}
+        evicted: set[str] = set()
+        grace_until = loop.time() + (0 if evict_all else min(10.0, self.opts.stop_timeout_s / 4))
+        while True:
+            left = await self._pods_left(job, nodes)
+            if not left:
+                return []
+            for pod in left:
+                uid = pod["metadata"]["uid"]
+                if pod["metadata"].get("deletionTimestamp") or uid in evicted or loop.time() < grace_until:
+                    continue
+                why = await self._evict(pod)
+                if why is None:
+                    evicted.add(uid)
+                    refusals.pop(uid, None)
+                else:
+                    refusals[uid] = why
+            if loop.time() >= deadline:
+                names = ", ".join(f"{p['metadata']['namespace']}/{p['metadata']['name']}" for p in left)
+                return list(refusals.values()) or [f"pods still there after {self.opts.stop_timeout_s:.0f}s: {names}"]
+            if refusals and all(p["metadata"]["uid"] in refusals for p in left):
+                return list(refusals.values())  # a budget that refuses now refuses until its pods change
+            await asyncio.sleep(self.opts.poll_s)
+
+    async def start_job(self, job: str, *, nodes: Sequence[str], saga_id: str) -> str:
+        await self.release(None)  # nothing new was admitted while on battery; the restore lifts it first
+        said = []
+        sel = {ko.SUSPENDED_BY: None, self.opts.job_label: job_name(job)}
+        wls = await self._list("Workload", labels=sel) if self.opts.kueue else []
+        drop = {"metadata": {"labels": {ko.SUSPENDED_BY: None}}}
+        for wl in wls:
+            m = wl["metadata"]
+            await self._patch("Workload", m["name"], {**drop, "spec": {"active": True}}, namespace=m["namespace"])
+            said.append(f"reactivated Workload {m['namespace']}/{m['name']}")
+        for kind in ("JobSet", "TrainJob"):
+            try:
+                tops = await self._list(kind, labels=sel)
+            except SchedulerError as exc:
+                if " 404 " in str(exc):  # that custom resource is not installed in this cluster
+                    continue
+                raise
+            for top in tops:
+                m = top["metadata"]
+                patch = drop if wls else {**drop, "spec": {"suspend": False}}
+                await self._patch(kind, m["name"], patch, namespace=m["namespace"])
+                if not wls:
+                    said.append(f"resumed {kind} {m['namespace']}/{m['name']}")
+                await self._event(
+                    top,
+                    "PowerGuardResumed",
+                    f"job {job} resumed after outage {saga_id}; its ranks restore from the newest committed checkpoint",
+                )
+        return "; ".join(said) if said else f"no workload of job {job} suspended by PowerGuard"
+
+    # ------------------------------------------------------------ nodes off and back
+    def _cancel_timer(self, node: str) -> None:
+        if (t := self._off_timers.pop(node, None)) is not None:
+            t.cancel()
+
+    async def node_powered_off(self, node: str, *, saga_id: str) -> None:
+        """Start the out-of-service clock: a node still not Ready ``out_of_service_after_s``
+        later gets ``node.kubernetes.io/out-of-service=powerguard:NoExecute``."""
+        self._cancel_timer(node)
+        self._off_timers[node] = asyncio.create_task(self._out_of_service(node))
+
+    async def _out_of_service(self, node: str) -> None:
+        await asyncio.sleep(self.opts.out_of_service_after_s)
+        try:
+            if not ko.ready(await self._get("Node", self._node(node))):
+                await self._taints(
+                    self._node(node),
+                    lambda t: ko.with_taint(t, ko.OUT_OF_SERVICE, ko.OUT_OF_SERVICE_VALUE, "NoExecute"),
+                )
+                log.warning(
+                    "node %s off for %.0fs: tainted %s:NoExecute (its pods and volumes released)",
+                    node,
+                    self.opts.out_of_service_after_s,
+                    ko.OUT_OF_SERVICE,
+                )
+        except SchedulerError as exc:
+            log.error("node %s: the out-of-service taint failed: %s", node, exc)
+
+    async def node_restored(self, node: str, *, saga_id: str) -> None:
+        self._cancel_timer(node)
+        name = self._node(node)
+        await self.wait_ready(name)
+        drop = [(ko.ON_BATTERY, None), (ko.OUT_OF_SERVICE, ko.OUT_OF_SERVICE_VALUE)]
+        await self._taints(name, lambda t: ko.without_taints(t, drop))
+
+    async def wait_ready(self, name: str) -> None:
+        """Until the node reports Ready: one list, then a watch from its resourceVersion; a 410
+        Gone (the history compacted under the watch) lists again. Bounded by ready_timeout_s."""
+        from lightkube import ApiError
+        from lightkube.resources.core_v1 import Node
+
+        async def watch() -> None:
+            while True:
+                nodes = self.client().list(Node, fields={"metadata.name": name})
+                found = [n async for n in nodes]
+                if found and ko.ready(found[0].to_dict()):
+                    return
+                try:
+                    async for kind, obj in self.client().watch(
+                        Node, fields={"metadata.name": name}, resource_version=nodes.resourceVersion
+                    ):
+                        if kind in ("ADDED", "MODIFIED") and ko.ready(obj.to_dict()):
+                            return
+                except ApiError as exc:
+                    if exc.status.code != 410:
+                        raise
+                    self.relists += 1
+                    log.info("node %s: watch answered 410 Gone; listing again", name)
+
+        try:
+            await asyncio.wait_for(self._call(f"watch Node {name}", watch()), self.opts.ready_timeout_s)
+        except TimeoutError:
+            raise SchedulerError(
+                f"kubernetes: node {name} not Ready {self.opts.ready_timeout_s:.0f}s after power-on"
+            ) from None
