@@ -15,10 +15,10 @@ from pathlib import Path
 import yaml
 
 from powerguard.bus import free_ports
+from powerguard.power_control.schedulers.kubernetes import rbac_manifest
 from tests.waiting import eventually_sync
 
-ROOT = Path(__file__).resolve().parents[1]
-RBAC = ROOT / "packaging" / "kubernetes" / "rbac.yaml"
+RBAC = rbac_manifest()
 
 
 def kubectl_binary() -> str | None:

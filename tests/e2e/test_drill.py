@@ -261,3 +261,38 @@ def test_blackout_the_whole_site_loses_power_and_comes_back_by_itself_bit_exact(
     # the outage's one trace goes on after the blackout: the services that started again joined it
     restarted = [s for s in spans if s["name"].startswith("job_restart")]
     assert restarted and {s["traceId"] for s in restarted} == {report["trace_id"]}
+
+
+def test_a_jobset_on_kubernetes_is_suspended_only_after_every_ack_and_resumed_bit_exact(tmp_path):
+    """The job as a JobSet in Kueue on the simulated Kubernetes API server (a pod per node, the
+    ranks' ckpt-agents on the bus): taint and hold on battery, the workload deactivated only
+    after the last ack, nodes off and on, taints removed, hold lifted, workload resumed, the
+    ranks restored bit-exact. The order is read from the API server's own audit log."""
+    from datetime import datetime
+
+    report, _spans, r = drill(tmp_path, "--kubernetes")
+    assert r.returncode == 0, r.stdout[-3000:]
+    assert report["bit_exact"] is True and report["rpo_steps"] == 0
+    assert report["saga_states"][-4:] == ["down", "restoring", "resumed", "done"]
+    k = report["kubernetes"]
+    writes = [" ".join(w.split()[:2]) + (" " + w.split()[2] if len(w.split()) > 2 else "") for w in k["writes"]]
+
+    def at(prefix: str, start: int = 0) -> int:
+        return next(i for i, w in enumerate(writes) if i >= start and w.startswith(prefix))
+
+    taint1 = at("patch nodes/node1 taints=[powerguard.io/on-battery:NoSchedule]")
+    taint2 = at("patch nodes/node2 taints=[powerguard.io/on-battery:NoSchedule]")
+    hold = at("patch clusterqueues/gpus stopPolicy=Hold")
+    off = at("patch workloads/jobset-demo-train active=False")
+    untaint = max(at("patch nodes/node1 taints=[]"), at("patch nodes/node2 taints=[]"))
+    lift = at("patch clusterqueues/gpus stopPolicy=None")
+    on = at("patch workloads/jobset-demo-train active=True")
+    assert max(taint1, taint2, hold) < off < untaint < lift < on, k["writes"]
+    assert at("create events", 0) < off and any("PowerGuardResumed" in w for w in writes[on:]), k["writes"]
+
+    def ts(text: str) -> float:
+        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+    assert ts(k["deactivated_at"]) > ts(report["last_ack_time"]), "the workload was stopped after the last ack"
+    assert k["pods_created"] == 4, "2 pods at the start, 2 when resumed (none while held)"
+    assert report["restored_step"] == report["final_checkpoint_step"]

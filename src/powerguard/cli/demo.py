@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from powerguard.bus import Bus
@@ -51,6 +52,7 @@ async def run_demo(
     steps: int = 300,
     hold_policy: str = "checkpoint-at-stop",
     framework: str = "",
+    kubernetes: bool = False,
     console_port: int | None = 0,
     keep_console: bool = False,
     json_out: Path | None = None,
@@ -67,7 +69,7 @@ async def run_demo(
     work = workdir or Path(tempfile.mkdtemp(prefix="pg-demo-"))
     out_dir = (json_out.parent if json_out else Path.cwd() / "demo-output").resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
-    options = SiteOptions(seed=seed, steps=steps, hold_policy=hold_policy, framework=framework)
+    options = SiteOptions(seed=seed, steps=steps, hold_policy=hold_policy, framework=framework, kubernetes=kubernetes)
     if scenario in ("real-ups", "fsd"):  # a real-time battery (600 s reported) on NUT, a fresh site
         options.ups_driver, options.speed, options.shutdown_reserve_s = "nut", 1.0, 120.0
         options.max_on_battery_s = 900.0  # the UPS ends the hold, not the site's limit
@@ -130,6 +132,10 @@ async def run_demo(
         report["bit_exact"] = _bit_exact(site.final, reference)
         report["seed"] = seed
         report["framework"] = framework or "torch"
+        if site.kube is not None:  # what power-control did to the cluster, from the API server's audit log
+            report["kubernetes"] = site.kube.report()
+            for line in report["kubernetes"]["writes"]:
+                console.print(f"[dim]kubernetes: {escape(line)}[/dim]")
         if scenario != "blackout":  # a blackout's drill closed this one when the broker lost power
             # closed, not drained (as `powerguard try` does): an observer has nothing to flush
             # (its publishes were acknowledged), and nats-py's drain waited its whole 30 s timeout

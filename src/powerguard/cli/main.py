@@ -358,6 +358,13 @@ def demo(
         "checkpoints on a power-cut filesystem, which drops what was not durable, where FUSE mounts); mains "
         "returns and the site comes back by itself",
     ),
+    kubernetes: bool = typer.Option(
+        False,
+        "--kubernetes",
+        help="The job runs as a JobSet in Kueue on a simulated Kubernetes API server (one pod per node): "
+        "power-control's kubernetes adapter taints the nodes and holds admission on battery, suspends the "
+        "workload only after every rank acked, and resumes it after the restore (the outage scenario only)",
+    ),
     seed: int = typer.Option(1234, "--seed", help="Training seed (the reference run uses the same)"),
     steps: int = typer.Option(300, "--steps", min=60, help="Training steps of the job"),
     hold_policy: str = typer.Option(
@@ -388,6 +395,9 @@ def demo(
         err.print("[red]error:[/red] --flap, --race, --real-ups, --fsd, --eval and --blackout are different scenarios")
         raise typer.Exit(2)
     scenario = next((name for name, on in chosen.items() if on), "outage")
+    if kubernetes and (scenario != "outage" or framework):
+        err.print("[red]error:[/red] --kubernetes runs the outage scenario with the plain PyTorch job")
+        raise typer.Exit(2)
     from powerguard.schemas import HOLD_POLICIES
     from powerguard.sim.drill import DrillError
 
@@ -406,6 +416,7 @@ def demo(
                 steps=steps,
                 hold_policy=hold_policy,
                 framework=framework,
+                kubernetes=kubernetes,
                 console_port=console_port,
                 keep_console=keep_console,
                 json_out=json_out,

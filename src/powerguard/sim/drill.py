@@ -438,6 +438,8 @@ def _report(
         "saga_states": [e.data.state.value for _, e in saga],
         "detected_s": round(t_det - t_fail, 3),
         "all_acked_s": round(t_acked - t_fail, 3),
+        # when the last rank sent its last ack (its own event time: before anything it caused)
+        "last_ack_time": max(e.time for _, e in durable).isoformat() if durable else None,
         "nodes_off_s": round(max(off) - t_fail, 3) if off else None,
         "nodes_powered_off": len({e.data.node for _, e in obs.of(NodeState, lambda e: e.data.state == "off")}),
         "power_restored_s": round(max(ready) - t_ret, 3) if ready and off else None,

@@ -33,6 +33,8 @@ import yaml
 from powerguard.bus import EmbeddedNats, embedded_cluster
 from powerguard.bus.roles import SERVICES
 
+from .errors import DrillError
+from .kube_site import KubeSite
 from .otlp import OtlpReceiver
 from .pdu import SimPdu
 from .powercut import PowerCutFs, unavailable
@@ -103,6 +105,7 @@ class SiteOptions:
     train_args: list[str] = field(default_factory=list)  # more flags of sim.train (both runs): an evaluation
     # `powerguard try`: the job's environment (the agent's mode); "{nats_url}" in a value: the site's broker
     job_env: dict[str, str] = field(default_factory=dict)
+    kubernetes: bool = False  # the job is a JobSet on the simulated Kubernetes API server (sim/kube_site.py)
 
 
 @dataclass
@@ -136,6 +139,7 @@ class SimSite:
         self.powercut_unavailable: str | None = None  # why the disks are plain directories (SIGKILL alone)
         self.dark = False  # the site has no power (every process dead, by design)
         self.bmc_argv: dict[str, list[str]] = {}
+        self.kube = KubeSite(self.workdir, self.bmc_state, self.opts.job) if self.opts.kubernetes else None
 
     # ------------------------------------------------------------ the physical site
     def node_on(self, node: str) -> bool:
@@ -310,8 +314,20 @@ class SimSite:
                 "0.5",
             ]
             self._spawn(f"bmc-{n}", self.bmc_argv[n])
+        if self.kube is not None:
+            self._spawn("kube-apiserver", self.kube.argv())
+            await self._kube_listening(30.0)
         self.site_file.write_text(yaml.safe_dump(self._site(ups_port, pdu_port, bmc_ports), sort_keys=False))
         self.start_services()
+
+    async def _kube_listening(self, within_s: float) -> None:
+        log, proc = self.workdir / "kube-apiserver.log", self.procs["kube-apiserver"]
+        deadline = time.monotonic() + within_s
+        while "listening on" not in log.read_text(errors="replace"):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                tail = log.read_text(errors="replace")[-1500:]
+                raise DrillError(f"the simulated Kubernetes API server did not start within {within_s:.0f}s:\n{tail}")
+            await asyncio.sleep(0.1)
 
     def start_services(self) -> None:
         """ups-monitor, the coordinator and power-control, each its own process."""
@@ -390,6 +406,10 @@ class SimSite:
         from powerguard.power_control.schedulers import make_scheduler
         from powerguard.schemas import load_site
 
+        if self.kube is not None:  # a JobSet in Kueue's queue: the simulated cluster runs its pods
+            local = self.ckpt_dir / "{node}" if self.opts.local_scope == "node" else self.ckpt_dir
+            argv = self._train_argv(out=self.final, local_dir=local, nats=True)
+            return await asyncio.to_thread(self.kube.start_job, argv, self.opts.ranks_per_node)
         settings = load_site(self.site_file).settings("power_control", PowerControlSettings)
         self._launcher = make_scheduler(settings.scheduler)
         return await self._launcher.start_job(self.opts.job, nodes=self.node_names, saga_id="demo-start")
@@ -402,7 +422,10 @@ class SimSite:
             return None
 
     def job_running(self) -> bool:
-        """The training job's launcher (started by power-control's process adapter) is alive."""
+        """The training job's launcher (started by power-control's process adapter) is alive;
+        on Kubernetes, a pod of its JobSet is pending or running."""
+        if self.kube is not None:
+            return self.kube.job_running()
         if (pid := self.job_pid()) is None:
             return False
         try:
@@ -568,7 +591,9 @@ class SimSite:
                 "poll_interval_s": 0.2,
                 "device_timeout_s": 5,
                 "outlets_off_on_shutdown": True,
-                "scheduler": {
+                "scheduler": self.kube.scheduler()
+                if self.kube is not None
+                else {
                     "kind": "process",
                     "options": {
                         "stop_timeout_s": 30,

@@ -400,9 +400,7 @@ class Controllers:
                     **pod["status"],
                     "phase": "Succeeded" if rc == 0 else "Failed",
                     "conditions": [_cond("Ready", "False", "PodCompleted")],
-                    "containerStatuses": [
-                        {"name": _container(pod).get("name", "main"), "state": {"terminated": {"exitCode": rc}}}
-                    ],
+                    "containerStatuses": [_container_status(pod, {"terminated": {"exitCode": rc}}, ready=False)],
                 }
                 self.api.update(f"system:node:{node}", PODS, ns, name, pod, sub="status")
 
@@ -438,6 +436,9 @@ class Controllers:
             "hostIP": "127.0.0.1",
             "startTime": now_iso(self.store.clock()),
             "conditions": [_cond("Ready", "True", "")],
+            "containerStatuses": [
+                _container_status(pod, {"running": {"startedAt": now_iso(self.store.clock())}}, ready=True)
+            ],
         }
         self.api.update(f"system:node:{node}", PODS, ns, name, pod, sub="status")
 
@@ -512,6 +513,20 @@ def _field(pod: dict, path: str) -> str:
         "spec.nodeName": (pod.get("spec") or {}).get("nodeName", ""),
         "status.podIP": "127.0.0.1",
     }.get(path, "")
+
+
+def _container_status(pod: dict, state: dict, *, ready: bool) -> dict:
+    """A ContainerStatus with every field the API declares required (clients check them)."""
+    c = _container(pod)
+    return {
+        "name": c.get("name", "main"),
+        "image": c.get("image", "sim"),
+        "imageID": "",
+        "ready": ready,
+        "restartCount": 0,
+        "started": ready,
+        "state": state,
+    }
 
 
 def _cond(type_: str, status: str, reason: str) -> dict:

@@ -191,7 +191,7 @@ class Store:
                 "subresource": sub,
             },
             "responseStatus": {"code": code},
-            "requestReceivedTimestamp": now_iso(self.clock()),
+            "requestReceivedTimestamp": datetime.fromtimestamp(self.clock(), UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
             "resourceVersion": str(self.rv),
             "annotations": {"powerguard.io/detail": detail} if detail else {},
         }

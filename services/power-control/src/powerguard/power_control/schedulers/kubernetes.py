@@ -17,7 +17,8 @@ resources: power-control is asyncio; the official client is synchronous).
   taints; the job start lifts our hold and resumes the workload (Event PowerGuardResumed).
 
 A 403 names the verb, resource and group the API refused; the shipped ClusterRole
-(deploy/kubernetes/rbac.yaml) grants exactly what this file uses."""
+(packaging/kubernetes/rbac.yaml, this package's ``kubernetes-rbac.yaml``: :func:`rbac_manifest`)
+grants exactly what this file uses."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -33,6 +35,11 @@ from . import kube_objects as ko
 from .base import Scheduler, job_name
 
 log = logging.getLogger(__name__)
+
+
+def rbac_manifest() -> Path:
+    """The shipped ServiceAccount, ClusterRole and binding (packaging/kubernetes/rbac.yaml)."""
+    return Path(__file__).with_name("kubernetes-rbac.yaml")
 
 
 class KubernetesOptions(BaseModel):
@@ -73,6 +80,7 @@ class KubernetesScheduler(Scheduler):
             import httpx2
             from lightkube import AsyncClient, KubeConfig
 
+            logging.getLogger("httpx2").setLevel(logging.WARNING)  # not a line per request in the service's log
             config = KubeConfig.from_file(self.opts.kubeconfig) if self.opts.kubeconfig else KubeConfig.from_env()
             self._client = AsyncClient(
                 config=config.get(self.opts.context),
@@ -95,7 +103,7 @@ class KubernetesScheduler(Scheduler):
         try:
             return await coro
         except ApiError as exc:
-            hint = " (the ClusterRole in deploy/kubernetes/rbac.yaml grants it)" if exc.status.code == 403 else ""
+            hint = " (the ClusterRole in packaging/kubernetes/rbac.yaml grants it)" if exc.status.code == 403 else ""
             raise SchedulerError(f"kubernetes: {what}: {exc.status.code} {exc.status.message}{hint}") from None
         except HTTPError as exc:
             raise SchedulerError(f"kubernetes: {what}: {type(exc).__name__}: {exc}") from None
