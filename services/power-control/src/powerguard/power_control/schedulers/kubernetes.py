@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -33,6 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from ..errors import SchedulerError
 from . import kube_objects as ko
 from .base import Scheduler, job_name
+from .kube_api import KubeApi
 
 log = logging.getLogger(__name__)
 
@@ -70,109 +70,16 @@ class KubernetesScheduler(Scheduler):
         self.opts = KubernetesOptions.model_validate(options)
         self.one_stop_s = self.opts.stop_timeout_s + 4 * self.opts.request_timeout_s
         self.instance = instance
-        self._client = None
+        self.api = KubeApi(self.opts.kubeconfig, self.opts.context, self.opts.request_timeout_s, instance)
         self._off_timers: dict[str, asyncio.Task] = {}
-        self.relists = 0  # watches that were answered 410 Gone and listed again
-
-    # ------------------------------------------------------------ client
-    def client(self):
-        if self._client is None:
-            import httpx2
-            from lightkube import AsyncClient, KubeConfig
-
-            logging.getLogger("httpx2").setLevel(logging.WARNING)  # not a line per request in the service's log
-            config = KubeConfig.from_file(self.opts.kubeconfig) if self.opts.kubeconfig else KubeConfig.from_env()
-            self._client = AsyncClient(
-                config=config.get(self.opts.context),
-                timeout=httpx2.Timeout(self.opts.request_timeout_s),
-                field_manager="powerguard",
-            )
-        return self._client
 
     async def close(self) -> None:
         for t in self._off_timers.values():
             t.cancel()
-        if self._client is not None:
-            await self._client.close()
-
-    async def _call(self, what: str, coro):
-        """An API call; its error as a SchedulerError naming what was asked and what the API said."""
-        from httpx2 import HTTPError
-        from lightkube import ApiError
-
-        try:
-            return await coro
-        except ApiError as exc:
-            hint = " (the ClusterRole in packaging/kubernetes/rbac.yaml grants it)" if exc.status.code == 403 else ""
-            raise SchedulerError(f"kubernetes: {what}: {exc.status.code} {exc.status.message}{hint}") from None
-        except HTTPError as exc:
-            raise SchedulerError(f"kubernetes: {what}: {type(exc).__name__}: {exc}") from None
+        await self.api.close()
 
     def _node(self, node: str) -> str:
         return self.opts.node_map.get(node, node)
-
-    # ------------------------------------------------------------ resources
-    @staticmethod
-    def _res(kind: str):
-        from lightkube.generic_resource import create_global_resource, create_namespaced_resource
-        from lightkube.resources.batch_v1 import Job
-        from lightkube.resources.core_v1 import Event, Node, Pod
-
-        custom = {
-            "JobSet": ("jobset.x-k8s.io", "v1alpha2", "jobsets", True),
-            "TrainJob": ("trainer.kubeflow.org", "v1alpha1", "trainjobs", True),
-            "Workload": ("kueue.x-k8s.io", "v1beta1", "workloads", True),
-            "ClusterQueue": ("kueue.x-k8s.io", "v1beta1", "clusterqueues", False),
-        }
-        if kind in custom:
-            group, version, plural, namespaced = custom[kind]
-            make = create_namespaced_resource if namespaced else create_global_resource
-            return make(group, version, kind, plural)
-        return {"Node": Node, "Pod": Pod, "Job": Job, "Event": Event}[kind]
-
-    async def _get(self, kind: str, name: str, namespace: str | None = None) -> dict:
-        res = self._res(kind)
-        kw = {"namespace": namespace} if namespace else {}
-        obj = await self._call(f"get {kind} {name}", self.client().get(res, name, **kw))
-        return obj.to_dict()
-
-    async def _list(
-        self, kind: str, *, namespace: str | None = None, labels: dict | None = None, fields: dict | None = None
-    ) -> list[dict]:
-        res = self._res(kind)
-        kw = (
-            {"namespace": namespace}
-            if namespace
-            else ({"namespace": "*"} if kind in ("Pod", "Workload", "JobSet", "TrainJob", "Job") else {})
-        )
-
-        async def collect() -> list[dict]:
-            return [o.to_dict() async for o in self.client().list(res, labels=labels, fields=fields, **kw)]
-
-        return await self._call(f"list {kind}", collect())
-
-    async def _patch(self, kind: str, name: str, patch, *, namespace: str | None = None, json_patch: bool = False):
-        from lightkube.types import PatchType
-
-        kw = {"namespace": namespace} if namespace else {}
-        return await self._call(
-            f"patch {kind} {name}",
-            self.client().patch(
-                self._res(kind), name, patch, patch_type=PatchType.JSON if json_patch else PatchType.MERGE, **kw
-            ),
-        )
-
-    async def _event(self, obj: dict, reason: str, message: str) -> None:
-        from lightkube.resources.core_v1 import Event
-
-        body = ko.event(obj, reason, message, instance=self.instance, now=time.time())
-        try:
-            await self._call(
-                f"create Event {reason}",
-                self.client().create(Event.from_dict(body), namespace=body["metadata"]["namespace"]),
-            )
-        except SchedulerError as exc:  # an Event is a report, never a reason to fail the step
-            log.warning("%s", exc)
 
     # ------------------------------------------------------------ taints
     async def _taints(self, node: str, change) -> bool:
@@ -180,7 +87,7 @@ class KubernetesScheduler(Scheduler):
         resourceVersion read (a JSON patch with a ``test``: a concurrent writer's 422/409 is read
         again), so nobody else's taint is lost."""
         for _ in range(5):
-            obj = await self._get("Node", node)
+            obj = await self.api.get("Node", node)
             taints = (obj.get("spec") or {}).get("taints") or []
             new = change(taints)
             if new is None:
@@ -190,7 +97,7 @@ class KubernetesScheduler(Scheduler):
                 {"op": "add", "path": "/spec/taints", "value": new},
             ]
             try:
-                await self._patch("Node", node, ops, json_patch=True)
+                await self.api.patch("Node", node, ops, json_patch=True)
                 return True
             except SchedulerError as exc:
                 if " 409 " not in str(exc) and " 422 " not in str(exc):
@@ -201,10 +108,10 @@ class KubernetesScheduler(Scheduler):
         return await self._taints(self._node(node), lambda t: ko.with_taint(t, ko.ON_BATTERY, saga_id, "NoSchedule"))
 
     # ------------------------------------------------------------ the hold
-    async def _cluster_queues(self) -> list[dict]:
+    async def cluster_queues(self) -> list[dict]:
         if self.opts.cluster_queues == []:
             return []
-        cqs = await self._list("ClusterQueue")
+        cqs = await self.api.list("ClusterQueue")
         if self.opts.cluster_queues is None:
             return cqs
         return [c for c in cqs if c["metadata"]["name"] in self.opts.cluster_queues]
@@ -213,9 +120,9 @@ class KubernetesScheduler(Scheduler):
         if not self.opts.kueue:
             return []
         held = []
-        for cq in await self._cluster_queues():
+        for cq in await self.cluster_queues():
             if (patch := ko.hold_patch(cq, saga_id)) is not None:
-                await self._patch("ClusterQueue", cq["metadata"]["name"], patch)
+                await self.api.patch("ClusterQueue", cq["metadata"]["name"], patch)
                 held.append(cq["metadata"]["name"])
         return held
 
@@ -223,9 +130,9 @@ class KubernetesScheduler(Scheduler):
         if not self.opts.kueue:
             return []
         lifted = []
-        for cq in await self._cluster_queues():
+        for cq in await self.cluster_queues():
             if (patch := ko.release_patch(cq, saga_id)) is not None:
-                await self._patch("ClusterQueue", cq["metadata"]["name"], patch)
+                await self.api.patch("ClusterQueue", cq["metadata"]["name"], patch)
                 lifted.append(cq["metadata"]["name"])
         return lifted
 
@@ -254,7 +161,7 @@ class KubernetesScheduler(Scheduler):
         pods: list[dict] = []
         for ns in self.opts.namespaces or [None]:
             for node in nodes:
-                pods += await self._list(
+                pods += await self.api.list(
                     "Pod", namespace=ns, labels={self.opts.job_label: job}, fields={"spec.nodeName": self._node(node)}
                 )
         tops: dict[str, dict] = {}
@@ -262,7 +169,7 @@ class KubernetesScheduler(Scheduler):
             obj, ns = pod, pod["metadata"]["namespace"]
             chain = [pod]
             while (ref := ko.controller(obj)) is not None and ref.get("kind") in ko.CHAIN_KINDS:
-                obj = await self._get(ref["kind"], ref["name"], ns)
+                obj = await self.api.get(ref["kind"], ref["name"], ns)
                 chain.append(obj)
             top = next((o for o in reversed(chain) if o.get("kind") in ko.SUSPENDABLE), None)
             if top is not None:
@@ -273,7 +180,7 @@ class KubernetesScheduler(Scheduler):
         if not self.opts.kueue:
             return None
         ns, uid = top["metadata"]["namespace"], top["metadata"]["uid"]
-        for wl in await self._list("Workload", namespace=ns):
+        for wl in await self.api.list("Workload", namespace=ns):
             if any(o.get("uid") == uid for o in wl["metadata"].get("ownerReferences") or []):
                 return wl
         return None
@@ -282,32 +189,13 @@ class KubernetesScheduler(Scheduler):
         left: list[dict] = []
         for ns in self.opts.namespaces or [None]:
             for node in nodes:
-                left += await self._list(
+                left += await self.api.list(
                     "Pod",
                     namespace=ns,
                     labels={self.opts.job_label: job_name(job)},
                     fields={"spec.nodeName": self._node(node)},
                 )
         return left
-
-    async def _evict(self, pod: dict) -> str | None:
-        """Evict one pod; None when done, else why not (a PodDisruptionBudget's own words)."""
-        from lightkube import ApiError
-        from lightkube.models.meta_v1 import ObjectMeta
-        from lightkube.resources.core_v1 import Pod
-
-        name, ns = pod["metadata"]["name"], pod["metadata"]["namespace"]
-        body = Pod.Eviction(metadata=ObjectMeta(name=name, namespace=ns))
-        try:
-            await self.client().create(body, name=name, namespace=ns)
-            return None
-        except ApiError as exc:
-            if exc.status.code == 404:
-                return None
-            details = exc.status.details.to_dict() if exc.status.details else None
-            return (
-                f"pod {ns}/{name}: eviction refused ({exc.status.code}): {ko.refused_by(details, exc.status.message)}"
-            )
 
     async def prepare_shutdown(self, node: str, *, saga_id: str, jobs: Sequence[str]) -> str:
         self._cancel_timer(node)
@@ -321,15 +209,15 @@ class KubernetesScheduler(Scheduler):
         for top in tops:
             meta, kind = top["metadata"], top["kind"]
             label = {"metadata": {"labels": {ko.SUSPENDED_BY: saga_id, self.opts.job_label: job_name(job)}}}
-            await self._event(
+            await self.api.event(
                 top,
                 "PowerGuardCheckpointed",
                 f"every rank of job {job} acked its checkpoint (outage {saga_id}); stopping it before the power-off",
             )
             wl = await self._kueue_workload(top)
-            await self._patch(kind, meta["name"], label, namespace=meta["namespace"])
+            await self.api.patch(kind, meta["name"], label, namespace=meta["namespace"])
             if wl is not None:
-                await self._patch(
+                await self.api.patch(
                     "Workload",
                     wl["metadata"]["name"],
                     {**label, "spec": {"active": False}},
@@ -337,9 +225,9 @@ class KubernetesScheduler(Scheduler):
                 )
                 said.append(f"deactivated Workload {meta['namespace']}/{wl['metadata']['name']}")
             else:
-                await self._patch(kind, meta["name"], {"spec": {"suspend": True}}, namespace=meta["namespace"])
+                await self.api.patch(kind, meta["name"], {"spec": {"suspend": True}}, namespace=meta["namespace"])
                 said.append(f"suspended {kind} {meta['namespace']}/{meta['name']}")
-            await self._event(top, "PowerGuardSuspended", f"{said[-1]} for outage {saga_id}")
+            await self.api.event(top, "PowerGuardSuspended", f"{said[-1]} for outage {saga_id}")
         refusals = await self._drain_job(job, nodes, evict_all=not tops)
         if refusals:
             raise SchedulerError(f"kubernetes: job {job}: {'; '.join(refusals)}")
@@ -361,7 +249,7 @@ class KubernetesScheduler(Scheduler):
                 uid = pod["metadata"]["uid"]
                 if pod["metadata"].get("deletionTimestamp") or uid in evicted or loop.time() < grace_until:
                     continue
-                why = await self._evict(pod)
+                why = await self.api.evict(pod)
                 if why is None:
                     evicted.add(uid)
                     refusals.pop(uid, None)
@@ -378,15 +266,15 @@ class KubernetesScheduler(Scheduler):
         await self.release(None)  # nothing new was admitted while on battery; the restore lifts it first
         said = []
         sel = {ko.SUSPENDED_BY: None, self.opts.job_label: job_name(job)}
-        wls = await self._list("Workload", labels=sel) if self.opts.kueue else []
+        wls = await self.api.list("Workload", labels=sel) if self.opts.kueue else []
         drop = {"metadata": {"labels": {ko.SUSPENDED_BY: None}}}
         for wl in wls:
             m = wl["metadata"]
-            await self._patch("Workload", m["name"], {**drop, "spec": {"active": True}}, namespace=m["namespace"])
+            await self.api.patch("Workload", m["name"], {**drop, "spec": {"active": True}}, namespace=m["namespace"])
             said.append(f"reactivated Workload {m['namespace']}/{m['name']}")
         for kind in ("JobSet", "TrainJob"):
             try:
-                tops = await self._list(kind, labels=sel)
+                tops = await self.api.list(kind, labels=sel)
             except SchedulerError as exc:
                 if " 404 " in str(exc):  # that custom resource is not installed in this cluster
                     continue
@@ -394,10 +282,10 @@ class KubernetesScheduler(Scheduler):
             for top in tops:
                 m = top["metadata"]
                 patch = drop if wls else {**drop, "spec": {"suspend": False}}
-                await self._patch(kind, m["name"], patch, namespace=m["namespace"])
+                await self.api.patch(kind, m["name"], patch, namespace=m["namespace"])
                 if not wls:
                     said.append(f"resumed {kind} {m['namespace']}/{m['name']}")
-                await self._event(
+                await self.api.event(
                     top,
                     "PowerGuardResumed",
                     f"job {job} resumed after outage {saga_id}; its ranks restore from the newest committed checkpoint",
@@ -418,7 +306,7 @@ class KubernetesScheduler(Scheduler):
     async def _out_of_service(self, node: str) -> None:
         await asyncio.sleep(self.opts.out_of_service_after_s)
         try:
-            if not ko.ready(await self._get("Node", self._node(node))):
+            if not ko.ready(await self.api.get("Node", self._node(node))):
                 await self._taints(
                     self._node(node),
                     lambda t: ko.with_taint(t, ko.OUT_OF_SERVICE, ko.OUT_OF_SERVICE_VALUE, "NoExecute"),
@@ -440,32 +328,5 @@ class KubernetesScheduler(Scheduler):
         await self._taints(name, lambda t: ko.without_taints(t, drop))
 
     async def wait_ready(self, name: str) -> None:
-        """Until the node reports Ready: one list, then a watch from its resourceVersion; a 410
-        Gone (the history compacted under the watch) lists again. Bounded by ready_timeout_s."""
-        from lightkube import ApiError
-        from lightkube.resources.core_v1 import Node
-
-        async def watch() -> None:
-            while True:
-                nodes = self.client().list(Node, fields={"metadata.name": name})
-                found = [n async for n in nodes]
-                if found and ko.ready(found[0].to_dict()):
-                    return
-                try:
-                    async for kind, obj in self.client().watch(
-                        Node, fields={"metadata.name": name}, resource_version=nodes.resourceVersion
-                    ):
-                        if kind in ("ADDED", "MODIFIED") and ko.ready(obj.to_dict()):
-                            return
-                except ApiError as exc:
-                    if exc.status.code != 410:
-                        raise
-                    self.relists += 1
-                    log.info("node %s: watch answered 410 Gone; listing again", name)
-
-        try:
-            await asyncio.wait_for(self._call(f"watch Node {name}", watch()), self.opts.ready_timeout_s)
-        except TimeoutError:
-            raise SchedulerError(
-                f"kubernetes: node {name} not Ready {self.opts.ready_timeout_s:.0f}s after power-on"
-            ) from None
+        """Until the node reports Ready (KubeApi.wait_ready), bounded by ready_timeout_s."""
+        await self.api.wait_ready(name, self.opts.ready_timeout_s)

@@ -1,0 +1,96 @@
+"""The Kubernetes adapter's pure rules: taint lists that never lose anyone else's taint, a hold
+lifted only by whoever placed it, an eviction's refusal in the budget's own words, and the
+outage edges read from the coordinator's announcements."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from powerguard.power_control.saga_edges import SagaEdges
+from powerguard.power_control.schedulers import kube_objects as ko
+from powerguard.power_control.schedulers.base import NoScheduler
+from powerguard.schemas import SagaData, SagaState, SagaStateChanged
+
+OURS = {"key": ko.ON_BATTERY, "value": "s1", "effect": "NoSchedule"}
+THEIRS = {"key": "maintenance", "value": "ops", "effect": "NoSchedule"}
+
+
+def test_a_taint_is_added_once_and_others_are_kept():
+    assert ko.with_taint([THEIRS], ko.ON_BATTERY, "s1", "NoSchedule") == [THEIRS, OURS]
+    assert ko.with_taint([THEIRS, OURS], ko.ON_BATTERY, "s2", "NoSchedule") is None  # already fenced
+
+
+def test_only_the_named_taints_are_removed_and_none_means_nothing_to_write():
+    assert ko.without_taints([THEIRS, OURS], [(ko.ON_BATTERY, "s1")]) == [THEIRS]
+    assert ko.without_taints([THEIRS, OURS], [(ko.ON_BATTERY, "s2")]) is None  # another outage's taint stays
+    oos = {"key": ko.OUT_OF_SERVICE, "value": "nodeshutdown", "effect": "NoExecute"}
+    assert ko.without_taints([oos], [(ko.OUT_OF_SERVICE, ko.OUT_OF_SERVICE_VALUE)]) is None  # an operator's
+
+
+def test_a_hold_is_placed_on_an_open_queue_and_lifted_only_by_its_saga():
+    cq = {"metadata": {"name": "gpus"}, "spec": {}}
+    patch = ko.hold_patch(cq, "s1")
+    assert patch["spec"] == {"stopPolicy": "Hold"} and patch["metadata"]["annotations"][ko.HELD_BY] == "s1"
+    held = {"metadata": {"name": "gpus", "annotations": patch["metadata"]["annotations"]}, "spec": patch["spec"]}
+    assert ko.hold_patch(held, "s2") is None
+    assert ko.release_patch(held, "s2") is None
+    assert ko.release_patch(held, "s1")["spec"] == {"stopPolicy": "None"}
+    drained_by_ops = {"metadata": {"name": "gpus"}, "spec": {"stopPolicy": "HoldAndDrain"}}
+    assert ko.hold_patch(drained_by_ops, "s1") is None and ko.release_patch(drained_by_ops) is None
+
+
+def test_an_eviction_refusal_names_the_budget():
+    details = {"causes": [{"reason": "DisruptionBudget", "message": "The disruption budget web needs 2 healthy pods"}]}
+    assert ko.refused_by(details, "Cannot evict pod") == "The disruption budget web needs 2 healthy pods"
+    assert ko.refused_by(None, "Cannot evict pod") == "Cannot evict pod"
+
+
+def test_the_controller_reference_is_the_owner_that_recreates():
+    pod = {
+        "metadata": {
+            "ownerReferences": [{"kind": "Node", "name": "x"}, {"kind": "Job", "name": "j", "controller": True}]
+        }
+    }
+    assert ko.controller(pod)["name"] == "j"
+    assert ko.controller({"metadata": {}}) is None
+
+
+def saga(state: SagaState, *, saga_id: str = "s1", drill: bool = False) -> SagaStateChanged:
+    return SagaStateChanged(
+        source="test",
+        time=datetime.now(UTC),
+        data=SagaData(saga_id=saga_id, site="demo", state=state, nodes=["n1"], drill=drill),
+    )
+
+
+def test_an_outage_starts_once_and_ends_once_and_a_drill_changes_nothing():
+    edges = SagaEdges(NoScheduler(), {"n1"})
+    assert edges.edge(saga(SagaState.DETECTED)) == "start"
+    edges.started.add("s1")
+    assert edges.edge(saga(SagaState.CHECKPOINTING)) is None
+    assert edges.edge(saga(SagaState.CANCELLED)) == "end"
+    edges.ended.add("s1")
+    assert edges.edge(saga(SagaState.DONE)) is None
+    assert edges.edge(saga(SagaState.DETECTED, saga_id="d1", drill=True)) is None
+    assert edges.edge(saga(SagaState.RESTORING, saga_id="s9")) is None  # seen first after its shutdown: no fence
+
+
+async def test_the_adapter_is_told_the_edges_with_the_sites_nodes_only():
+    calls = []
+
+    class Recording(NoScheduler):
+        async def on_battery(self, nodes, *, saga_id):
+            calls.append(("start", list(nodes), saga_id))
+            return "ok"
+
+        async def outage_over(self, nodes, *, saga_id):
+            calls.append(("end", list(nodes), saga_id))
+            return "ok"
+
+    edges = SagaEdges(Recording(), {"n1"})
+    event = saga(SagaState.CHECKPOINTING)
+    event.data.nodes.append("elsewhere")
+    await edges.on(event)
+    await edges.on(saga(SagaState.HOLDING))
+    await edges.on(saga(SagaState.DONE))
+    assert calls == [("start", ["n1"], "s1"), ("end", ["n1"], "s1")]
