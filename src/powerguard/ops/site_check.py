@@ -138,9 +138,15 @@ async def drivers(site: SiteConfig, found: list[Finding] = ()) -> list[Finding]:
     from powerguard.power_control.schedulers import make_scheduler
 
     try:
-        make_scheduler(control.scheduler)
+        jobs = make_scheduler(control.scheduler)
     except PowerGuardError as exc:
         out.append(problem("job adapter", str(exc)))
+    else:
+        try:
+            if why := await jobs.check():
+                out.append(problem("job adapter", why))
+        finally:
+            await jobs.close()
     devices = Devices(site, control)
     # (what, the site's thing it belongs to, name, how power-control builds its driver)
     built = [("pdu", "pdu", p.name, devices.pdu) for p in site.pdus]

@@ -276,3 +276,16 @@ async def test_a_403_names_the_verb_and_resource_the_role_lacks(cluster, tmp_pat
         err.value
     ), err.value
     assert "packaging/kubernetes/rbac.yaml" in str(err.value), "the error says where the permission is granted"
+
+
+async def test_config_check_reaches_the_api_server_and_names_what_is_wrong(cluster, tmp_path):
+    good = adapter(cluster)
+    wrong_map = adapter(cluster, node_map={"n1": "n1", "n3": "gpu-17"})
+    no_file = KubernetesScheduler({"kubeconfig": str(tmp_path / "missing.kubeconfig")})
+    try:
+        assert await good.check() is None
+        assert await wrong_map.check() == "kubernetes: node_map names nodes the cluster lacks: gpu-17"
+        assert "missing.kubeconfig" in await no_file.check()
+    finally:
+        for k in (good, wrong_map, no_file):
+            await k.close()

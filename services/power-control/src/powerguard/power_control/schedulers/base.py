@@ -71,6 +71,10 @@ class Scheduler(ABC):
         """The node's shutdown ended with it off (never raises: the shutdown is done)."""
         return None
 
+    async def check(self) -> str | None:
+        """Can the adapter reach what it drives (``powerguard config check``)? None, or what is wrong."""
+        return None
+
     async def close(self) -> None:
         return None
 

@@ -73,6 +73,17 @@ class KubernetesScheduler(Scheduler):
         self.api = KubeApi(self.opts.kubeconfig, self.opts.context, self.opts.request_timeout_s, instance)
         self._off_timers: dict[str, asyncio.Task] = {}
 
+    async def check(self) -> str | None:
+        """The kubeconfig loads, the API server answers, and the nodes may be read."""
+        try:
+            nodes = await self.api.list("Node")
+        except SchedulerError as exc:
+            return str(exc)
+        except Exception as exc:  # a kubeconfig that does not load: lightkube's own error type
+            return f"kubernetes: {type(exc).__name__}: {exc}"
+        missing = [n for n in self.opts.node_map.values() if n not in {x["metadata"]["name"] for x in nodes}]
+        return f"kubernetes: node_map names nodes the cluster lacks: {', '.join(missing)}" if missing else None
+
     async def close(self) -> None:
         for t in self._off_timers.values():
             t.cancel()
