@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from _provenance import provenance
 from _report_power import power_section
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -14,6 +15,23 @@ RESULTS = ROOT / "bench" / "results"
 def load(name: str) -> dict | None:
     path = RESULTS / f"{name}.json"
     return json.loads(path.read_text()) if path.exists() else None
+
+
+def provenance_section() -> str:
+    """When and on which commit each results file was measured (its own stamp, else the commit
+    that last wrote it): a figure says how old it is."""
+    rows = []
+    for path in sorted(RESULTS.glob("*.json")):
+        when, commit = provenance(path, json.loads(path.read_text()))
+        rows.append(f"| `bench/results/{path.name}` | {when} | `{commit}` |")
+    return (
+        "\n## When each figure was measured\n\n"
+        "Each results file's own stamp (`measured_at`, `commit`: the code it ran; `+changes`: with edits not\n"
+        "committed yet), else the commit that last wrote it. A figure older than the code it describes is\n"
+        "re-measured by running its benchmark (CI runs the scale benchmarks at smoke sizes, so none of them\n"
+        "stops working unnoticed: `tests/integration/test_bench_smoke.py`).\n\n"
+        "| results | measured | commit |\n|---|---|---|\n" + "\n".join(rows) + "\n"
+    )
 
 
 def hold_section() -> str:
@@ -94,7 +112,7 @@ SCALE_ROWS = [
     ("largest KV value (the record as one JSON value)", "≤ 256 KiB"),
     ("bytes one save writes (p50 / max)", "—"),
     ("coordinator peak RSS (per rank)", "≤ 1 GiB"),
-    ("coordinator CPU (per rank's ack)", "—"),
+    ("coordinator CPU (per rank's ack)", "≤ 10 µs"),
 ]
 
 
@@ -117,6 +135,17 @@ the record stored after each batch. Scope: {sc["scope"]}.
 | figure | target (100k) | {" | ".join(f"{n:,} ranks" for n in cols)} |
 |---|---|{"---|" * len(cols)}
 {rows}
+{_growth(sc)}"""
+
+
+def _growth(sc: dict) -> str:
+    """The per-rank ack cost's growth with the site (flat: 1.0; issue target ≤ 1.2)."""
+    g = sc.get("ack_cost_growth")
+    if g is None:
+        return ""
+    verdict = "met" if g <= 1.2 else "not met: a save still serializes and walks the whole record"
+    return f"""
+Per-rank ack cost at 100,000 ranks over 10,000 (`ack_cost_growth`): **{g}** (target ≤ 1.2: {verdict}).
 """
 
 
@@ -589,6 +618,7 @@ No GPU was lent to this project's sessions so far: `bench/gpu_checkpoint.py` ran
 """
     text += power_section((load("checkpoint") or {}).get("power_checkpoint"))
     text += hold_section()
+    text += provenance_section()
     (ROOT / "docs" / "performance.md").write_text(text)
     print("wrote docs/performance.md")
 

@@ -5,11 +5,14 @@
 
 A real nats-server (embedded), the coordinator as its own process, simulated ranks (core NATS
 subscriptions, one per rank) and the measuring clock in this process. Writes
-bench/results/saga.json.
+bench/results/saga.json. Every wait is bounded and fails naming what it waited for;
+``--smoke`` runs both scenarios small (seconds: CI runs it, so a product change that breaks the
+benchmark fails CI) and writes nothing unless ``--out`` is given.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import os
@@ -20,13 +23,27 @@ import time
 from pathlib import Path
 
 import yaml
+from _provenance import stamp
 
 from powerguard.bus import Bus, BusNames, EmbeddedNats
-from powerguard.schemas import LowBattery, NatsSettings, NodeConfig, OnBattery, OnLine, PowerData, SiteConfig, UpsConfig
+from powerguard.schemas import LowBattery, NatsSettings, NodeConfig, OnBattery, PowerData, SiteConfig, UpsConfig
 from powerguard.sim.agents import SimulatedRanks
 
 RESULTS = Path(__file__).parent / "results" / "saga.json"
 RANKS_PER_NODE = 8
+
+
+class BenchTimeout(RuntimeError):
+    """A benchmark's wait ran out: names what it waited for and what it saw."""
+
+
+async def until(cond, timeout_s: float, what: str, seen=lambda: "") -> None:
+    """Poll ``cond`` until true; BenchTimeout naming ``what`` (and ``seen()``) after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        if time.monotonic() > deadline:
+            raise BenchTimeout(f"timed out after {timeout_s:.0f}s waiting for {what}; {seen()}")
+        await asyncio.sleep(0.001)
 
 
 def topology(ranks: int, ranks_per_job: int) -> tuple[SiteConfig, dict[str, list[str]]]:
@@ -94,36 +111,39 @@ def power(on_battery: bool, runtime: float) -> PowerData:
     return PowerData(site="bench", ups="ups-a", on_battery=on_battery, runtime_s=runtime, charge_pct=90)
 
 
-async def scenario_a(server: EmbeddedNats, tmp: Path, runs: int = 5) -> dict:
-    site, jobs = topology(1024, 16)
+async def scenario_a(server: EmbeddedNats, tmp: Path, *, ranks: int = 1024, runs: int = 5) -> dict:
+    """Each run a fresh site (its own stream, buckets and coordinator) and its first outage: a
+    flap no longer ends a saga whose ranks never answer (it restores), so a run never reuses one."""
+    site, jobs = topology(ranks, 16)
     total = sum(len(r) for r in jobs.values())
-    names = BusNames.isolated("benchA")
-    bus = await Bus.connect(server.url, service="bench", names=names)
-    # A measures the fan-out of requests: the ranks stay silent so that acks (B) do not share the clock
-    ranks = SimulatedRanks(
-        bus, jobs, silent={(j, r) for j, nodes in jobs.items() for r in range(len(nodes))}, heartbeat_s=None
-    )
-    await ranks.start()
-    proc, drain = await start_coordinator(server, site, names, tmp)
     all_requested, per_rank = [], []
-    try:
-        for _ in range(runs):
-            ranks.requests_seen.clear()
+    for run in range(runs):
+        names = BusNames.isolated(f"benchA{run}")
+        bus = await Bus.connect(server.url, service="bench", names=names)
+        # A measures the fan-out of requests: the ranks stay silent so that acks (B) do not share the clock
+        sim = SimulatedRanks(
+            bus, jobs, silent={(j, r) for j, nodes in jobs.items() for r in range(len(nodes))}, heartbeat_s=None
+        )
+        await sim.start(heard=True)
+        proc, drain = await start_coordinator(server, site, names, tmp)
+        try:
             t0 = time.perf_counter()
             await bus.publish(OnBattery(data=power(True, 3000)))
-            while len(ranks.requests_seen) < total:
-                await asyncio.sleep(0.001)
-            seen = [t - t0 for t in ranks.requests_seen.values()]
+            await until(
+                lambda sim=sim: len(sim.requests_seen) >= total,
+                30,
+                f"every one of {total} ranks to see its checkpoint request (run {run + 1})",
+                lambda sim=sim: f"{len(sim.requests_seen)} saw it",
+            )
+            seen = [t - t0 for t in sim.requests_seen.values()]
             all_requested.append(max(seen))
             per_rank += seen
-            await bus.publish(OnLine(data=power(False, 3000)))  # flap: the saga is cancelled
-            await asyncio.sleep(0.5)
-    finally:
-        proc.terminate()
-        await proc.wait()
-        drain.cancel()
-        await ranks.stop()
-        await bus.close()
+        finally:
+            proc.terminate()
+            await proc.wait()
+            drain.cancel()
+            await sim.stop()
+            await bus.close()
     return {
         "ranks": total,
         "runs": runs,
@@ -133,13 +153,13 @@ async def scenario_a(server: EmbeddedNats, tmp: Path, runs: int = 5) -> dict:
     }
 
 
-async def scenario_b(server: EmbeddedNats, tmp: Path) -> dict:
-    site, jobs = topology(10_240, 64)
+async def scenario_b(server: EmbeddedNats, tmp: Path, *, ranks: int = 10_240) -> dict:
+    site, jobs = topology(ranks, 64)
     names = BusNames.isolated("benchB")
     bus = await Bus.connect(server.url, service="bench", names=names)
-    ranks = SimulatedRanks(bus, jobs, heartbeat_s=None)
+    sim = SimulatedRanks(bus, jobs, heartbeat_s=None)
     t = time.perf_counter()
-    await ranks.start()
+    await sim.start(heard=True)
     register_s = time.perf_counter() - t
     proc, drain = await start_coordinator(server, site, names, tmp)
     shutdowns: dict[str, float] = {}
@@ -154,19 +174,23 @@ async def scenario_b(server: EmbeddedNats, tmp: Path) -> dict:
         # low battery with 300 s left: checkpoint budget 235 s, and shutdown as soon as every rank acked
         await bus.publish(LowBattery(data=power(True, 300).model_copy(update={"status": ["OB", "LB"]})))
         nodes = len(site.nodes)
-        deadline = time.monotonic() + 120
-        while len(shutdowns) < nodes and time.monotonic() < deadline:
-            await asyncio.sleep(0.005)
-        if len(shutdowns) < nodes:
-            raise RuntimeError(f"only {len(shutdowns)} of {nodes} shutdown commands within 120 s")
-        last_ack = max(ranks.acked_at.values())
-        requested = max(ranks.requests_seen.values()) - t0
+        await until(
+            lambda: len(shutdowns) >= nodes,
+            120,
+            f"shutdown commands for all {nodes} nodes",
+            lambda: (
+                f"{len(shutdowns)} issued, {len(sim.requests_seen)} ranks requested, "
+                f"{sum(len(a) for a in sim.acked.values())} acked"
+            ),
+        )
+        last_ack = max(sim.acked_at.values())
+        requested = max(sim.requests_seen.values()) - t0
     finally:
         await sub.unsubscribe()
         proc.terminate()
         await proc.wait()
         drain.cancel()
-        await ranks.stop()
+        await sim.stop()
         await bus.close()
     return {
         "ranks": sum(len(r) for r in jobs.values()),
@@ -174,7 +198,7 @@ async def scenario_b(server: EmbeddedNats, tmp: Path) -> dict:
         "jobs": len(jobs),
         "register_s": round(register_s, 2),
         "all_ranks_requested_ms": _ms(requested),
-        "acks_window_s": round(last_ack - min(ranks.acked_at.values()), 3),
+        "acks_window_s": round(last_ack - min(sim.acked_at.values()), 3),
         "last_ack_to_all_shutdowns_ms": _ms(max(shutdowns.values()) - last_ack),
         "last_ack_to_first_shutdown_ms": _ms(min(shutdowns.values()) - last_ack),
         "target_ms": 1000,
@@ -185,15 +209,15 @@ def _ms(seconds: float) -> float:
     return round(seconds * 1000, 1)
 
 
-async def _run(sync: str) -> tuple[dict, dict]:
+async def _run(sync: str, *, ranks_a: int, ranks_b: int, runs: int) -> tuple[dict, dict]:
     with tempfile.TemporaryDirectory() as tmp, EmbeddedNats(store_dir=tmp, sync=sync) as server:
-        a = await scenario_a(server, Path(tmp))
+        a = await scenario_a(server, Path(tmp), ranks=ranks_a, runs=runs)
         print(
             f"[sync_interval {sync}] A {a['ranks']} ranks: on_battery -> every rank requested  "
             f"p50 {a['all_ranks_requested_ms']['p50']} ms, max {a['all_ranks_requested_ms']['max']} ms "
             "(target <= 100 ms)"
         )
-        b = await scenario_b(server, Path(tmp))
+        b = await scenario_b(server, Path(tmp), ranks=ranks_b)
         print(
             f"[sync_interval {sync}] B {b['ranks']} ranks: last ack -> {b['nodes']} shutdown commands  "
             f"{b['last_ack_to_all_shutdowns_ms']} ms (target <= 1000 ms); on_battery -> every rank requested "
@@ -202,11 +226,21 @@ async def _run(sync: str) -> tuple[dict, dict]:
     return a, b
 
 
-async def main() -> None:
+async def main(argv: list[str] | None = None) -> None:
     """Both scenarios with the broker setting PowerGuard ships (``sync_interval: always``: every
     write fsynced before it is acknowledged), then with NATS's default (2m), in one run."""
-    a, b = await _run("always")
-    a2, b2 = await _run("2m")
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--ranks-a", type=int, default=1024)
+    ap.add_argument("--ranks-b", type=int, default=10_240)
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--smoke", action="store_true", help="A 64 ranks, B 512 ranks, one run, shipped sync only")
+    ap.add_argument("--out", type=Path, default=None, help=f"results file (default {RESULTS}; none with --smoke)")
+    args = ap.parse_args(argv)
+    if args.smoke:
+        args.ranks_a, args.ranks_b, args.runs = 64, 512, 1
+    sizes = {"ranks_a": args.ranks_a, "ranks_b": args.ranks_b, "runs": args.runs}
+    a, b = await _run("always", **sizes)
+    a2, b2 = (a, b) if args.smoke else await _run("2m", **sizes)
     result = {
         "machine": f"{os.cpu_count()} cores",
         "python": sys.version.split()[0],
@@ -223,9 +257,11 @@ async def main() -> None:
             for sync, x, y in (("always", a, b), ("2m", a2, b2))
         },
     }
-    RESULTS.parent.mkdir(exist_ok=True)
-    RESULTS.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {RESULTS}")
+    out = args.out or (None if args.smoke else RESULTS)
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(stamp(result), indent=2) + "\n")
+        print(f"wrote {out}")
 
 
 if __name__ == "__main__":

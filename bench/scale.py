@@ -29,6 +29,7 @@ import sys
 import time
 from pathlib import Path
 
+from _provenance import stamp
 from _site import JOB_RANKS, PER_NODE, Layout, connect, nats_cluster, site_args
 
 RESULTS = Path(__file__).parent / "results" / "scale.json"
@@ -191,8 +192,11 @@ def main() -> None:
         "batch": INPUT_BATCH,
         "sizes": rows,
     }
+    cost = {row["ranks"]: row["ack_cpu_us_per_rank"] for row in rows}
+    if 10_000 in cost and 100_000 in cost:  # the figure: per-rank cost at 100k over 10k (flat: 1.0)
+        result["ack_cost_growth"] = round(cost[100_000] / cost[10_000], 2)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    args.out.write_text(json.dumps(stamp(result), indent=1) + "\n")
     print(f"wrote {args.out}")
 
 

@@ -45,9 +45,13 @@ class SimulatedRanks:
     _tasks: set = field(default_factory=set)
     _ack_slots: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(256))
 
-    async def start(self, *, register: bool = True) -> None:
+    async def start(self, *, register: bool = True, heard: bool = False) -> None:
+        """Register every rank (and with ``heard``, beat once at once: the coordinator counts a
+        rank heard from its second record, as a live agent's first heartbeat), then answer."""
         if register:
             await self._announce_all(AgentRegistered)
+            if heard:
+                await self._announce_all(AgentHeartbeat)
             if self.heartbeat_s:
                 beat = asyncio.create_task(self._heartbeat(self.heartbeat_s))
                 self._tasks.add(beat)

@@ -199,8 +199,12 @@ class SiteCore:
         return {g: max(v) for g, v in self.measured.items() if v}
 
     def apply(self, events: Sequence[tuple[Envelope, Trace]], now: float) -> Step:
-        """Apply received events in order, then advance every saga once."""
-        before = {sid: (_snapshot(r), len(r.history)) for sid, r in self.open.items()}
+        """Apply received events in order, then advance every saga once.
+
+        Routing reads the records and changes none of them, so it runs first: a saga fed inputs
+        is taken as changed (stored again; a save of what did not change writes no part), and
+        only the others are compared before and after. A batch of acks costs what it adds,
+        not two serializations of a record that grows with the site."""
         step = Step()
         inputs: dict[str, list[Input]] = {}
         first_trace: list[Trace] = []
@@ -208,6 +212,7 @@ class SiteCore:
             if isinstance(ev, PowerEvent) and not first_trace:
                 first_trace.append(trace)
             self._route(ev, trace, now, inputs, step)
+        before = {sid: (None if sid in inputs else _snapshot(r), len(r.history)) for sid, r in self.open.items()}
         for sid, batch in inputs.items():
             if sid in self.open:
                 self._handle(self.open[sid], batch, now, step)
@@ -391,13 +396,14 @@ class SiteCore:
             if ours & set(rec.nodes) or jobs & set(protector.jobs):
                 supersede(rec, protector, now)
 
-    def _finish(self, before: dict[str, tuple[str, int]], step: Step, now: float, trace: Trace = None) -> Step:
-        """Protect every node at risk (above); collect what changed; drop ended sagas (a real
-        one whose shutdown ended teaches its measured shutdown)."""
+    def _finish(self, before: dict[str, tuple[str | None, int]], step: Step, now: float, trace: Trace = None) -> Step:
+        """Protect every node at risk (above); collect what changed (a saga fed inputs, snapshot
+        None, counts as changed); drop ended sagas (a real one whose shutdown ended teaches its
+        measured shutdown)."""
         self._protect(now, trace, step)
         for sid, rec in list(self.open.items()):
             snap, n_hist = before.get(sid, ("", 0))
-            if _snapshot(rec) == snap and not step.commands.get(sid):
+            if snap is not None and not step.commands.get(sid) and _snapshot(rec) == snap:
                 continue
             step.changed.append(rec)
             step.history_from[sid] = n_hist

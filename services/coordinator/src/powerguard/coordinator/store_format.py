@@ -18,13 +18,13 @@ def ranks_as_runs(ranks: dict[Any, str]) -> list[list[int | str]]:
     4,096-rank job is 512 runs instead of 4,096 entries (the largest part of a 100k-rank
     saga's first write). Any placement works: in the worst case a run per rank."""
     runs: list[list[int | str]] = []
-    for rank in sorted(int(r) for r in ranks):
-        node = ranks[rank] if rank in ranks else ranks[str(rank)]
-        last = runs[-1] if runs else None
-        if last is not None and last[2] == node and last[0] + last[1] == rank:  # type: ignore[operator]
-            last[1] += 1  # type: ignore[operator]
+    last: list | None = None
+    for rank, node in sorted((int(r), n) for r, n in ranks.items()):
+        if last is not None and last[2] == node and last[0] + last[1] == rank:
+            last[1] += 1
         else:
-            runs.append([rank, 1, node])
+            last = [rank, 1, node]
+            runs.append(last)
     return runs
 
 
