@@ -143,7 +143,7 @@ async def drivers(site: SiteConfig, found: list[Finding] = ()) -> list[Finding]:
         out.append(problem("job adapter", str(exc)))
     else:
         try:
-            if why := await jobs.check():
+            if why := await jobs.check({n.name: list(n.feeds) for n in site.nodes}):
                 out.append(problem("job adapter", why))
         finally:
             await jobs.close()

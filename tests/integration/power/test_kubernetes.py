@@ -283,8 +283,11 @@ async def test_config_check_reaches_the_api_server_and_names_what_is_wrong(clust
     wrong_map = adapter(cluster, node_map={"n1": "n1", "n3": "gpu-17"})
     no_file = KubernetesScheduler({"kubeconfig": str(tmp_path / "missing.kubeconfig")})
     try:
-        assert await good.check() is None
+        assert await good.check({"n1": ["ups-a"], "n2": ["ups-a", "ups-b"]}) is None
         assert await wrong_map.check() == "kubernetes: node_map names nodes the cluster lacks: gpu-17"
+        assert await good.check({"n1": ["ups-b"]}) == (
+            "kubernetes: node n1: labelled powerguard.io/ups=ups-a, but the site file feeds it from ups-b"
+        )
         assert "missing.kubeconfig" in await no_file.check()
     finally:
         for k in (good, wrong_map, no_file):

@@ -71,8 +71,10 @@ class Scheduler(ABC):
         """The node's shutdown ended with it off (never raises: the shutdown is done)."""
         return None
 
-    async def check(self) -> str | None:
-        """Can the adapter reach what it drives (``powerguard config check``)? None, or what is wrong."""
+    async def check(self, feeds: Mapping[str, Sequence[str]] | None = None) -> str | None:
+        """Can the adapter reach what it drives, and does it agree with the site file's power
+        topology (``feeds``: node -> the UPSes feeding it)? For ``powerguard config check``:
+        None, or what is wrong."""
         return None
 
     async def close(self) -> None:

@@ -7,6 +7,7 @@ import uuid
 from datetime import UTC, datetime
 
 ON_BATTERY = "powerguard.io/on-battery"
+UPS_LABEL = "powerguard.io/ups"  # a node's UPS as the cluster's admins label it (checked against the site file)
 OUT_OF_SERVICE = "node.kubernetes.io/out-of-service"
 OUT_OF_SERVICE_VALUE = "powerguard"  # ours: removed when the node is back; anyone else's is left alone
 SUSPENDED_BY = "powerguard.io/suspended-by"

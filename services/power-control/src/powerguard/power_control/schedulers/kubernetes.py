@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -73,16 +73,28 @@ class KubernetesScheduler(Scheduler):
         self.api = KubeApi(self.opts.kubeconfig, self.opts.context, self.opts.request_timeout_s, instance)
         self._off_timers: dict[str, asyncio.Task] = {}
 
-    async def check(self) -> str | None:
-        """The kubeconfig loads, the API server answers, and the nodes may be read."""
+    async def check(self, feeds: Mapping[str, Sequence[str]] | None = None) -> str | None:
+        """The kubeconfig loads, the API server answers, the nodes may be read, node_map's nodes
+        exist, and a node labelled ``powerguard.io/ups`` is fed by that UPS in the site file (the
+        site file is the topology; a label that disagrees is a mistake in one of them)."""
         try:
-            nodes = await self.api.list("Node")
+            nodes = {n["metadata"]["name"]: n for n in await self.api.list("Node")}
         except SchedulerError as exc:
             return str(exc)
         except Exception as exc:  # a kubeconfig that does not load: lightkube's own error type
             return f"kubernetes: {type(exc).__name__}: {exc}"
-        missing = [n for n in self.opts.node_map.values() if n not in {x["metadata"]["name"] for x in nodes}]
-        return f"kubernetes: node_map names nodes the cluster lacks: {', '.join(missing)}" if missing else None
+        problems = []
+        missing = [n for n in self.opts.node_map.values() if n not in nodes]
+        if missing:
+            problems.append(f"node_map names nodes the cluster lacks: {', '.join(missing)}")
+        for node, ups in sorted((feeds or {}).items()):
+            obj = nodes.get(self._node(node))
+            label = ((obj or {}).get("metadata", {}).get("labels") or {}).get(ko.UPS_LABEL)
+            if label is not None and label not in ups:
+                problems.append(
+                    f"node {node}: labelled {ko.UPS_LABEL}={label}, but the site file feeds it from {', '.join(ups)}"
+                )
+        return "kubernetes: " + "; ".join(problems) if problems else None
 
     async def close(self) -> None:
         for t in self._off_timers.values():
