@@ -16,6 +16,7 @@ import yaml
 
 from powerguard.bus import free_ports
 from powerguard.power_control.schedulers.kubernetes import rbac_manifest
+from powerguard.sim.kube import server_argv
 from tests.waiting import eventually_sync
 
 RBAC = rbac_manifest()
@@ -53,23 +54,7 @@ class SimKube:
         return self.dir / "power-control.kubeconfig"
 
     def start(self) -> SimKube:
-        argv = [
-            sys.executable,
-            "-m",
-            "powerguard.sim.kube",
-            "--port",
-            str(self.port),
-            "--dir",
-            str(self.dir),
-            "--history",
-            str(self.history),
-        ]
-        for user, manifest in self.roles.items():
-            argv += ["--role", f"{user}={manifest}"]
-        for name, state in self.nodes.items():
-            argv += ["--node", f"{name}={state}" if state else name]
-        for k, v in self.labels.items():
-            argv += ["--node-label", f"{k}={v}"]
+        argv = server_argv(self.port, self.dir, self.nodes, roles=self.roles, labels=self.labels, history=self.history)
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         eventually_sync(

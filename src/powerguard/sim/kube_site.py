@@ -30,22 +30,10 @@ class KubeSite:
     def argv(self) -> list[str]:
         from powerguard.power_control.schedulers.kubernetes import rbac_manifest
 
-        argv = [
-            sys.executable,
-            "-m",
-            "powerguard.sim.kube",
-            "--port",
-            str(self.port),
-            "--dir",
-            str(self.dir),
-            "--role",
-            f"power-control={rbac_manifest()}",
-            "--node-label",
-            "powerguard.io/ups=ups-a",
-        ]
-        for node, state in self.bmc_state.items():
-            argv += ["--node", f"{node}={state}"]
-        return argv
+        from .kube import server_argv
+
+        roles = {"power-control": rbac_manifest()}
+        return server_argv(self.port, self.dir, self.bmc_state, roles=roles, labels={"powerguard.io/ups": "ups-a"})
 
     def scheduler(self) -> dict:
         """power-control's ``scheduler`` section of the site file."""

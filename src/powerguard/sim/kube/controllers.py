@@ -158,14 +158,7 @@ class Controllers:
             wl_name = f"jobset-{name}"
             wl = self.store.find(WORKLOADS, ns, wl_name)
             if wl is None:
-                owner = {
-                    "apiVersion": JOBSETS.api_version,
-                    "kind": "JobSet",
-                    "name": name,
-                    "uid": js["metadata"]["uid"],
-                    "controller": True,
-                    "blockOwnerDeletion": True,
-                }
+                owner = _owner(js)
                 self.api.create(
                     KUEUE,
                     WORKLOADS,
@@ -271,14 +264,7 @@ class Controllers:
         job_name = f"{name}-{rj['name']}-{index}"
         job = self.store.find(JOBS, ns, job_name)
         if job is None:
-            owner = {
-                "apiVersion": JOBSETS.api_version,
-                "kind": "JobSet",
-                "name": name,
-                "uid": js["metadata"]["uid"],
-                "controller": True,
-                "blockOwnerDeletion": True,
-            }
+            owner = _owner(js)
             job = self.api.create(
                 JOBSET,
                 JOBS,
@@ -301,14 +287,7 @@ class Controllers:
             "batch.kubernetes.io/job-completion-index": "0",
             "job-name": job_name,
         }
-        owner = {
-            "apiVersion": "batch/v1",
-            "kind": "Job",
-            "name": job_name,
-            "uid": job["metadata"]["uid"],
-            "controller": True,
-            "blockOwnerDeletion": True,
-        }
+        owner = _owner(job)
         spec = json.loads(json.dumps(template.get("spec") or {}))
         self.api.create(
             CM,
@@ -457,6 +436,18 @@ class Controllers:
                 res = next(r for r in BY_KIND.values() if r.key == key)
                 if not obj["metadata"].get("deletionTimestamp"):
                     self.api.delete("system:serviceaccount:kube-system:generic-garbage-collector", res, ns, name)
+
+
+def _owner(obj: dict) -> dict:
+    """The ownerReference of a controller's object to ``obj`` (what the garbage collector follows)."""
+    return {
+        "apiVersion": obj["apiVersion"],
+        "kind": obj["kind"],
+        "name": obj["metadata"]["name"],
+        "uid": obj["metadata"]["uid"],
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
 
 
 def _is_ready(node: dict) -> bool:
