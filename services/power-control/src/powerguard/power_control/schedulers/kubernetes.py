@@ -251,6 +251,8 @@ class KubernetesScheduler(Scheduler):
                 await self.api.patch(kind, meta["name"], {"spec": {"suspend": True}}, namespace=meta["namespace"])
                 said.append(f"suspended {kind} {meta['namespace']}/{meta['name']}")
             await self.api.event(top, "PowerGuardSuspended", f"{said[-1]} for outage {saga_id}")
+        if not tops and not await self._pods_left(job, nodes):
+            return f"no pod of job {job} on {', '.join(nodes)} (stopped already)"
         refusals = await self._drain_job(job, nodes, evict_all=not tops)
         if refusals:
             raise SchedulerError(f"kubernetes: job {job}: {'; '.join(refusals)}")
