@@ -116,6 +116,9 @@ async def one(ranks: int, urls: list[str]) -> dict:
             kinds[c.kind] = kinds.get(c.kind, 0) + 1
     shutdown_s = time.perf_counter() - t1
 
+    cpu_s, rss = time.process_time() - cpu0, _rss_mib()  # one outage's: before the second below
+    arrival = await acks_over_one_second(site, store, now)
+
     kv = await bus.sagas()
     for _ in range(10):  # a listing of an R3 bucket right after the writes came back empty once
         keys = await kv.keys()
@@ -152,11 +155,82 @@ async def one(ranks: int, urls: list[str]) -> dict:
             "p50": int(statistics.median(s["bytes_written"] for s in saves)),
             "max": max(s["bytes_written"] for s in saves),
         },
-        "cpu_s": round(time.process_time() - cpu0, 2),
-        "rss_mib": round(_rss_mib(), 1),
+        **arrival,
+        "cpu_s": round(cpu_s, 2),
+        "rss_mib": round(rss, 1),
         "idle_heap_settle_s": round(heap_settle_s, 3),
         "rss_mib_before": round(rss_base, 1),
-        "rss_kib_per_rank": round((_rss_mib() - rss_base) * 1024 / ranks, 2),
+        "rss_kib_per_rank": round((rss - rss_base) * 1024 / ranks, 2),
+    }
+
+
+async def acks_over_one_second(site, store, now: float) -> dict:
+    """A second outage on the same site, as a site would see it: the UPS reports low battery
+    (300 s, checkpoint then stop at once: hold policy ``continue``), every rank's ack arrives at
+    an even pace over one second (wall clock), and the coordinator applies and stores what has
+    arrived, batch after batch (up to its consumer's batch), as its consumer does. Measured: the
+    last ack's arrival -> every ack applied and stored (``acks_applied_after_last_s``) and -> every
+    node's shutdown command issued and stored (``last_ack_to_shutdowns_s``)."""
+    from datetime import UTC, datetime
+
+    from powerguard.coordinator.core import SiteCore
+    from powerguard.coordinator.policy import Policy
+    from powerguard.coordinator.service import INPUT_BATCH as BATCH
+    from powerguard.schemas import CheckpointDurable, CheckpointDurableData, LowBattery, PowerData
+
+    policy = Policy(ckpt_timeout_s=600, shutdown_reserve_s=60, margin_s=5, hold_policy="continue")
+    core = SiteCore(site.topology(), policy, registry=site.registry(), saga_id=lambda site, now: "bench-low")
+    data = PowerData(site="bench", ups="ups-a", on_battery=True, runtime_s=300, charge_pct=20, status=["OB", "LB"])
+    step = core.apply([(LowBattery(time=datetime.fromtimestamp(now, UTC), data=data), None)], now)
+    rev = await store.create(step.changed[0])
+    rec = core.open["bench-low"]
+    acks = [
+        CheckpointDurable(
+            data=CheckpointDurableData(
+                request_id=rec.jobs[job].request_id,
+                saga_id="bench-low",
+                job=job,
+                rank=r,
+                step=1001,
+                path="/ckpt",
+                bytes=1,
+                digest="0" * 32,
+            )
+        )
+        for job, size in site.jobs.items()
+        for r in range(size)
+    ]
+    random.Random(2).shuffle(acks)
+    n = len(acks)
+    t0 = time.perf_counter()
+    last_arrival = t0 + 1.0
+    done = shutdowns = 0
+    shutdowns_at = None
+    batches = 0
+    cpu0 = time.process_time()
+    while done < n:
+        arrived = min(n, int((time.perf_counter() - t0) * n) + 1)
+        if arrived <= done:
+            await asyncio.sleep((done + 1) / n - (time.perf_counter() - t0))
+            continue
+        take = acks[done : min(arrived, done + BATCH)]
+        now += 0.001
+        step = core.apply([(a, None) for a in take], now)
+        for changed in step.changed:
+            rev = await store.save(changed, rev)
+        batches += 1
+        done += len(take)
+        shutdowns += sum(1 for cmds in step.commands.values() for c in cmds if c.kind == "shutdown")
+        if shutdowns_at is None and shutdowns:
+            shutdowns_at = time.perf_counter()
+    applied = time.perf_counter()
+    return {
+        "arrival_s": 1.0,
+        "arrival_batches": batches,
+        "arrival_ack_cpu_us_per_rank": round((time.process_time() - cpu0) / n * 1e6, 1),
+        "acks_applied_after_last_s": round(max(0.0, applied - last_arrival), 3),
+        "last_ack_to_shutdowns_s": None if shutdowns_at is None else round(max(0.0, shutdowns_at - last_arrival), 3),
+        "shutdown_commands_at_last_ack": shutdowns,
     }
 
 
