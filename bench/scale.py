@@ -47,7 +47,7 @@ async def one(ranks: int, urls: list[str]) -> dict:
     from powerguard.coordinator.policy import Policy
     from powerguard.coordinator.service import INPUT_BATCH as BATCH
     from powerguard.coordinator.store import SagaStore
-    from powerguard.schemas import CheckpointDurable, CheckpointDurableData, OnBattery, PowerData
+    from powerguard.schemas import OnBattery, PowerData
 
     rss_base = _rss_mib()
     site = Layout.of(ranks)
@@ -79,22 +79,7 @@ async def one(ranks: int, urls: list[str]) -> dict:
     requests = [c for cmds in step.commands.values() for c in cmds if c.kind == "ckpt_request"]
     rec = core.open["bench-saga"]
 
-    acks = [
-        CheckpointDurable(
-            data=CheckpointDurableData(
-                request_id=rec.jobs[job].request_id,
-                saga_id="bench-saga",
-                job=job,
-                rank=r,
-                step=1001,
-                path="/ckpt",
-                bytes=1,
-                digest="0" * 32,
-            )
-        )
-        for job, size in jobs.items()
-        for r in range(size)
-    ]
+    acks = _acks(rec, jobs)
     random.Random(1).shuffle(acks)
     batch_s: list[float] = []
     ack_cpu0 = time.process_time()
@@ -164,6 +149,28 @@ async def one(ranks: int, urls: list[str]) -> dict:
     }
 
 
+def _acks(rec, jobs: dict[str, int]) -> list:
+    """Every rank's durable ack to its job's request in the saga ``rec``."""
+    from powerguard.schemas import CheckpointDurable, CheckpointDurableData
+
+    return [
+        CheckpointDurable(
+            data=CheckpointDurableData(
+                request_id=rec.jobs[job].request_id,
+                saga_id=rec.saga_id,
+                job=job,
+                rank=r,
+                step=1001,
+                path="/ckpt",
+                bytes=1,
+                digest="0" * 32,
+            )
+        )
+        for job, size in jobs.items()
+        for r in range(size)
+    ]
+
+
 async def acks_over_one_second(site, store, now: float) -> dict:
     """A second outage on the same site, as a site would see it: the UPS reports low battery
     (300 s, checkpoint then stop at once: hold policy ``continue``), every rank's ack arrives at
@@ -176,7 +183,7 @@ async def acks_over_one_second(site, store, now: float) -> dict:
     from powerguard.coordinator.core import SiteCore
     from powerguard.coordinator.policy import Policy
     from powerguard.coordinator.service import INPUT_BATCH as BATCH
-    from powerguard.schemas import CheckpointDurable, CheckpointDurableData, LowBattery, PowerData
+    from powerguard.schemas import LowBattery, PowerData
 
     policy = Policy(ckpt_timeout_s=600, shutdown_reserve_s=60, margin_s=5, hold_policy="continue")
     core = SiteCore(site.topology(), policy, registry=site.registry(), saga_id=lambda site, now: "bench-low")
@@ -184,22 +191,7 @@ async def acks_over_one_second(site, store, now: float) -> dict:
     step = core.apply([(LowBattery(time=datetime.fromtimestamp(now, UTC), data=data), None)], now)
     rev = await store.create(step.changed[0])
     rec = core.open["bench-low"]
-    acks = [
-        CheckpointDurable(
-            data=CheckpointDurableData(
-                request_id=rec.jobs[job].request_id,
-                saga_id="bench-low",
-                job=job,
-                rank=r,
-                step=1001,
-                path="/ckpt",
-                bytes=1,
-                digest="0" * 32,
-            )
-        )
-        for job, size in site.jobs.items()
-        for r in range(size)
-    ]
+    acks = _acks(rec, site.jobs)
     random.Random(2).shuffle(acks)
     n = len(acks)
     t0 = time.perf_counter()

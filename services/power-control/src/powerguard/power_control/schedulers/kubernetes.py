@@ -140,24 +140,22 @@ class KubernetesScheduler(Scheduler):
         return [c for c in cqs if c["metadata"]["name"] in self.opts.cluster_queues]
 
     async def hold(self, saga_id: str) -> list[str]:
-        if not self.opts.kueue:
-            return []
-        held = []
-        for cq in await self.cluster_queues():
-            if (patch := ko.hold_patch(cq, saga_id)) is not None:
-                await self.api.patch("ClusterQueue", cq["metadata"]["name"], patch)
-                held.append(cq["metadata"]["name"])
-        return held
+        """Hold every (configured) ClusterQueue that is open; the ones held, by name."""
+        return await self._patch_queues(lambda cq: ko.hold_patch(cq, saga_id))
 
     async def release(self, saga_id: str | None) -> list[str]:
+        """Lift our hold (of this saga, or any of ours when None); the ones lifted, by name."""
+        return await self._patch_queues(lambda cq: ko.release_patch(cq, saga_id))
+
+    async def _patch_queues(self, patch_of) -> list[str]:
         if not self.opts.kueue:
             return []
-        lifted = []
+        done = []
         for cq in await self.cluster_queues():
-            if (patch := ko.release_patch(cq, saga_id)) is not None:
+            if (patch := patch_of(cq)) is not None:
                 await self.api.patch("ClusterQueue", cq["metadata"]["name"], patch)
-                lifted.append(cq["metadata"]["name"])
-        return lifted
+                done.append(cq["metadata"]["name"])
+        return done
 
     # ------------------------------------------------------------ the saga's edges
     async def on_battery(self, nodes: Sequence[str], *, saga_id: str) -> str:
@@ -180,15 +178,8 @@ class KubernetesScheduler(Scheduler):
     async def _workloads(self, job: str, nodes: Sequence[str]) -> list[dict]:
         """The top objects (JobSet, TrainJob) of the job's pods on these nodes, followed through
         their controllers; each with the Kueue Workload that owns its admission, if any."""
-        job = job_name(job)
-        pods: list[dict] = []
-        for ns in self.opts.namespaces or [None]:
-            for node in nodes:
-                pods += await self.api.list(
-                    "Pod", namespace=ns, labels={self.opts.job_label: job}, fields={"spec.nodeName": self._node(node)}
-                )
         tops: dict[str, dict] = {}
-        for pod in pods:
+        for pod in await self._pods_left(job, nodes):
             obj, ns = pod, pod["metadata"]["namespace"]
             chain = [pod]
             while (ref := ko.controller(obj)) is not None and ref.get("kind") in ko.CHAIN_KINDS:
@@ -209,6 +200,7 @@ class KubernetesScheduler(Scheduler):
         return None
 
     async def _pods_left(self, job: str, nodes: Sequence[str]) -> list[dict]:
+        """The job's pods on these nodes (``fieldSelector=spec.nodeName``, the job's label)."""
         left: list[dict] = []
         for ns in self.opts.namespaces or [None]:
             for node in nodes:
