@@ -125,8 +125,13 @@ class CheckpointAgent:
         """Node scope: (directory, complete, problems) of the last replication to the peers."""
         return self.nodes.replicated if self.nodes is not None else None
 
-    def _committed(self, step: int) -> None:
+    def _committed(self, step: int, *, scheduled_copy: bool = False) -> None:
+        """``scheduled_copy``: a checkpoint of the job's own (not a power request's, whose copy
+        ``power_checkpoint`` weighs against the deadline) goes to the remote tier on its schedule
+        now, not at the next agreed boundary: a job may end before there is one."""
         self.progress.last_committed_step = step
+        if scheduled_copy and self._remote is not None:
+            self._remote.maybe_copy(step)
 
     # ------------------------------------------------------------------ training loop hook
     def step(self, step: int) -> None:
@@ -283,14 +288,14 @@ class CheckpointAgent:
         """Synchronous durable checkpoint of ``step`` on every rank (all ranks must call it)."""
         self.progress.step = step
         info = self.saver.save(step)
-        self._committed(step)
+        self._committed(step, scheduled_copy=True)
         return info
 
     def wait(self) -> None:
         """Finish a periodic save in flight (all ranks must call it)."""
         done = self.saver.finish()
         if done is not None:
-            self._committed(done[0])
+            self._committed(done[0], scheduled_copy=True)
 
     def restore(self, *, own_step: int | None = None) -> int:
         """Load the newest valid committed checkpoint (node-local tier, local, then remote);
@@ -372,7 +377,7 @@ class CheckpointAgent:
                 "rank %d: the %s checkpoint of step %d is not committed: %s", self.rank, self.framework, step, exc
             )
             return False
-        self._committed(step)
+        self._committed(step, scheduled_copy=True)
         return True
 
     def finish_due(
