@@ -4,13 +4,17 @@ for a site of N simulated ranks (8 per node, jobs of 4,096 ranks).
 
 Each size runs in its own process (so its peak RSS is its own). Measured, coordinator side:
 on_battery -> every job's checkpoint request issued and the saga stored; the acks applied in
-batches of the coordinator's consumer batch (``INPUT_BATCH``) with the record saved after each batch;
-the drain that stops the jobs -> every node's shutdown command issued and stored; peak RSS and
-CPU seconds; the largest KV value in the bucket, the record's size as one JSON value, and the
-bytes each save wrote.
+batches of the coordinator's consumer batch (``INPUT_BATCH``) with the record saved after each batch
+(each batch decoded from the payloads just before it is applied, as the consumer does: the
+decoding's CPU is reported apart, ``ack_decode_cpu_us_per_rank``; ``ack_cpu_us_per_rank`` is the
+site core's and the store's); a second outage whose acks arrive over one second of wall clock,
+decoded, applied and stored as they arrive (``acks_over_one_second``); the drain that stops the
+jobs -> every node's shutdown command issued and stored; peak RSS and CPU seconds; the largest
+KV value in the bucket, the record's size as one JSON value, and the bytes each save wrote.
 
-Not measured here (yet): fan-out to ranks over 12,500 NATS connections, and acks published by
-those connections; the figures are the coordinator's own costs, the bus's delivery not included.
+Not measured here: fan-out to ranks over 12,500 NATS connections (``bench/fanout.py``), and acks
+published by those connections; the figures are the coordinator's own costs (decoding included
+where said), the bus's delivery not included.
 
 Writes bench/results/scale.json.
 """
@@ -42,10 +46,10 @@ def _rss_mib() -> float:
 async def one(ranks: int, urls: list[str]) -> dict:
     from datetime import UTC, datetime
 
+    from powerguard.bus.roles import INPUT_BATCH as BATCH
     from powerguard.coordinator.core import SiteCore
-    from powerguard.coordinator.heap import settle
+    from powerguard.coordinator.heap import keep, settle, tune
     from powerguard.coordinator.policy import Policy
-    from powerguard.coordinator.service import INPUT_BATCH as BATCH
     from powerguard.coordinator.store import SagaStore
     from powerguard.schemas import OnBattery, PowerData
 
@@ -71,6 +75,7 @@ async def one(ranks: int, urls: list[str]) -> dict:
             rev = await (store.create(rec) if rev == 0 else store.save(rec, rev))
             saves.append(dict(store.last_write))
 
+    tune()  # as the coordinator's process does at its start (coordinator/heap.py)
     heap_settle_s = settle()  # what the idle coordinator does every minute (coordinator/heap.py)
     cpu0, t0 = time.process_time(), time.perf_counter()
     step = core.apply([(power(3000.0), None)], now)
@@ -82,13 +87,18 @@ async def one(ranks: int, urls: list[str]) -> dict:
     acks = _acks(rec, jobs)
     random.Random(1).shuffle(acks)
     batch_s: list[float] = []
-    ack_cpu0 = time.process_time()
+    ack_cpu = decode_cpu = 0.0
     for i in range(0, len(acks), BATCH):
-        tb = time.perf_counter()
+        cd = time.process_time()
+        events = _decoded(acks[i : i + BATCH])  # the bus's part: measured apart
+        decode_cpu += time.process_time() - cd
+        tb, cb = time.perf_counter(), time.process_time()
         now += 0.001
-        await store_changed(core.apply([(a, None) for a in acks[i : i + BATCH]], now))
+        await store_changed(core.apply(events, now))
+        keep()  # as the service does after each batch (coordinator/heap.py)
+        ack_cpu += time.process_time() - cb
         batch_s.append(time.perf_counter() - tb)
-    ack_cpu = time.process_time() - ack_cpu0
+        del events
     state_after_acks = rec.state.value
 
     t1 = time.perf_counter()
@@ -130,6 +140,7 @@ async def one(ranks: int, urls: list[str]) -> dict:
             "total": round(sum(batch_s), 2),
         },
         "ack_cpu_us_per_rank": round(ack_cpu / ranks * 1e6, 1),
+        "ack_decode_cpu_us_per_rank": round(decode_cpu / ranks * 1e6, 1),
         "state_after_acks": state_after_acks,
         "commands_after_drain": kinds,
         "drain_to_shutdown_commands_stored_s": round(shutdown_s, 4),
@@ -149,26 +160,36 @@ async def one(ranks: int, urls: list[str]) -> dict:
     }
 
 
-def _acks(rec, jobs: dict[str, int]) -> list:
-    """Every rank's durable ack to its job's request in the saga ``rec``."""
-    from powerguard.schemas import CheckpointDurable, CheckpointDurableData
+def _acks(rec, jobs: dict[str, int]) -> list[bytes]:
+    """Every rank's durable ack to its job's request in the saga ``rec``, as published (the
+    payloads the coordinator's consumer decodes)."""
+    from powerguard.schemas import CheckpointDurable, CheckpointDurableData, encode
 
     return [
-        CheckpointDurable(
-            data=CheckpointDurableData(
-                request_id=rec.jobs[job].request_id,
-                saga_id=rec.saga_id,
-                job=job,
-                rank=r,
-                step=1001,
-                path="/ckpt",
-                bytes=1,
-                digest="0" * 32,
+        encode(
+            CheckpointDurable(
+                data=CheckpointDurableData(
+                    request_id=rec.jobs[job].request_id,
+                    saga_id=rec.saga_id,
+                    job=job,
+                    rank=r,
+                    step=1001,
+                    path="/ckpt",
+                    bytes=1,
+                    digest="0" * 32,
+                )
             )
         )
         for job, size in jobs.items()
         for r in range(size)
     ]
+
+
+def _decoded(payloads: list[bytes]) -> list:
+    """The events of a batch of payloads, as the consumer decodes them."""
+    from powerguard.schemas import decode
+
+    return [(decode(p), None) for p in payloads]
 
 
 async def acks_over_one_second(site, store, now: float) -> dict:
@@ -180,9 +201,10 @@ async def acks_over_one_second(site, store, now: float) -> dict:
     node's shutdown command issued and stored (``last_ack_to_shutdowns_s``)."""
     from datetime import UTC, datetime
 
+    from powerguard.bus.roles import INPUT_BATCH as BATCH
     from powerguard.coordinator.core import SiteCore
+    from powerguard.coordinator.heap import keep
     from powerguard.coordinator.policy import Policy
-    from powerguard.coordinator.service import INPUT_BATCH as BATCH
     from powerguard.schemas import LowBattery, PowerData
 
     policy = Policy(ckpt_timeout_s=600, shutdown_reserve_s=60, margin_s=5, hold_policy="continue")
@@ -205,11 +227,12 @@ async def acks_over_one_second(site, store, now: float) -> dict:
         if arrived <= done:
             await asyncio.sleep((done + 1) / n - (time.perf_counter() - t0))
             continue
-        take = acks[done : min(arrived, done + BATCH)]
+        take = _decoded(acks[done : min(arrived, done + BATCH)])  # decoded as they are taken
         now += 0.001
-        step = core.apply([(a, None) for a in take], now)
+        step = core.apply(take, now)
         for changed in step.changed:
             rev = await store.save(changed, rev)
+        keep()
         batches += 1
         done += len(take)
         shutdowns += sum(1 for cmds in step.commands.values() for c in cmds if c.kind == "shutdown")
@@ -234,7 +257,7 @@ def main() -> None:
     if args.child:
         print(json.dumps(asyncio.run(one(args.child, args.urls.split(",")))))
         return
-    from powerguard.coordinator.service import INPUT_BATCH
+    from powerguard.bus.roles import INPUT_BATCH
 
     rows = []
     with nats_cluster() as urls:

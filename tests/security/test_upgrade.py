@@ -14,7 +14,7 @@ from pathlib import Path
 from nats.js import api
 
 from powerguard.bus.consumer import durable_config
-from powerguard.bus.roles import durable_filters, durable_names
+from powerguard.bus.roles import durable_batches, durable_filters, durable_names
 from powerguard.schemas import OnBattery, PowerData
 
 from .conftest import SITE
@@ -84,6 +84,8 @@ async def test_bootstrap_update_takes_the_previous_layout_to_this_release(tmp_pa
         for name, filters in durable_filters(names, SITE).items():
             c = await admin.js.consumer_info(names.stream_of(filters[0]), name)
             assert sorted(c.config.filter_subjects or [c.config.filter_subject]) == sorted(filters), name
+            # the coordinator's batches (the previous release's durables held 2,048 unacknowledged)
+            assert c.config.max_ack_pending >= 4 * durable_batches(SITE).get(name, 0), name
         after = await admin.js.consumer_info(names.stream, durable)
         assert (after.delivered.stream_seq, after.num_pending) == (before.delivered.stream_seq, before.num_pending)
         assert (await (await coord.kv(names.sagas)).get("s-open")).json() == {"state": "holding"}

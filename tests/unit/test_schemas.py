@@ -6,6 +6,8 @@ import json
 from datetime import timedelta
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from powerguard.schemas import (
@@ -20,6 +22,7 @@ from powerguard.schemas import (
     CheckpointRequested,
     DeadLetter,
     DeadLetterData,
+    EventError,
     HoldReleased,
     InvalidSubjectToken,
     JobData,
@@ -216,3 +219,59 @@ def test_dead_letter_keeps_a_bounded_copy():
     assert big.truncated and big.payload_size == 10000 and len(big.payload) == 100
     binary = DeadLetterData.capture(service="s", subject="pg.x", payload=b"\xff\xfe", error="e")
     assert binary.payload_encoding == "base64" and not binary.truncated
+
+
+FIELD_VALUES = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**70), 2**70),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=12),
+    st.sampled_from(["io.powerguard.ckpt.v1.durable", "io.powerguard.ckpt.v1.failed", "2026-12-05T00:00:00Z"]),
+    st.lists(st.integers(), max_size=3),
+)
+
+
+CHANGED = ["type", "time", "id", "rank", "step", "job", "x"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.sampled_from(samples()),
+    st.lists(
+        st.tuples(st.booleans(), st.sampled_from(["type", "time", "id", "rank", "step", "job", "x"]), FIELD_VALUES)
+    ),
+)
+def test_decoding_accepts_exactly_what_the_model_accepts_of_the_parsed_json(event, changes):
+    """The decoder's fast path (pydantic's JSON parser, the model guessed from the payload's
+    ``type``) never accepts what the model refuses of the parsed payload, and reads the same."""
+    obj = json.loads(encode(event))
+    for in_data, name, value in changes:  # a "type" in the data, a type of another event, junk
+        (obj["data"] if in_data else obj)[name] = value
+    raw = json.dumps(obj).encode()
+    try:
+        want = registry()[json.loads(raw)["type"]].model_validate(json.loads(raw))
+    except (KeyError, TypeError, ValidationError):
+        want = None
+    try:
+        got = decode(raw)
+    except EventError:
+        got = None
+    assert got == want
+
+
+DURABLE = CheckpointDurable(
+    data=CheckpointDurableData(job="j", rank=0, step=1, path="/c", bytes=1, digest="ab" * 16, saga_id="s1")
+)
+
+
+@pytest.mark.parametrize("top", [5, None, "io.powerguard.ckpt.v1.failed", "io.powerguard.nope.v1.x"])
+def test_a_type_in_the_data_is_never_taken_for_the_events_type(top):
+    """The fast path guesses the model from the first ``"type"`` in the payload: put the data's
+    first (the envelope's last), it names another type than the envelope's; the envelope's wins."""
+    obj = json.loads(encode(DURABLE))
+    obj["data"]["type"] = DURABLE.type
+    del obj["type"]
+    obj["type"] = top  # after the data: the first "type" in the text is the data's
+    with pytest.raises(EventError):
+        decode(json.dumps(obj).encode())

@@ -383,18 +383,20 @@ class Bus:
     async def bootstrap(self, sites: list[str], *, update: bool = False) -> list[str]:
         """The admin's one-time setup: stream, KV buckets and every site's durable consumers
         with their final configuration (services only bind to them). Returns what exists."""
-        from .roles import durable_filters
+        from .roles import durable_batches, durable_filters
 
         await self.setup(update=update)
         made = []
         for site in sites:
+            batches = durable_batches(site)
             for name, filters in durable_filters(self.names, site).items():
+                want = durable_config(name, filters=filters, deliver="new", batch=batches.get(name, 512))
                 stream = self.names.stream_of(filters[0])
                 try:
                     info = await self.js.consumer_info(stream, name)
                 except js_errors.NotFoundError:
                     try:
-                        await self.js.add_consumer(stream, durable_config(name, filters=filters, deliver="new"))
+                        await self.js.add_consumer(stream, want)
                     except js_errors.NotFoundError:  # its stream is missing: the old one-stream layout
                         log.error(
                             "durable %s not created: stream %s does not exist: run `powerguard bootstrap --update`",
@@ -406,12 +408,30 @@ class Bus:
                     have = info.config.filter_subjects or (
                         [info.config.filter_subject] if info.config.filter_subject else []
                     )
-                    if update and sorted(have) != sorted(filters):  # a release that reads more (e.g. drills)
-                        log.warning("durable %s: filter subjects %s -> %s", name, have, filters)
+                    pending = info.config.max_ack_pending or 0
+                    short = 0 < pending < (want.max_ack_pending or 0)  # a release that reads larger batches
+                    if update and (sorted(have) != sorted(filters) or short):  # or more subjects (drills)
+                        log.warning(
+                            "durable %s: filter subjects %s -> %s, max_ack_pending %d -> %d",
+                            name,
+                            have,
+                            filters,
+                            pending,
+                            max(pending, want.max_ack_pending or 0),
+                        )
                         config = info.config
                         config.filter_subject, config.filter_subjects = None, list(filters)
+                        config.max_ack_pending = max(pending, want.max_ack_pending or 0)
                         await self.js.add_consumer(stream, config)
-                    elif sorted(have) != sorted(filters):
+                    elif short:
+                        log.warning(
+                            "durable %s holds at most %d unacknowledged inputs, this release reads batches of "
+                            "%d: run `powerguard bootstrap --update`",
+                            name,
+                            pending,
+                            want.max_ack_pending // 4,
+                        )
+                    if not update and sorted(have) != sorted(filters):
                         log.error(
                             "durable %s reads %s, this release needs %s: run `powerguard bootstrap --update`",
                             name,

@@ -225,6 +225,14 @@ class _PullLoop:
         need = sorted(want.filter_subjects or [want.filter_subject or ""])
         if have != need:
             log.warning("consumer %s filters %s, this service expects %s: using it as it is", self.name, have, need)
+        if 0 < (info.config.max_ack_pending or 0) < (want.max_ack_pending or 0):
+            log.warning(
+                "consumer %s holds at most %d unacknowledged messages (this service wants %d): "
+                "run `powerguard bootstrap --update`",
+                self.name,
+                info.config.max_ack_pending,
+                want.max_ack_pending,
+            )
         return True
 
     async def _stalled(self) -> bool:

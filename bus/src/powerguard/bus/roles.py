@@ -53,6 +53,21 @@ def durable_filters(names: BusNames, site: str) -> dict[str, list[str]]:
     }
 
 
+# The most inputs a coordinator consumer takes as one batch. A batch is what arrived while the
+# last one was applied and stored (the consumer takes what the server says is pending, up to
+# this): a quiet site gets batches of 1, a burst of 100,000 acks a few batches of up to this,
+# each stored once (bench/scale.py). The server lets a durable hold 4x this unacknowledged.
+INPUT_BATCH = 32768
+POWER_BATCH = 256  # readings of a few hundred UPSes at most between two batches
+
+
+def durable_batches(site: str) -> dict[str, int]:
+    """The batch each durable is read in (its ``max_ack_pending`` follows): one definition for
+    ``powerguard bootstrap`` and the services."""
+    d = durable_names(site)
+    return {d["coordinator-power"]: POWER_BATCH, d["coordinator"]: INPUT_BATCH, d["coordinator-jobs"]: INPUT_BATCH}
+
+
 def max_payload(role: str) -> int:
     """The largest message the server accepts from a credential of ``role`` (-1: the server's
     own ``max_payload``): the agent's is bounded, enforced by the server on every connection."""

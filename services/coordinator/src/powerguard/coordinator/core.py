@@ -117,16 +117,22 @@ def reading(ev: PowerEvent) -> Power:
     )
 
 
+_ACKS = (CheckpointDurable, CheckpointFailed)  # tuples: a union written in a call is built per call
+_ALWAYS = (*_ACKS, JobResumed, UpsOutputResult)
+
+
 def _concerns_sagas(ev: Envelope) -> bool:
     """Results a saga waits for; the rest (progress states, job-level failures, real restarts
     whose agent reports the resume itself) change nothing."""
+    if isinstance(ev, _ALWAYS):  # first: 100,000 acks in a large outage
+        return True
     if isinstance(ev, NodeState):
         return ev.data.state in ("off", "ready")
     if isinstance(ev, PowerActionFailed):
         return ev.data.action in ("on", "off", "soft_off")
     if isinstance(ev, JobRestarted):
         return ev.data.dry_run
-    return isinstance(ev, CheckpointDurable | CheckpointFailed | JobResumed | UpsOutputResult)
+    return False
 
 
 def _snapshot(rec: SagaRecord) -> str:
@@ -296,7 +302,7 @@ class SiteCore:
     def _result(ev: Envelope, rec: SagaRecord) -> Input | None:
         """A result as an input of the saga it names (None: it does not fit that saga)."""
         d = ev.data
-        if isinstance(ev, CheckpointDurable | CheckpointFailed):
+        if isinstance(ev, _ACKS):
             ok = isinstance(ev, CheckpointDurable)
             error = None if ok else d.error
             level = d.durability if ok else "local"

@@ -85,7 +85,8 @@ def ack(rec: SagaRecord, a: Ack, now: float, require: str = "local") -> None:
             rnd = other
     if rnd is None or rnd.requested_at is None or rnd.settled_at is not None:
         return  # not ours, not sent yet, or late: the deadline decided already
-    rnd.require = require
+    if rnd.require != require:  # (a model's attribute set costs a validation: not once per ack)
+        rnd.require = require
     if a.ok:
         rnd.acked[a.rank] = a.step
         rnd.failed.pop(a.rank, None)

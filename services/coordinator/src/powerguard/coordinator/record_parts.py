@@ -89,6 +89,8 @@ class SplitMemo:
 
     chunks: dict[str, list[Chunk]] = field(default_factory=dict)  # large flat containers
     inline: dict[str, tuple[Any, str]] = field(default_factory=dict)  # containers kept whole, with their text
+    # containers with parts in them: (the container, (its reference or smaller form, text), its parts)
+    cut: dict[str, tuple[Any, tuple[Any, str], list[tuple[str, bytes, str]]]] = field(default_factory=dict)
 
 
 def split(
@@ -104,14 +106,20 @@ def split(
     the record's JSON size when the caller knows it (or a lower bound of it above the inline
     limit). ``memo`` (kept by the caller between splits of one record) holds the chunks of its
     large flat containers: a chunk whose items did not change is not serialized again, so a
-    batch of acks costs what it added, not the record."""
+    batch of acks costs what it added, not the record; a container that is the very object it
+    was last time (the caller's encoder reuses what did not change) is not walked at all: its
+    parts are named again as they were. So a caller keeping a memo never changes in place a
+    container it passed before: a changed container is a new object."""
     if (size if size is not None else len(_dumps(data))) <= limits.inline_bytes:
         return _escaped(data), {}
     parts: dict[str, bytes] = {}
+    emitted: list[tuple[str, bytes, str]] = []  # (name, content, key) of every part, in order
     memo = memo if memo is not None else SplitMemo()
 
-    def flat(items: list, path: str, is_dict: bool) -> list[Chunk]:
-        """Chunks of a flat container's items: the memo's while their items are unchanged, then new."""
+    def flat(items: list, path: str, is_dict: bool) -> list[Chunk] | None:
+        """Chunks of a flat container's items: the memo's while their items are unchanged, then new
+        (None: an item that is not a scalar: not a flat container). Only the new items are looked
+        at one by one: the memo's were scalars and are equal to them."""
         chunks: list[Chunk] = []
         pos = 0
         texts: list[str] = []
@@ -127,6 +135,8 @@ def split(
             start, texts, size_ = pos - len(its), [body], len(body) + 2
         for j in range(pos, len(items)):
             item = items[j]
+            if not isinstance(item[1] if is_dict else item, _SCALARS):
+                return None
             text = f"{encode_basestring_ascii(str(item[0]))}:{_dumps(item[1])}" if is_dict else _dumps(item)
             if texts and size_ + len(text) + 1 > limits.part_bytes:
                 chunks.append((tuple(items[start:j]), ",".join(texts)))
@@ -144,8 +154,10 @@ def split(
         keys: list[str] = []
         for body in bodies:
             content = (open_ + body + close).encode()
-            key = key_for(f"{path}#{len(keys)}", content)
+            name = f"{path}#{len(keys)}"
+            key = key_for(name, content)
             parts[key] = content
+            emitted.append((name, content, key))
             keys.append(key)
         return {REF: keys, TYPE: kind}
 
@@ -168,9 +180,10 @@ def split(
         run of ranks: tens of thousands in a large saga) is serialized in one pass and kept
         whole unless too large; a large one goes through the memo's chunks."""
         is_dict = isinstance(value, dict)
-        if not all(isinstance(v, _SCALARS) for v in (value.values() if is_dict else value)):
-            return None
+        values = value.values() if is_dict else value
         if len(value) < _MEMO_MIN:
+            if not all(isinstance(v, _SCALARS) for v in values):
+                return None
             if is_dict:
                 body = ",".join(f"{encode_basestring_ascii(str(k))}:{_dumps(v)}" for k, v in value.items())
                 text = "{" + body + "}"
@@ -181,7 +194,11 @@ def split(
             if path:
                 memo.inline[path] = (value, text)
             return value, text
+        if not isinstance(next(iter(values)), _SCALARS):
+            return None  # a table of containers (a saga's nodes): not looked at item by item here
         chunks = flat(list(value.items()) if is_dict else value, path, is_dict)
+        if chunks is None:
+            return None
         kind = "dict" if is_dict else "list"
         if sum(len(b) + 1 for _, b in chunks) + 1 > limits.container_bytes and path:
             ref = emit([b for _, b in chunks], path, kind)
@@ -200,14 +217,32 @@ def split(
             body = ",".join(f"{encode_basestring_ascii(k)}:{t}" for k, _, t in items)
             return {LIT: {k: small for k, small, _ in items}}, f'{{"{LIT}":{{{body}}}}}'
         same = memo.inline.get(path)
-        if same is not None and same[0] == value:
+        if same is not None and (same[0] is value or same[0] == value):
             return same
+        was = memo.cut.get(path)
+        if was is not None and was[0] is value and reuse(was[2]):
+            return was[1]
+        start = len(emitted)
         if isinstance(value, dict | list) and (done := shrink_flat(value, path)) is not None:
-            return done
-        done = _shrink(value, path)
-        if done[0] is value and path:
-            memo.inline[path] = done  # kept whole: remember it with its text
+            pass
+        else:
+            done = _shrink(value, path)
+        if done[0] is value:
+            if path:
+                memo.inline[path] = done  # kept whole: remember it with its text
+        elif path:
+            memo.cut[path] = (value, done, emitted[start:])
         return done
+
+    def reuse(named: list[tuple[str, bytes, str]]) -> bool:
+        """Name the parts of an unchanged container again; False (nothing named) when a part's
+        key is no longer the one its reference holds (the caller's key table was replaced)."""
+        if any(key_for(name, content) != key for name, content, key in named):
+            return False
+        for name, content, key in named:
+            parts[key] = content
+            emitted.append((name, content, key))
+        return True
 
     def _shrink(value: Any, path: str) -> tuple[Any, str]:
         if isinstance(value, dict):

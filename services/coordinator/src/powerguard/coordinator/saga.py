@@ -55,7 +55,7 @@ from powerguard.schemas import HoldPolicy, SagaState, command_key
 from . import budget as rules
 from . import facts, states
 from .commands import simple
-from .inputs import Command, Input, Power
+from .inputs import Ack, Command, Input, Power
 from .policy import Policy
 from .record import JobPlan, NodePlan, SagaRecord, Transition, UpsView
 from .rounds import record_durable
@@ -122,14 +122,17 @@ def handle(
     if rec.terminal:
         return []
     t = Turn(rec, now, topo, policy, jobs)
+    require = policy.require_durability
     for inp in inputs if isinstance(inputs, Sequence) else (inputs,):
         if isinstance(inp, Power):
             facts.power(rec, inp, now)
             _settle(t, held)  # power readings count one by one, in order
+            if rec.terminal:  # (only a settle changes the state: facts never do)
+                break
+        elif isinstance(inp, Ack):
+            facts.ack(rec, inp, now, require)  # 100,000 of them in a large outage: straight to their rule
         else:
-            facts.apply(rec, inp, now, require=policy.require_durability)
-        if rec.terminal:
-            break
+            facts.apply(rec, inp, now, require=require)
     _settle(t, held)
     rec.updated_at = now
     return t.out

@@ -23,7 +23,7 @@ from opentelemetry import context as otel_context
 
 from powerguard.bus import Bus, CasConflict, ReadyLog, Received, ServiceContext
 from powerguard.bus.agents import AgentWatch
-from powerguard.bus.roles import durable_filters, durable_names
+from powerguard.bus.roles import INPUT_BATCH, POWER_BATCH, durable_filters, durable_names
 from powerguard.bus.tracing import parse_traceparent
 from powerguard.schemas import (
     AgentData,
@@ -42,7 +42,7 @@ from powerguard.schemas import (
     new_id,
 )
 
-from . import gauges, metrics, saga
+from . import gauges, heap, metrics, saga
 from .commands import pending
 from .core import SiteCore, Step
 from .gate import Gate
@@ -57,11 +57,6 @@ from .status import StatusBoard
 from .store import SagaStore
 from .topology import AgentRegistry, Topology
 
-# The most inputs applied and stored as one batch. Each stored batch costs O(size of the open
-# sagas) (their records are serialized and their changed parts written), so under a burst of acks
-# a larger batch is what keeps up: bench/scale.py at 100,000 ranks. A quiet site gets batches of 1.
-INPUT_BATCH = 4096
-POWER_BATCH = 256  # readings of a few hundred UPSes at most between two batches
 log = logging.getLogger(__name__)
 
 POWER_TYPES = (PowerEvent,)
@@ -343,6 +338,8 @@ class Coordinator:
                 self.revisions.pop(sid, None)
         await self._status.flush(now)
         self._gauges()
+        if self.open:  # in an outage: what this batch left out of the next collections' walks
+            heap.keep()
 
     def _battery_gauges(self, rec: SagaRecord) -> None:
         gauges.battery(rec, self.core.shutdown_need(), lambda: saga.site_need_s(rec, self.core.topo, self.policy))
@@ -414,5 +411,6 @@ async def main(ctx: ServiceContext) -> None:
     if ctx.site is None:
         raise ConfigError("the coordinator needs --config site.yaml (its topology and policy)")
     instance = getattr(ctx.args, "instance", None) if ctx.args else None
+    heap.tune()  # a process of its own: its collector sized for batches of decoded acks
     coordinator = Coordinator(ctx.bus, ctx.site, instance=instance)
     await coordinator.run(ctx.stopping, on_ready=ctx.set_ready)

@@ -26,7 +26,7 @@ from powerguard.bus import BusNames, CasConflict, Kv
 
 from .record import SagaRecord
 from .record_parts import MissingPart, PartLimits, SplitMemo, join, references, split
-from .store_format import decode, encode
+from .store_format import RecordEncoder, decode
 
 log = logging.getLogger(__name__)
 saga_key = BusNames.saga_key
@@ -56,6 +56,7 @@ class SagaStore:
         self.limits = limits or PartLimits()
         self._parts: dict[str, dict[str, tuple[bytes, str]]] = {}  # saga -> name hash -> (digest, key)
         self._memo: dict[str, SplitMemo] = {}  # saga -> what its last split serialized
+        self._encoders: dict[str, RecordEncoder] = {}  # saga -> its encoder (what it encoded last)
         self.last_write: dict[str, int] = {}  # figures of the last save: parts, bytes, head_bytes
 
     # ------------------------------------------------------------------ reading
@@ -175,7 +176,7 @@ class SagaStore:
         # the nodes' entries alone ("name":{"node":"name"}) bound the record's size from below:
         # a record surely above the inline limit is not serialized once more just to measure it
         size = sum(2 * len(n) + 14 for n in rec.nodes)
-        data = encode(rec)
+        data = self._encoders.setdefault(sid, RecordEncoder()).encode(rec)
         whole = json.dumps(data, separators=(",", ":")).encode() if size <= self.limits.inline_bytes else None
         if whole is not None and len(whole) <= self.limits.inline_bytes:
             body, parts = whole, {}
@@ -195,8 +196,12 @@ class SagaStore:
         except CasConflict:
             await asyncio.gather(*(self.kv.purge(k) for k in fresh), return_exceptions=True)
             self._memo.pop(sid, None)
+            self._encoders.pop(sid, None)
             raise
         self._parts[sid] = new
+        if rec.terminal:  # written for the last time (or nearly): what made its saves cheap goes
+            self._memo.pop(sid, None)
+            self._encoders.pop(sid, None)
         live = {k for _, k in new.values()}
         await asyncio.gather(*(self.kv.purge(k) for k in kept - live))
         self.last_write = {
