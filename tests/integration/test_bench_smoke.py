@@ -16,7 +16,10 @@ BENCH = Path(__file__).resolve().parents[2] / "bench"
 
 SMOKES = {
     "saga": (["--smoke"], lambda r: r["last_ack_to_shutdown"]["last_ack_to_all_shutdowns_ms"] >= 0),
-    "scale": (["--ranks", "2000"], lambda r: r["sizes"][0]["ack_cpu_us_per_rank"] > 0),
+    "scale": (
+        ["--ranks", "2000", "--arrival-runs", "1"],
+        lambda r: r["sizes"][0]["ack_cpu_us_per_rank"] > 0 and r["sizes"][0]["shutdown_commands_at_last_ack"] == 250,
+    ),
     "fanout": (["--ranks", "2000", "--ckpt-s", "0", "--sync-ranks", "0"], lambda r: r["sizes"]),
     "ramp": (["--nodes", "200"], lambda r: r),
 }

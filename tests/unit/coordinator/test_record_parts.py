@@ -128,6 +128,13 @@ def test_a_node_plan_stores_only_what_happened_and_reads_back_the_same() -> None
     assert stored["nodes"]["n1"] == {"node": "n1"}
     assert stored["nodes"]["n2"] == {"node": "n2", "shutdown_at": 1.5, "off_at": 2.0, "error": "bmc: timeout"}
     assert decode(stored) == rec
+    # every field set: the encoder takes a plan's fields as they are (JSON scalars), as a dump gives them
+    sample = {"float": 3.5, "int": 2, "str": "x"}
+    full = NodePlan(
+        **{k: next(v for t, v in sample.items() if t in str(f.annotation)) for k, f in NodePlan.model_fields.items()}
+    )
+    rec.nodes["n3"] = full
+    assert RecordEncoder().encode(rec)["nodes"]["n3"] == full.model_dump(mode="json")
 
 
 def test_a_jobs_ranks_are_stored_as_runs_and_any_placement_and_the_old_map_read_back() -> None:

@@ -39,12 +39,13 @@ def settle() -> float:
 
 
 def keep() -> None:
-    """After a batch of an outage: what survived it (the records, the store's memos, the agent
-    registry) moves to the generation the collector never walks (``gc.freeze``: a constant-time
-    list merge), so the garbage collections that 100,000 decoded acks trigger walk only the
-    objects of the batch in hand, not every record again (measured at 100,000 ranks: decoding
-    and applying an ack cost ~2x more without it). Frozen objects are still freed by reference
-    counting; a cycle among them waits for the next :func:`settle`."""
+    """After a batch of several inputs in an outage (not on the clock's ticks): what survived it
+    (the records, the store's memos, the agent registry) moves to the generation the collector
+    never walks (``gc.freeze``: a constant-time list merge), so the collections that 100,000
+    decoded acks trigger walk only the objects of the batch in hand, not every record again
+    (measured at 100,000 ranks: decoding and applying an ack cost ~2x more without it). Frozen
+    objects are still freed by reference counting; a cycle among them waits for the next
+    :func:`settle` (with no saga open)."""
     gc.freeze()
 
 

@@ -249,6 +249,8 @@ class Coordinator:
                 if isinstance(ev, CheckpointDurable) and ev.data.durations.total_s is not None:
                     metrics.CHECKPOINT_SECONDS.labels(ev.data.job).observe(ev.data.durations.total_s)
             await self._commit(self.core.apply(self._events(items), time.time()))
+            if len(items) > 1 and self.open:  # a burst in an outage: what it left, out of the collector's walks
+                heap.keep()
 
     def _check_leader(self) -> None:
         if not self.leader:
@@ -338,8 +340,6 @@ class Coordinator:
                 self.revisions.pop(sid, None)
         await self._status.flush(now)
         self._gauges()
-        if self.open:  # in an outage: what this batch left out of the next collections' walks
-            heap.keep()
 
     def _battery_gauges(self, rec: SagaRecord) -> None:
         gauges.battery(rec, self.core.shutdown_need(), lambda: saga.site_need_s(rec, self.core.topo, self.policy))

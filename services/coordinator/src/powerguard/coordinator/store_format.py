@@ -100,7 +100,7 @@ class RecordEncoder:
             fields = plan.__dict__
             known = self._nodes.get(name)
             if known is None or known[0] != fields:
-                stored = {k: v for k, v in plan.model_dump(mode="json").items() if v is not None}
+                stored = {k: v for k, v in fields.items() if v is not None}  # JSON scalars as they are
                 known = self._nodes[name] = (dict(fields), stored)
                 changed = True
             out[name] = known[1]
