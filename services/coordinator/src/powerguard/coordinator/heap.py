@@ -43,7 +43,8 @@ def keep() -> None:
     (the records, the store's memos, the agent registry) moves to the generation the collector
     never walks (``gc.freeze``: a constant-time list merge), so the collections that 100,000
     decoded acks trigger walk only the objects of the batch in hand, not every record again
-    (measured at 100,000 ranks: decoding and applying an ack cost ~2x more without it). Frozen
+    (bench/scale.py, 100,000 ranks: the last of the acks arriving over one second was applied
+    ~0.2 s sooner with it, 2.28 against 2.49 s, before the thresholds of :func:`tune`). Frozen
     objects are still freed by reference counting; a cycle among them waits for the next
     :func:`settle` (with no saga open)."""
     gc.freeze()
