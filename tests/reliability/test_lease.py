@@ -19,6 +19,7 @@ pytestmark = pytest.mark.integration
 
 
 async def test_a_leader_whose_lease_lapsed_publishes_nothing_and_steps_down(make_bus, caplog):
+    caplog.set_level(logging.INFO, logger="powerguard.coordinator.service")  # before anything it logs
     bus, sim, obs = await make_bus("coordinator"), await make_bus("sim"), await make_bus("observer")
     ranks = SimulatedRanks(sim, JOBS, step=50)
     await ranks.start()
@@ -34,7 +35,6 @@ async def test_a_leader_whose_lease_lapsed_publishes_nothing_and_steps_down(make
         taken = json.dumps({"holder": "c2", "expires": time.time() + 60}).encode()
         await leases.update(coordinator.lease.key, taken, revision=entry.revision)
         await outage(sim)
-        caplog.set_level(logging.INFO, logger="powerguard.coordinator.service")
         await eventually(lambda: not coordinator.leader, 10, "c1 to step down")
         assert "stops leading (lease expired while handling a batch)" in caplog.text  # the outage's batch did it
         # it stepped down handling the outage's batch: what it would have published is stored by now
