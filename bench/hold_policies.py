@@ -32,12 +32,17 @@ def one(policy: str, scenario: str, work: Path) -> dict:
     )
     if not report_file.exists():
         return {"policy": policy, "scenario": scenario, "error": (r.stdout + r.stderr)[-2000:]}
-    rep = json.loads(report_file.read_text())
+    return row(policy, scenario, json.loads(report_file.read_text()), r.returncode)
+
+
+def row(policy: str, scenario: str, rep: dict, exit_code: int) -> dict:
+    """One drill's report -> its row of hold_policies.json (CI: tests/e2e/test_drill.py's pause
+    and continue drills go through it)."""
     w, b, s = rep["work"], rep.get("battery_at_stop") or {}, rep.get("saga") or {}
     return {
         "policy": policy,
         "scenario": scenario,
-        "exit": r.returncode,
+        "exit": exit_code,
         "saga_states": rep["saga_states"],
         "step_at_detection": rep["step_at_detection"],
         "checkpoint_step": rep["checkpoint_step"],

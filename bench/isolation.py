@@ -68,9 +68,12 @@ async def run(reps: int) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--reps", type=int, default=5, help="idle/flood/idle/burst cycles (default 5)")
+    ap.add_argument("--smoke", action="store_true", help="one cycle (CI: the benchmark runs)")
+    ap.add_argument("--out", type=Path, default=RESULTS, help=f"results file (default {RESULTS})")
     args = ap.parse_args()
-    res = asyncio.run(run(args.reps))
-    RESULTS.write_text(json.dumps(res, indent=1) + "\n")
+    res = asyncio.run(run(1 if args.smoke else args.reps))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(res, indent=1) + "\n")
     print(
         f"idle {res['idle_request_ms']} ms, flood {res['flood_request_ms']} ms, "
         f"flood/idle {res['flood_over_idle']} (target <= 2); shutdowns {res['shutdown_s']} s of 50 s"

@@ -50,10 +50,10 @@ def worker(args: argparse.Namespace) -> None:
     group = dist.new_group(backend="gloo")
     timed = barrier_timer(group)
 
-    t_shared, t_node = [], []
+    t_shared, t_node, saved = [], [], []
     for i in range(args.reps):
         t_shared.append(timed(lambda i=i: shared.save(10 + i)))
-        t_node.append(timed(lambda i=i: local.save(10 + i)))
+        t_node.append(timed(lambda i=i: saved.append(local.save(10 + i))))
     step = 10 + args.reps - 1
     files = sorted((own / "bench" / f"step-{step}").glob("*.distcp"))
     mine = own / "bench" / f"step-{step}" / f"__{rank}_0.distcp"
@@ -65,12 +65,13 @@ def worker(args: argparse.Namespace) -> None:
     if rank == 1:
         shutil.rmtree(own)
     t_peer = timed(local.restore)
-    source_peer = local._restored
+    source_peer = local.progress.restored
     shutil.rmtree(own, ignore_errors=True)
     t_remote = timed(local.restore)
-    source_remote = local._restored
+    source_remote = local.progress.restored
     got: list = [None] * dist.get_world_size()
-    dist.all_gather_object(got, (received, source_peer, source_remote), group=group)
+    tiers = (source_peer and source_peer.tier, source_remote and source_remote.tier)
+    dist.all_gather_object(got, (received, *tiers), group=group)
     _, source_peer, source_remote = got[1]  # as the wiped node saw it
     got = [g[0] for g in got]
     if rank == 0:
@@ -84,13 +85,13 @@ def worker(args: argparse.Namespace) -> None:
             "save_node_local_s": round(statistics.median(t_node), 3),
             "node_local_over_shared": round(statistics.median(t_node) / statistics.median(t_shared), 2),
             "received_mb_per_node": [round(x / 1e6) for x in got],
-            "durability": local._durability,
+            "durability": saved[-1].durability,
             "restore_own_disk_s": round(t_own, 3),
             "restore_from_peers_s": round(t_peer, 3),
             "restore_from_remote_s": round(t_remote, 3),
             "restore_sources": {
-                "peer": source_peer[1] if source_peer else None,
-                "remote": source_remote[1] if source_remote else None,
+                "peer": source_peer,
+                "remote": source_remote,
             },
             "raw_s": {"shared": [round(x, 3) for x in t_shared], "node_local": [round(x, 3) for x in t_node]},
             "checkpoint_mb": checkpoint_mb,

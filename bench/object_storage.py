@@ -132,13 +132,16 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--part-mb", type=int, default=16)
     p.add_argument("--concurrency", type=int, default=8)
-    p.add_argument("--smoke", action="store_true", help="a small size, one round; nothing written")
-    p.add_argument("--out", type=Path, default=RESULTS)
+    p.add_argument("--smoke", action="store_true", help="a small size, one round; written only to an --out given")
+    p.add_argument("--out", type=Path, default=None, help=f"results file (default {RESULTS})")
     args = p.parse_args()
     if args.smoke:
         got = measure(16, 1, 5, 4)
         print(json.dumps(got))
+        if args.out:
+            args.out.write_text(json.dumps(got, indent=2) + "\n")
         return
+    args.out = args.out or RESULTS
     got = measure(args.mb, args.rounds, args.part_mb, args.concurrency)
     got["measured"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -6,6 +6,7 @@ bench/results/upsmon_side_by_side.json. Needs nut-server and nut-client (as the 
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import os
@@ -55,8 +56,8 @@ def notifications(path: Path, kind: str) -> list[float]:
     return [float(line.split()[0]) for line in path.read_text().splitlines() if line.split()[1:2] == [kind]]
 
 
-async def main() -> None:
-    results: dict = {"cycles": CYCLES}
+async def run(cycles: int) -> dict:
+    results: dict = {"cycles": cycles}
     with tempfile.TemporaryDirectory() as tmp, EmbeddedNats(store_dir=Path(tmp) / "nats") as server:
         tmp = Path(tmp)
         (tmp / "nut").mkdir()
@@ -79,7 +80,7 @@ async def main() -> None:
         try:
             async with bus.subscribe(OnBattery, OnLine, deliver="new") as sub:
                 await sub.start()
-                for _ in range(CYCLES):
+                for _ in range(cycles):
                     for ob in (True, False):
                         await asyncio.sleep(rng.uniform(0.5, 5.5))  # a random phase of both poll clocks
                         want = "OB DISCHRG" if ob else "OL CHRG"
@@ -128,12 +129,25 @@ async def main() -> None:
         f"(max {results['upsmon']['max_ms']}), ups-monitor p50 {results['ups_monitor']['p50_ms']} ms "
         f"(max {results['ups_monitor']['max_ms']}), n={len(ours)}"
     )
-    RESULTS.parent.mkdir(exist_ok=True)
-    RESULTS.write_text(json.dumps(results, indent=2) + "\n")
-    print(f"wrote {RESULTS}")
+    return results
+
+
+def write(results: dict, out: Path) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=2) + "\n")
+    print(f"wrote {out}")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--cycles", type=int, default=CYCLES, help=f"on battery and back (default {CYCLES})")
+    p.add_argument("--smoke", action="store_true", help="one cycle (CI: the benchmark runs)")
+    p.add_argument("--out", type=Path, default=RESULTS)
+    args = p.parse_args()
+    if not os.path.exists(UPSMON):
+        sys.exit("upsmon not found: apt-get install nut-client")
+    write(asyncio.run(run(1 if args.smoke else args.cycles)), args.out)
 
 
 if __name__ == "__main__":
-    if not os.path.exists(UPSMON):
-        sys.exit("upsmon not found: apt-get install nut-client")
-    asyncio.run(main())
+    main()

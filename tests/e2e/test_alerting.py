@@ -12,6 +12,7 @@ import asyncio
 import pytest
 
 from powerguard.sim.alert_drill import alert_drill
+from tests.bench_modules import load
 from tests.conftest import require_binary
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
@@ -31,3 +32,7 @@ def test_the_on_call_is_paged_for_the_outage_a_dead_letter_and_a_dead_service_an
     assert ("DeadLettersAppearing", "firing") in alerts and ("PowerGuardServiceDown", "firing") in alerts
     # the info alert that inhibits node-down alerts during the deliberate shutdown is never paged
     assert not any(p["alert"] == "SagaShuttingDownNodes" for p in r["pages"])
+    # bench/alerting.py's figures of this drill (the benchmark's analysis, run on CI's drill)
+    f = load("alerting").figures(r)
+    assert f["utility_failure_to_page_s"] >= f["on_battery_event_to_page_s"] > 0
+    assert f["dead_letter_to_page_s"] > 0 and f["service_killed_to_page_s"] > 0

@@ -12,6 +12,8 @@ from collections import Counter
 
 import pytest
 
+from tests.bench_modules import load
+
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
 
@@ -92,6 +94,11 @@ def test_outage_checkpoints_shuts_down_restores_and_resumes_bit_exact(tmp_path):
     assert n["job_restart demo-train"] == 1 and n["restore demo-train"] == 4 and n["resume demo-train"] == 1
     assert (tmp_path / "report.timeline.png").stat().st_size > 10_000
     assert "<svg" in (tmp_path / "report.timeline.html").read_text()
+    # bench/drill.py's breakdown of this drill (CI runs the drill benchmark's analysis here, not a second drill)
+    b = load("drill").breakdown(report, json.loads((tmp_path / "report.trace.json").read_text()))
+    waits = sum(b["configured_waits_s"].values())
+    assert b["utility_back_to_training_resumed_s"] > waits and b["bit_exact"] is True
+    assert b["power_on_sequence_s"] > 0 and b["job_process_start_s"] > 0 and b["checkpoint_load_s"] > 0
 
 
 def test_flap_with_pause_waits_in_place_then_trains_on_no_restart_nothing_lost(tmp_path):
@@ -116,6 +123,10 @@ def test_pause_leaves_more_battery_at_the_stop_than_continue_and_continue_report
     bp, bc = pause["battery_at_stop"], cont["battery_at_stop"]
     assert bp["charge_pct"] > bc["charge_pct"] and bp["runtime_s"] > bc["runtime_s"]
     assert bp["runtime_at_training_load_s"] > bc["runtime_at_training_load_s"]
+    # bench/hold_policies.py's rows of these two drills (its analysis, run on CI's drills)
+    rows = {p: load("hold_policies").row(p, "outage", rep, 0) for p, rep in (("pause", pause), ("continue", cont))}
+    assert rows["pause"]["lost_steps"] == 0 and rows["continue"]["lost_steps"] > 20
+    assert rows["continue"]["saga_lost_steps"] > 0 and rows["pause"]["battery"] == bp
 
 
 def test_race_finishes_the_shutdown_then_restores(tmp_path):

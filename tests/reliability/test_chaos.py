@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -51,3 +52,7 @@ async def test_fixed_chaos_fault_keeps_every_invariant(seed, policy, fault, tmp_
     run = await chaos.one(seed, tmp_path, steps=250, fault=fault, policy=policy, budget_s=500)
     assert run.injected_at is not None, "the fault was never injected"
     assert run.violations == [], f"seed {seed} ({fault.kind} in {fault.phase}): {run.violations}"
+    # the campaign's own summary and table of this run (bench/chaos.py's analysis, run on CI's drill)
+    result = chaos._result([asdict(run)], [{"seeds": [seed], "kinds": fault.kind, "commit": "test", "wall_s": 1.0}])
+    assert result["runs"] == 1 and result["runs_with_violations"] == 0
+    assert f"| {fault.kind} | 1 |" in chaos.table(result)
