@@ -3,6 +3,7 @@ and docs/performance.md shows it beside each figure's source."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import time
 from pathlib import Path
@@ -38,3 +39,10 @@ def provenance(path: Path, result: dict | None) -> tuple[str, str]:
         return "not committed", "-"
     day, commit = log.split()
     return f"{day} (committed)", commit
+
+
+def write(result: dict, out: Path) -> None:
+    """``result``, stamped (:func:`stamp`), as the results file ``out``."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(stamp(result), indent=2) + "\n")
+    print(f"wrote {out}")

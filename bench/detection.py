@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import random
 import socket
@@ -23,6 +22,8 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the real-peer launchers the integration tests use
+
+from _provenance import write  # noqa: E402
 
 from powerguard.bus import Bus, BusNames, EmbeddedNats  # noqa: E402
 from powerguard.schemas import OnBattery, OnLine, SiteConfig  # noqa: E402
@@ -193,12 +194,6 @@ async def run(flips: int, warm_s: float, cpu_s: float) -> dict:
     results["targets"] = {"snmp_trap_p50_ms": "<= 20", "poll_p50_ms": "<= 520 (interval/2 + 20)"}
     results["machine"] = f"{os.cpu_count()} cores"
     return results
-
-
-def write(results: dict, out: Path) -> None:
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=2) + "\n")
-    print(f"wrote {out}")
 
 
 def main() -> None:

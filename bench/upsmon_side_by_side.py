@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import random
 import subprocess
@@ -19,6 +18,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from _provenance import write  # noqa: E402
 
 from powerguard.bus import Bus, BusNames, EmbeddedNats  # noqa: E402
 from powerguard.schemas import OnBattery, OnLine, SiteConfig  # noqa: E402
@@ -130,12 +131,6 @@ async def run(cycles: int) -> dict:
         f"(max {results['ups_monitor']['max_ms']}), n={len(ours)}"
     )
     return results
-
-
-def write(results: dict, out: Path) -> None:
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=2) + "\n")
-    print(f"wrote {out}")
 
 
 def main() -> None:
