@@ -9,19 +9,15 @@ in CI before power-control refused a job stop delivered again after its saga res
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from dataclasses import asdict
-from pathlib import Path
 
 import pytest
 
+from tests.bench_modules import load
+
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
-_spec = importlib.util.spec_from_file_location("chaos", Path(__file__).resolve().parents[2] / "bench" / "chaos.py")
-chaos = importlib.util.module_from_spec(_spec)
-sys.modules["chaos"] = chaos  # dataclasses look their module up while the class is made
-_spec.loader.exec_module(chaos)
+chaos = load("chaos")
 
 
 F = chaos.Fault

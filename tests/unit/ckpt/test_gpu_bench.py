@@ -3,16 +3,9 @@ the figures it writes are there and sane, and the checkpoint it timed is committ
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
+from tests.bench_modules import load
 
-_path = Path(__file__).resolve().parents[3] / "bench" / "gpu_checkpoint.py"
-sys.path.insert(0, str(_path.parent))  # its helpers (bench/_state.py), as when it runs as a script
-_spec = importlib.util.spec_from_file_location("gpu_checkpoint", _path)
-bench = importlib.util.module_from_spec(_spec)
-sys.modules["gpu_checkpoint"] = bench
-_spec.loader.exec_module(bench)
+bench = load("gpu_checkpoint")  # its helpers (bench/_state.py) importable, as when it runs as a script
 
 
 def test_gpu_checkpoint_bench_runs_small_on_cpu(tmp_path):
