@@ -54,6 +54,38 @@ def test_a_hold_without_a_bus_lets_the_rank_go_at_once():
     assert 0.01 <= hold.end(pause) < 5.0  # the pause's own length, as the agent adds it to paused_s
 
 
+def test_the_pause_takes_sigterm_before_it_says_it_is_paused():
+    """Whoever reads "paused at step" (an operator, a scheduler's script, the stop test) may send
+    SIGTERM at once: before, the line came first, and a SIGTERM between the two went to
+    Lightning's flag-only handler alone, leaving the rank paused until torchrun killed it 30 s
+    later (seen in CI)."""
+    import logging
+    import signal
+
+    seen: list[object] = []
+
+    class Catch(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if "paused at step" in record.getMessage():
+                seen.append(signal.getsignal(signal.SIGTERM))
+
+    before = signal.getsignal(signal.SIGTERM)
+    catch = Catch()
+    logger = logging.getLogger("powerguard.ckpt_agent")
+    logger.addHandler(catch)
+    level = logger.level
+    logger.setLevel(logging.INFO)
+    hold = Hold(None, Ranks(), poll_s=0.01)
+    try:
+        pause = hold.begin(3, [])
+        hold.end(pause)
+    finally:
+        logger.removeHandler(catch)
+        logger.setLevel(level)
+        signal.signal(signal.SIGTERM, before)
+    assert len(seen) == 1 and seen[0] is not before, "the pause said it was paused before it took SIGTERM"
+
+
 def test_a_pause_joined_by_a_second_saga_ends_only_when_both_released_it():
     """A drill paused the ranks, then a real outage's request asked for a pause too: the drill,
     giving way, releases its own pause; the ranks stay until the real saga releases theirs."""

@@ -58,11 +58,12 @@ class Hold:
 
     def begin(self, step: int, requests: list[CheckpointRequestData]) -> Pause:
         limits = [r.pause_max_s for r in requests if r.pause_max_s]
+        pause = Pause(step, frozenset(r.saga_id for r in requests), min(limits) if limits else None, time.monotonic())
+        pause = self._on_sigterm(pause)  # before the log line: whoever reads "paused" may stop the job at once
         log.info(
             "rank %d: paused at step %d after the checkpoint (until power returns or the stop)", self.ranks.rank, step
         )
-        pause = Pause(step, frozenset(r.saga_id for r in requests), min(limits) if limits else None, time.monotonic())
-        return self._on_sigterm(pause)
+        return pause
 
     @staticmethod
     def _on_sigterm(pause: Pause) -> Pause:
