@@ -10,7 +10,7 @@ PROJECTS := -e ./schemas -e ./bus[embedded,otlp] -e ./snmp -e ./services/ups-mon
 PYPROJECTS := pyproject.toml schemas/pyproject.toml bus/pyproject.toml snmp/pyproject.toml $(wildcard services/*/pyproject.toml) \
               constraints.txt requirements-dev.txt VERSION
 
-.PHONY: venv test test-unit demo bench chaos schemas lint fmt clean help wheels
+.PHONY: venv test test-full test-unit demo bench chaos schemas lint fmt clean help wheels
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -26,6 +26,9 @@ $(STAMP): $(PYPROJECTS)
 
 test: venv  ## run the whole test suite (unit, integration against real peers, e2e)
 	$(BIN)/pytest
+
+test-full: venv  ## the whole suite and the second paths CI skips for time (@pytest.mark.full: each names the CI test covering it)
+	PG_FULL=1 $(BIN)/pytest
 
 test-unit: venv  ## only the fast unit tests
 	$(BIN)/pytest tests/unit

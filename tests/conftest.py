@@ -10,6 +10,7 @@ import shutil
 import sys
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 
 import pytest
 from opentelemetry import trace
@@ -46,6 +47,20 @@ def require_module(name: str, extra: str) -> None:
 
 
 WATCHDOG_GRACE_S = float(os.environ.get("POWERGUARD_TEST_WATCHDOG_GRACE_S", "120"))  # past a test's timeout
+
+
+FULL = os.environ.get("PG_FULL") == "1"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """``@pytest.mark.full(reason=...)``: skipped unless PG_FULL=1 (``make test-full``), the
+    reason saying which CI test covers the same path (CI's time on a 2-core machine)."""
+    if FULL:
+        return
+    for item in items:
+        for mark in item.iter_markers("full"):
+            item.add_marker(pytest.mark.skip(reason=f"PG_FULL=1 runs it ({mark.kwargs.get('reason', '')})"))
+            break
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -87,6 +102,15 @@ trace.get_tracer_provider().add_span_processor(SimpleSpanProcessor(_EXPORTER))
 def spans() -> InMemorySpanExporter:
     _EXPORTER.clear()
     return _EXPORTER
+
+
+@pytest.fixture(scope="session", autouse=True)
+def reference_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The drills of this run share their uninterrupted reference training (SimSite.reference_run):
+    same command line, same code, same result; trained once (about 24 s a drill here)."""
+    path = tmp_path_factory.mktemp("reference-cache")
+    os.environ.setdefault("POWERGUARD_REFERENCE_CACHE", str(path))
+    return Path(os.environ["POWERGUARD_REFERENCE_CACHE"])
 
 
 @pytest.fixture(scope="session")

@@ -4,7 +4,6 @@ simulated site on loopback, real torch.distributed ranks. Asserts the report and
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -141,20 +140,15 @@ def test_race_finishes_the_shutdown_then_restores(tmp_path):
 # CI drills the Trainer through an outage in tests/e2e/test_try.py (`powerguard try`); these drills
 # (about 2 min each on a 2-core machine: the same paths through `powerguard demo`, whose
 # checkpoints and bit-exact resumes tests/integration/ckpt/test_lightning.py and test_hf.py run in
-# CI) run with PG_E2E_ALL_FRAMEWORKS=1, to keep CI's time down
-ALL_FRAMEWORKS = os.environ.get("PG_E2E_ALL_FRAMEWORKS") == "1"
+# CI) run with PG_FULL=1, to keep CI's time down
+FRAMEWORKS_IN_CI = "the checkpoints and resumes: tests/integration/ckpt; the Trainer's drill: tests/e2e/test_try.py"
 
 
 @pytest.mark.parametrize(
     "framework",
     [
-        pytest.param(
-            "lightning",
-            marks=pytest.mark.skipif(not ALL_FRAMEWORKS, reason="PG_E2E_ALL_FRAMEWORKS=1 drills Lightning too"),
-        ),
-        pytest.param(
-            "hf", marks=pytest.mark.skipif(not ALL_FRAMEWORKS, reason="PG_E2E_ALL_FRAMEWORKS=1 drills the Trainer too")
-        ),
+        pytest.param("lightning", marks=pytest.mark.full(reason=FRAMEWORKS_IN_CI)),
+        pytest.param("hf", marks=pytest.mark.full(reason=FRAMEWORKS_IN_CI)),
     ],
 )
 def test_a_framework_job_checkpoints_through_its_callback_and_resumes_bit_exact(tmp_path, framework):

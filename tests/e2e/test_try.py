@@ -8,7 +8,6 @@ and site around them; the verdict compares every tensor with an uninterrupted ru
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -75,10 +74,7 @@ def test_an_fsdp2_job_on_node_local_disks_survives_the_outage_bit_exact(tmp_path
     assert not (tmp_path / "where-the-script-saves").exists()
 
 
-@pytest.mark.skipif(
-    os.environ.get("PG_E2E_ALL_FRAMEWORKS") != "1",
-    reason="PG_E2E_ALL_FRAMEWORKS=1 drills the TP job too (CI: the FSDP2 drill above; TP's resume in test_sharded.py)",
-)
+@pytest.mark.full(reason="CI: the FSDP2 drill above; TP's resume in tests/integration/ckpt/test_sharded.py")
 def test_a_tensor_parallel_job_on_node_local_disks_survives_the_outage_bit_exact(tmp_path):
     r, report = try_(tmp_path, *sim_job(tmp_path, "--shard", "tp", "--local-scope", "node"))
     assert_survived(r, report)
@@ -88,6 +84,7 @@ def test_a_tensor_parallel_job_on_node_local_disks_survives_the_outage_bit_exact
     assert any("replicated:1" in d for d in durability), report["durability"]
 
 
+@pytest.mark.full(reason="CI: tests/integration/test_resume_check.py catches the same script, tensors named")
 def test_a_script_that_fetches_ahead_is_caught_after_the_outage_with_the_tensors_named(tmp_path):
     r, report = try_(tmp_path, sys.executable, str(AHEAD), "--steps", "300")
     assert r.returncode == 1, r.stdout[-4000:] + r.stderr[-3000:]
@@ -113,13 +110,10 @@ def test_a_job_too_short_for_the_outage_is_refused_naming_the_fix(tmp_path):
 @pytest.mark.parametrize(
     "module",
     [
-        # Lightning's callback shares the HF one's paths (the framework saves, the try mode); CI runs
-        # HF, PG_E2E_ALL_FRAMEWORKS=1 both (to keep CI under an hour)
+        # Lightning's callback shares the HF one's paths (the framework saves, the try mode)
         pytest.param(
             "powerguard.sim.train_lightning",
-            marks=pytest.mark.skipif(
-                os.environ.get("PG_E2E_ALL_FRAMEWORKS") != "1", reason="PG_E2E_ALL_FRAMEWORKS=1 drills Lightning too"
-            ),
+            marks=pytest.mark.full(reason="CI: the Trainer's drill below; Lightning in tests/integration/ckpt"),
         ),
         "powerguard.sim.train_hf",
     ],
