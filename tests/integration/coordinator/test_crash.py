@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from powerguard.bus.roles import durable_names
 from powerguard.coordinator.store import SagaStore
 from powerguard.sim.agents import SimulatedRanks
 from powerguard.sim.executor import SimulatedPowerControl
@@ -139,3 +140,30 @@ async def test_two_replicas_exactly_one_acts_and_the_other_takes_over(world):
     assert not a.said("resuming saga")  # a never restarted
     assert b.said("resuming saga")
     assert await b.stop() == 0
+
+
+async def test_a_replica_that_cannot_start_leading_retries_instead_of_exiting(make_bus, names, nats_server, tmp_path):
+    """Taking over, the standby could not bind its consumers (CI: a 3-node cluster answering 503
+    for a while after a power cut of every server): the coordinator exited, and with no
+    supervisor to start it again the saga stayed in ``restoring``. Now it reports not ready,
+    retries, and leads once the broker answers. The stream is deleted here to make the bind fail
+    until it is back: the same path as a cluster still electing its leaders."""
+    path = site_file(tmp_path / "site.yaml", names)
+    admin = await make_bus("test")
+    a = await CoordinatorProcess(path, nats_server.url, "replica-a").start()
+    b = await CoordinatorProcess(path, nats_server.url, "replica-b").start()
+    try:
+        await eventually(lambda: a.said("consuming inputs"), 30, "the first leader consuming")
+        await eventually(lambda: b.said("standby"), 30, "the standby")
+        await admin.js.delete_stream(names.stream)  # its durables go with it
+        await a.kill()
+        await eventually(lambda: b.said("could not start leading"), 30, "the takeover failing")
+        assert b.proc.returncode is None, "\n".join(str(x) for x in b.lines[-20:])
+        await admin.setup()  # the stream back (what the cluster's recovery amounts to for the bind)
+        await eventually(lambda: b.said("consuming inputs"), 30, "the takeover, retried")
+        power = durable_names("dc1")["coordinator-power"]
+        assert (await admin.js.consumer_info(names.stream, power)).name == power
+        assert b.proc.returncode is None
+    finally:
+        await a.kill()
+        await b.kill()

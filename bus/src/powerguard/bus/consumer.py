@@ -67,6 +67,7 @@ _CLOSED = (nats.errors.ConnectionClosedError, nats.errors.ConnectionDrainingErro
 # An idle reader asks the server about its consumer this often: a consumer whose server died,
 # or that hangs, answers pulls with silence, which looks just like "no new messages".
 CHECK_IDLE_S = 5.0
+BIND_RETRY_S = 15.0  # how long a consumer waits for JetStream to answer at its start (a cluster recovering)
 # A durable refuses (dead-letters) an event stamped further than this ahead of its own clock,
 # whoever sent it: above the worst offset between two hosts' clocks (the fault campaign runs
 # services up to 60 s off), far below what would let a forged reading hide the true ones.
@@ -214,6 +215,25 @@ class _PullLoop:
             await self.bus.js.add_consumer(self.stream, cfg)
         self._psub = await self.bus.js.pull_subscribe_bind(consumer=self.name, stream=self.stream)
 
+    async def _bind_when_available(self, within_s: float = BIND_RETRY_S) -> None:
+        """:meth:`_bind`, retried while JetStream answers that it is not available yet (503: a
+        cluster electing its leaders after a restart or a power cut; a request timing out
+        meanwhile), for at most ``within_s``; then the error, with what it waited for."""
+        loop = asyncio.get_running_loop()
+        deadline, wait = loop.time() + within_s, 0.25
+        while True:
+            try:
+                return await self._bind()
+            except (js_errors.ServiceUnavailableError, nats.errors.TimeoutError, TimeoutError) as exc:
+                if loop.time() + wait > deadline:
+                    raise SetupError(
+                        f"consumer {self.name or '(new)'} on stream {self.stream}: JetStream still "
+                        f"unavailable after {within_s:.0f}s ({exc!r})"
+                    ) from exc
+                log.info("consumer %s on %s: JetStream not available yet (%r); retrying", self.name, self.stream, exc)
+                await asyncio.sleep(wait)
+                wait = min(wait * 2, 2.0)
+
     async def _durable_exists(self, want: api.ConsumerConfig) -> bool:
         """A durable that exists is used as it is (created by ``powerguard bootstrap`` or an
         earlier run): services never update consumers; a different filter is logged."""
@@ -354,7 +374,7 @@ class Consumer(_PullLoop):
         )
 
     async def start(self) -> None:
-        await self._bind()
+        await self._bind_when_available()
         self._task = asyncio.create_task(self._run(), name=f"consumer:{self.name}")
 
     async def stop(self, timeout: float = 3.0) -> None:

@@ -134,11 +134,19 @@ class Coordinator:
                         log.warning("lease check failed: %s", exc)
                         held = False
                         state = (False, f"cannot read or renew the lease in {self.bus.names.leases}: {exc!r}")
-                    say(*state)
                     if held and not self.leader:
-                        await self._lead()
+                        try:
+                            await self._lead()
+                        except Exception as exc:  # the broker not ready for it: a cluster recovering from a cut
+                            metrics.TICK_ERRORS.inc()
+                            log.error(
+                                "%s could not start leading site %s (retried): %r", self.instance, self.site.site, exc
+                            )
+                            await self._follow(f"could not start leading: {exc!r}")
+                            state = (False, f"holds the lease but cannot start leading: {exc!r}")
                     elif not held and self.leader:
                         await self._follow("lease lost")
+                    say(*state)
                 self._job_gauges(time.time())  # every replica: a standby's /metrics says it too
                 if self.leader:
                     try:
