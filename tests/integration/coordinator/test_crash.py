@@ -151,9 +151,10 @@ async def test_a_replica_that_cannot_start_leading_retries_instead_of_exiting(ma
     path = site_file(tmp_path / "site.yaml", names)
     admin = await make_bus("test")
     a = await CoordinatorProcess(path, nats_server.url, "replica-a").start()
-    b = await CoordinatorProcess(path, nats_server.url, "replica-b").start()
+    b = CoordinatorProcess(path, nats_server.url, "replica-b")
     try:
         await eventually(lambda: a.said("consuming inputs"), 30, "the first leader consuming")
+        await b.start()
         await eventually(lambda: b.said("standby"), 30, "the standby")
         await admin.js.delete_stream(names.stream)  # its durables go with it
         await a.kill()
