@@ -14,6 +14,7 @@ and applied: the saga acts on the UPS's current state, not on its queue. A repli
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import socket
 import time
@@ -138,12 +139,15 @@ class Coordinator:
                         try:
                             await self._lead()
                         except Exception as exc:  # the broker not ready for it: a cluster recovering from a cut
+                            why = str(exc) or repr(exc)  # nats's errors say code and description in str()
                             metrics.TICK_ERRORS.inc()
                             log.error(
-                                "%s could not start leading site %s (retried): %r", self.instance, self.site.site, exc
+                                "%s could not start leading site %s (retried): %s", self.instance, self.site.site, why
                             )
-                            await self._follow(f"could not start leading: {exc!r}")
-                            state = (False, f"holds the lease but cannot start leading: {exc!r}")
+                            await self._follow(f"could not start leading: {why}")
+                            with contextlib.suppress(Exception):  # a replica that can may take it meanwhile
+                                await self._lease.release()
+                            state = (False, f"took the lease, cannot lead (gave it back; retrying): {why}")
                     elif not held and self.leader:
                         await self._follow("lease lost")
                     say(*state)
