@@ -58,9 +58,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if FULL:
         return
     for item in items:
-        for mark in item.iter_markers("full"):
+        if mark := item.get_closest_marker("full"):
             item.add_marker(pytest.mark.skip(reason=f"PG_FULL=1 runs it ({mark.kwargs.get('reason', '')})"))
-            break
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -141,16 +141,8 @@ def test_race_finishes_the_shutdown_then_restores(tmp_path):
 # (about 2 min each on a 2-core machine: the same paths through `powerguard demo`, whose
 # checkpoints and bit-exact resumes tests/integration/ckpt/test_lightning.py and test_hf.py run in
 # CI) run with PG_FULL=1, to keep CI's time down
-FRAMEWORKS_IN_CI = "the checkpoints and resumes: tests/integration/ckpt; the Trainer's drill: tests/e2e/test_try.py"
-
-
-@pytest.mark.parametrize(
-    "framework",
-    [
-        pytest.param("lightning", marks=pytest.mark.full(reason=FRAMEWORKS_IN_CI)),
-        pytest.param("hf", marks=pytest.mark.full(reason=FRAMEWORKS_IN_CI)),
-    ],
-)
+@pytest.mark.full(reason="checkpoints and resumes: tests/integration/ckpt; the Trainer's drill: test_try.py")
+@pytest.mark.parametrize("framework", ["lightning", "hf"])
 def test_a_framework_job_checkpoints_through_its_callback_and_resumes_bit_exact(tmp_path, framework):
     """`powerguard demo --framework ...`: the 4 ranks train with PyTorch Lightning or the Hugging
     Face Trainer; the power checkpoints are the framework's own, committed and acked."""
