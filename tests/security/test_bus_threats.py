@@ -105,6 +105,9 @@ async def test_2_no_service_is_a_jetstream_admin(deployment, role):
         bus.js.update_stream(api.StreamConfig(name=stream, subjects=["pg.>"], max_msgs=1)),
         bus.js.delete_stream(stream),
         bus.js.add_consumer(stream, api.ConsumerConfig(durable_name="evil", deliver_policy=api.DeliverPolicy.ALL)),
+        # a stream of one's own capturing others' subjects (the coordinator may create one stream:
+        # the agent registry's bucket, under that name only)
+        bus.js.add_stream(api.StreamConfig(name=f"KV_{dep.names.agents}_x", subjects=[f"{dep.names.prefix}.x.>"])),
     ]
     if role != "coordinator":
         attempts.append(bus.js.publish(f"$KV.{dep.names.leases}.coordinator.{SITE}", b'{"holder":"x","expires":9e12}'))
@@ -124,6 +127,22 @@ async def test_2_no_service_is_a_jetstream_admin(deployment, role):
     admin = await dep.connect("admin", service="admin-check")
     info = await admin.js.stream_info(stream)
     assert info.config.republish is None and info.config.max_msgs in (None, -1)
+
+
+async def test_2_the_coordinator_makes_the_agent_registry_again_when_the_server_lost_it(deployment):
+    """A single server forgets the memory-stored registry when it restarts: the coordinator's
+    credential may create that bucket (and no other stream: test above), with the deployment's
+    configuration."""
+    dep = deployment
+    admin = await dep.connect("admin", service="admin-check")
+    bucket = f"KV_{dep.names.agents}"
+    await admin.js.delete_stream(bucket)  # as a restarted single server would have it
+    coord = await dep.connect("coordinator")
+    _, created = await coord.ensure_agents()
+    assert created
+    info = await admin.js.stream_info(bucket)
+    assert info.config.storage == api.StorageType.MEMORY and info.config.max_age == coord.limits.agents_ttl_s
+    assert (await coord.ensure_agents())[1] is False  # there now: nothing made
 
 
 async def test_2_services_work_with_only_their_own_permissions(deployment):

@@ -3,7 +3,8 @@ in it too) without direct gets, and the coordinator's one durable reading power 
 results. `powerguard bootstrap` of this release without --update changes nothing and says what
 is missing; with --update (the CLI, the admin credential) the events stream gives the jobs'
 subjects up, the jobs' stream is created, and the durables take this release's configuration,
-keeping every message, every KV value and the durables' positions."""
+keeping every message, every KV value of lasting state and the durables' positions; the agent
+registry, soft state, moves from disk to memory."""
 
 from __future__ import annotations
 
@@ -60,6 +61,10 @@ async def test_bootstrap_update_takes_the_previous_layout_to_this_release(tmp_pa
         )
         for name, filters in previous_release_filters(names).items():
             await admin.js.add_consumer(names.stream, durable_config(name, filters=filters, deliver="new"))
+        # its agent registry on disk (this release keeps it in memory)
+        await admin.js.create_key_value(
+            api.KeyValueConfig(bucket=names.agents, history=1, ttl=30, storage=api.StorageType.FILE)
+        )
         await admin.setup()  # its buckets
         ups = await dep.connect("ups-monitor")
         for _ in range(2):
@@ -73,6 +78,8 @@ async def test_bootstrap_update_takes_the_previous_layout_to_this_release(tmp_pa
         assert plain.returncode == 0, plain.stderr
         assert "this release needs" in plain.stderr and "bootstrap --update" in plain.stderr
         assert (await admin.js.stream_info(names.stream)).config.allow_direct is not True
+        assert "stored on disk" in plain.stderr
+        assert (await admin.js.stream_info(f"KV_{names.agents}")).config.storage == api.StorageType.FILE
 
         upgraded = bootstrap(dep, "--update")
         assert upgraded.returncode == 0, upgraded.stderr
@@ -89,5 +96,7 @@ async def test_bootstrap_update_takes_the_previous_layout_to_this_release(tmp_pa
         after = await admin.js.consumer_info(names.stream, durable)
         assert (after.delivered.stream_seq, after.num_pending) == (before.delivered.stream_seq, before.num_pending)
         assert (await (await coord.kv(names.sagas)).get("s-open")).json() == {"state": "holding"}
+        # the registry moved to memory (soft state: every live rank writes it again at its next beat)
+        assert (await admin.js.stream_info(f"KV_{names.agents}")).config.storage == api.StorageType.MEMORY
     finally:
         await dep.close()

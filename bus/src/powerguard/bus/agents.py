@@ -1,6 +1,15 @@
 """The live agent registry: every rank puts its :class:`AgentData` into the ``pg_agents`` KV
 bucket (key ``<job>.<node>.<rank>``) when it registers and at every heartbeat; the bucket's TTL
-drops ranks that stopped. The same data also goes out as an event for observers.
+drops ranks that stopped. A registration and a deregistration also go out as events (stored in
+the jobs' stream, for observers); a heartbeat is the bucket's record only.
+
+The bucket is soft state, kept in the servers' memory (replicated as the deployment's streams
+are), never fsynced: at 100,000 ranks beating every 5 s a stored heartbeat would be 20,000 fsynced
+writes a second. What an outage needs of it is copied into the saga's record when the outage
+starts; a whole-site power cut loses it, and the ranks it described died with the power. A
+single nats-server forgets a memory-stored bucket when it restarts: the coordinator creates it
+again (:meth:`~powerguard.bus.client.Bus.ensure_agents`) and every live rank writes its record
+at its next heartbeat.
 
 The key is what the server lets the writer write: an agent credential allows
 ``<its job>.*.*``, one issued for a node (``powerguard creds issue agent --job J --node N``, held
@@ -16,7 +25,14 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from powerguard.schemas import AgentData, AgentDeregistered, AgentEvent, IdentityMismatch, MalformedEvent
+from powerguard.schemas import (
+    AgentData,
+    AgentDeregistered,
+    AgentEvent,
+    AgentHeartbeat,
+    IdentityMismatch,
+    MalformedEvent,
+)
 
 if TYPE_CHECKING:
     from .client import Bus
@@ -42,7 +58,8 @@ async def announce(bus: Bus, event: AgentEvent) -> None:
         await agents.delete(key)
     else:
         await agents.put(key, event.data)
-    await bus.publish(event)
+    if not isinstance(event, AgentHeartbeat):
+        await bus.publish(event)
 
 
 def identity_mismatch(agent: AgentData, key: str) -> IdentityMismatch | None:
@@ -65,11 +82,16 @@ class AgentWatch:
     happened). Told by the order of the key's records, not by clocks, not by ``ready`` (nats-py
     may signal the end of the initial values before it has handed them all over) and not by the
     stream's last sequence read at start (one fault-campaign run after a power cut saw stored
-    records counted as news that way)."""
+    records counted as news that way). ``fresh``: the bucket is a new one (the server lost the
+    last, see :meth:`~powerguard.bus.client.Bus.ensure_agents`), so everything in it was written
+    since: no record is ``stored``."""
 
-    def __init__(self, bus: Bus, on_change: Callable[[AgentData | None, str, float, bool], None]) -> None:
+    def __init__(
+        self, bus: Bus, on_change: Callable[[AgentData | None, str, float, bool], None], *, fresh: bool = False
+    ) -> None:
         self.bus = bus
         self.on_change = on_change
+        self.fresh = fresh
         self.ready = asyncio.Event()
         self._task: asyncio.Task | None = None
         self._watcher = None
@@ -116,6 +138,8 @@ class AgentWatch:
             self.on_change(agent, entry.key, seen, self._first(entry.key))
 
     def _first(self, key: str) -> bool:
+        if self.fresh:
+            return False
         first = key not in self._seen_keys
         self._seen_keys.add(key)
         return first

@@ -373,7 +373,7 @@ class Bus:
                     )
             await self._bucket(n.sagas, history=lim.sagas_history, ttl=None)
             await self._bucket(n.status, history=1, ttl=None)
-            await self._bucket(n.agents, history=1, ttl=lim.agents_ttl_s)
+            await self._agents_bucket(update=update)
             await self._bucket(n.leases, history=1, ttl=lim.leases_ttl_s)
             await self._bucket(n.ups, history=5, ttl=None)
             await self._bucket(n.power, history=1, ttl=lim.power_ttl_s)
@@ -441,7 +441,15 @@ class Bus:
                 made.append(name)
         return made
 
-    async def _bucket(self, bucket: str, *, history: int, ttl: float | None) -> Kv:
+    async def _bucket(
+        self,
+        bucket: str,
+        *,
+        history: int,
+        ttl: float | None,
+        storage: api.StorageType = api.StorageType.FILE,
+        max_bytes: int | None = None,
+    ) -> Kv:
         try:
             raw = await self.js.key_value(bucket)
         except js_errors.BucketNotFoundError:
@@ -450,13 +458,70 @@ class Bus:
                     bucket=bucket,
                     history=history,
                     ttl=ttl,
-                    storage=api.StorageType.FILE,
+                    storage=storage,
                     replicas=self.limits.replicas,
+                    max_bytes=max_bytes,
                 )
             )
         kv = Kv(self._in_domain(raw, bucket), bucket)
         self._kv[bucket] = kv
         return kv
+
+    async def _agents_bucket(self, *, update: bool) -> None:
+        """The agent registry's bucket, in memory: soft state every rank rewrites at each heartbeat,
+        kept off the fsync path (``sync_interval: always`` fsyncs each stored write; at 100,000
+        ranks beating every 5 s that is 20,000 writes a second: docs/architecture.md, "The agent
+        registry"). A file-backed one from an earlier release is replaced only with ``update``."""
+        n = self.names
+        stream = f"KV_{n.agents}"
+        try:
+            info = await self.js.stream_info(stream)
+        except js_errors.NotFoundError:
+            info = None
+        if info is not None and info.config.storage != api.StorageType.MEMORY:
+            if not update:
+                log.warning(
+                    "KV bucket %s is stored on disk (an earlier release): run `powerguard bootstrap --update` to "
+                    "move it to memory (its heartbeats fsynced at every write limit how many ranks a broker serves)",
+                    n.agents,
+                )
+            else:
+                # soft state: every live rank writes its record again within a heartbeat
+                log.warning("KV bucket %s: moved from disk to memory (ranks re-register at their next beat)", n.agents)
+                await self.js.delete_stream(stream)
+        await self._agents_kv()
+
+    async def _agents_kv(self) -> Kv:
+        lim = self.limits
+        return await self._bucket(
+            self.names.agents,
+            history=1,
+            ttl=lim.agents_ttl_s,
+            storage=api.StorageType.MEMORY,
+            max_bytes=lim.agents_max_bytes,
+        )
+
+    async def ensure_agents(self) -> tuple[str, bool]:
+        """The agent registry's bucket as it is now: ``(incarnation, created)``, creating it if the
+        server lost it (``created``). A memory-stored stream of a single nats-server is gone,
+        configuration and all, after the server restarts (nats-server#6207); in a cluster its
+        configuration outlives any restart. ``incarnation`` (when the server created the bucket)
+        tells a watch of the lost one from a watch of this one. The coordinator calls this: it may
+        create that one stream and nothing else."""
+        n = self.names
+        stream = f"KV_{n.agents}"
+        created = False
+        try:
+            info = await self.js.stream_info(stream)
+        except js_errors.NotFoundError:
+            self._kv.pop(n.agents, None)
+            try:
+                await self._agents_kv()
+                created = True
+            except js_errors.BadRequestError:  # made by someone else a moment ago
+                pass
+            info = await self.js.stream_info(stream)
+        return (info.created.isoformat() if info.created else "", created)
 
     def _in_domain(self, raw: Any, bucket: str) -> Any:
         """Writes to a bucket go through the JetStream domain's API subjects when there is one

@@ -136,6 +136,10 @@ class StreamLimits:
     jobs_max_msg_size: int = 16 * 1024
     replicas: int = 1
     agents_ttl_s: float = 30.0
+    # the agent registry lives in the servers' memory (each replica a copy): a record is ~0.5 KB,
+    # 100,000 ranks ~50 MB; a job writing keys without end is refused at this bound, not at the
+    # servers' memory (bus/agents.py)
+    agents_max_bytes: int = 256 * 1024 * 1024
     leases_ttl_s: float = 10.0
     sagas_history: int = 10
     power_ttl_s: float = 7 * 24 * 3600

@@ -178,6 +178,9 @@ def permissions(
             *_kv_write(n.status),
             *_kv_write(n.leases),
             *_kv_read(n.agents),
+            # the agent registry's bucket, should the server lose it (memory-stored: a single
+            # server forgets it on restart); that stream only, never another's (Bus.ensure_agents)
+            _api("STREAM.CREATE", f"KV_{n.agents}"),
         ]
         for site in sites:
             for d in ("coordinator-power", "coordinator", "coordinator-jobs"):

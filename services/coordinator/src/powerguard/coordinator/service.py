@@ -23,7 +23,6 @@ from collections.abc import Callable
 from opentelemetry import context as otel_context
 
 from powerguard.bus import Bus, CasConflict, ReadyLog, Received, ServiceContext
-from powerguard.bus.agents import AgentWatch
 from powerguard.bus.roles import INPUT_BATCH, POWER_BATCH, durable_filters, durable_names
 from powerguard.bus.tracing import parse_traceparent
 from powerguard.schemas import (
@@ -53,6 +52,7 @@ from .lease import Lease
 from .outbox import command_event, state_events
 from .policy import Policy
 from .record import SagaRecord
+from .registry_feed import RegistryFeed
 from .spans import emit_finished, root_context
 from .status import StatusBoard
 from .store import SagaStore
@@ -84,7 +84,7 @@ class Coordinator:
         self.leader = False
         self._gate = Gate()
         self._consumers: list = []
-        self._watch: AgentWatch | None = None
+        self._agents = RegistryFeed(bus, self._on_agent)
         self._store: SagaStore | None = None
         self._status = StatusBoard(bus.status_board, self.policy, self.topo)  # what tools read (schemas/status.py)
         self._lease: Lease | None = None
@@ -154,6 +154,10 @@ class Coordinator:
                 self._job_gauges(time.time())  # every replica: a standby's /metrics says it too
                 if self.leader:
                     try:
+                        await self._agents.check(time.time())  # a bucket the server lost: made and watched again
+                    except Exception as exc:
+                        log.error("agent registry bucket not checked (retried): %s", exc)
+                    try:
                         await self.tick()
                     except Exception as exc:  # KV or broker trouble: the next tick retries, the process lives
                         metrics.TICK_ERRORS.inc()
@@ -171,12 +175,7 @@ class Coordinator:
         log.info("%s leads site %s", self.instance, self.site.site)
         self.leader = True
         metrics.LEADER.set(1)
-        self._watch = AgentWatch(self.bus, self._on_agent)
-        await self._watch.start()
-        try:
-            await asyncio.wait_for(self._watch.ready.wait(), 10)
-        except TimeoutError:
-            log.warning("agent registry not fully loaded after 10s; continuing")
+        await self._agents.start(time.time())
         await self._status.site(self.site.site, self.instance, time.time())
         self._unsaved.clear()  # the store is the truth for a new leader
         loaded = await self._store.load(site=self.site.site, collect=True)  # ended ones teach the shutdowns
@@ -222,9 +221,7 @@ class Coordinator:
         consumers, self._consumers = self._consumers, []
         for consumer in consumers:
             await consumer.stop()
-        if self._watch is not None:
-            await self._watch.stop()
-            self._watch = None
+        await self._agents.stop()
 
     def _on_agent(self, agent: AgentData | None, key: str, seen_at: float, stored: bool) -> None:
         if agent is None:
