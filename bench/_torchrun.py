@@ -28,11 +28,13 @@ def workers(script: str, ranks: int, *args: str) -> dict:
     with tempfile.TemporaryDirectory(prefix="pg-bench-") as tmp:
         out = Path(tmp) / "r.json"
         launch = [str(TORCHRUN), "--standalone", f"--nproc-per-node={ranks}", script]
-        subprocess.run(
+        run = subprocess.run(
             [*launch, "--worker", f"--dir={tmp}/ckpt", *args, f"--out={out}"],
-            check=True,
             env={**os.environ, "OMP_NUM_THREADS": "1"},
             stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
         )
+        if run.returncode != 0:  # the ranks' own words: which rank failed, and why
+            raise RuntimeError(f"{' '.join(launch)} {' '.join(args)}: exit {run.returncode}\n{run.stderr[-4000:]}")
         return json.loads(out.read_text())

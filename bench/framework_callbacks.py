@@ -170,6 +170,9 @@ def worker(args: argparse.Namespace) -> None:
                 }
             )
         )
+    # the process group ended before the interpreter: its gloo threads alive at exit abort the rank
+    # ("terminate called without an active exception", SIGABRT: seen in one CI run of the HF smoke)
+    dist.destroy_process_group()
 
 
 def run_one(framework: str, steps: int, with_callback: bool) -> dict:
