@@ -238,6 +238,34 @@ CPU (docs/architecture.md, "Ranks on the bus at scale").
 """
 
 
+def registrations_section(rg: dict) -> str:
+    rows = "\n".join(
+        f"| {r['ranks']:,} | {r['layout']} | {r['register_all_s']} s ({r['registrations_per_s']:,}/s) "
+        f"| **{r['heartbeat_round_s']} s** ({r['heartbeats_per_s']:,}/s) | {r['fsynced_writes_per_heartbeat']} "
+        f"| {r['heartbeats_per_s_needed']:,}/s | {'yes' if r['keeps_up_with_heartbeats'] else '**no**'} |"
+        for r in rg["sizes"]
+    )
+    return f"""
+## Registrations and heartbeats
+
+`bench/registrations.py`: {rg["per_node"]} ranks per node behind one connection per node
+({rg["client_processes"]} client processes), {rg["broker"]}; the coordinator's own feed of the
+registry (the leader's watch of `pg_agents`) fills its `AgentRegistry` in the benchmark's process.
+Each rank registers as its agent does (its record, and the `registered` event, stored in the jobs'
+stream), then beats once (its record again). A round is timed from its first write to every rank
+in the coordinator's registry (for the beat: every rank heard). Every rank writing its record again
+is also what follows a restart of the servers (the records are soft state, written again at the
+next beat). A site needs a round every {rg["heartbeat_s"]:g} s (the agents' heartbeat); the layout
+before this release kept the registry on disk and stored every heartbeat as an event too, two
+fsynced writes per beat.
+
+| ranks | layout | register (first write → all in the registry) | heartbeat round (→ all heard) \
+| fsynced writes per beat | beats needed | keeps up |
+|---|---|---|---|---|---|---|
+{rows}
+"""
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, default=ROOT / "docs" / "performance.md", help="the page to write")
@@ -579,6 +607,8 @@ service sees, not a shell command on one host); with SNMP traps it is ~10 ms (ta
         side += scale_section(sc)
     if fo := load("fanout"):
         side += fanout_section(fo)
+    if rg := load("registrations"):
+        side += registrations_section(rg)
     state = f"{c['state_mb']:.0f} MB (model + AdamW moments), 2 ranks (torchrun, gloo, CPU, DDP)" if c else "—"
     text = f"""# Performance, measured on this project's 2-core, no-GPU machine
 

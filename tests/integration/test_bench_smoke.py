@@ -54,6 +54,10 @@ SMOKES = {
     ),
     "upsmon_side_by_side": (["--smoke"], lambda r: r["upsmon"]["n"] == r["ups_monitor"]["n"] == 1),
     "fanout": (["--ranks", "2000", "--ckpt-s", "0", "--sync-ranks", "0"], lambda r: r["sizes"]),
+    "registrations": (
+        ["--ranks", "2000", "--compare-disk", "0"],
+        lambda r: r["sizes"][0]["registry_ranks"] == 2000 and r["sizes"][0]["heartbeat_round_s"] > 0,
+    ),
     "sharded_step": (["--ranks", "2", "--shards", "fsdp", "--steps", "20", "--block", "5"], _runs),
     "step_boundary": (["--ranks", "2", "--modes", "paced-pipelined", "--steps", "20"], _runs),
     "detection": (
