@@ -89,3 +89,22 @@ async def connect(urls: list[str], service: str, names=None):
                 raise
             await asyncio.sleep(2)
     raise AssertionError("unreachable")
+
+
+async def client_processes(script: str, procs: int, *args: str, stdin: bool = False) -> list:
+    """``script --worker P ARGS`` for each P below ``procs`` (the simulated nodes' client
+    processes), stdout piped (and stdin, with ``stdin``)."""
+    import sys
+
+    return [
+        await asyncio.create_subprocess_exec(
+            sys.executable,
+            script,
+            "--worker",
+            str(p),
+            *args,
+            stdin=asyncio.subprocess.PIPE if stdin else None,
+            stdout=asyncio.subprocess.PIPE,
+        )
+        for p in range(procs)
+    ]

@@ -25,11 +25,10 @@ import asyncio
 import json
 import os
 import statistics
-import sys
 import time
 from pathlib import Path
 
-from _site import PER_NODE, Layout, connect, nats_cluster, site_args
+from _site import PER_NODE, Layout, client_processes, connect, nats_cluster, site_args
 
 RESULTS = Path(__file__).parent / "results" / "fanout.json"
 PROCS = 4
@@ -225,26 +224,12 @@ async def run(ranks: int, urls: list[str], ckpt_s: float, client: str) -> dict:
         split["store_s"] = round(time.perf_counter() - t - split["apply_s"], 4)
         return [command_event(core.open[sid], c) for sid, cmds in step.commands.items() for c in cmds]
 
-    workers = [
-        await asyncio.create_subprocess_exec(
-            sys.executable,
-            __file__,
-            "--worker",
-            str(p),
-            "--ranks",
-            str(ranks),
-            "--urls",
-            ",".join(urls),
-            "--prefix",
-            names.prefix,
-            "--ckpt-s",
-            str(ckpt_s),
-            "--client",
-            client,
-            stdout=asyncio.subprocess.PIPE,
-        )
-        for p in range(PROCS)
-    ]
+    workers = await client_processes(
+        __file__,
+        PROCS,
+        *("--ranks", str(ranks), "--urls", ",".join(urls), "--prefix", names.prefix),
+        *("--ckpt-s", str(ckpt_s), "--client", client),
+    )
     t_connect = time.time()
     for w in workers:
         assert (await asyncio.wait_for(w.stdout.readline(), 600)).strip() == b"ready"

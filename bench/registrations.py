@@ -29,8 +29,8 @@ import time
 import uuid
 from pathlib import Path
 
-from _provenance import stamp
-from _site import PER_NODE, Layout, connect, nats_cluster, site_args
+from _provenance import write
+from _site import PER_NODE, Layout, client_processes, connect, nats_cluster, site_args
 
 RESULTS = Path(__file__).parent / "results" / "registrations.json"
 PROCS = 4
@@ -127,19 +127,7 @@ async def run(ranks: int, urls: list[str], *, disk: bool, timeout_s: float) -> d
     feed = RegistryFeed(bus, on_agent)
     await feed.start(time.time())
     args = ["--urls", ",".join(urls), "--prefix", names.prefix, "--agents", names.agents, "--ranks", str(ranks)]
-    workers = [
-        await asyncio.create_subprocess_exec(
-            sys.executable,
-            __file__,
-            "--worker",
-            str(p),
-            *args,
-            *(["--disk"] if disk else []),
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-        )
-        for p in range(PROCS)
-    ]
+    workers = await client_processes(__file__, PROCS, *args, *(["--disk"] if disk else []), stdin=True)
     try:
         for w in workers:
             line = await asyncio.wait_for(w.stdout.readline(), 600)
@@ -236,7 +224,7 @@ def main() -> None:
             row = asyncio.run(run(args.compare_disk, urls, disk=True, timeout_s=args.timeout_s))
             print(json.dumps(row), flush=True)
             rows.append(row)
-    result = stamp(
+    write(
         {
             "benchmark": "registrations",
             "per_node": PER_NODE,
@@ -245,11 +233,9 @@ def main() -> None:
             "broker": "3-node nats-server cluster, R3, sync_interval: always",
             "heartbeat_s": HEARTBEAT_S,
             "sizes": rows,
-        }
+        },
+        args.out,
     )
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1) + "\n")
-    print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":
