@@ -108,7 +108,9 @@ class Drive:
         return self.send(Tick())
 
     def send(self, inp) -> list[Command]:
-        out = saga.handle(self.rec, inp, now=self.now, topo=self.topo, policy=self.policy, jobs=self.reg.jobs)
+        out = saga.handle(
+            self.rec, inp, now=self.now, topo=self.topo, policy=self.policy, jobs=self.reg.jobs, ended=self.reg.ended
+        )
         self.commands += out
         return out
 

@@ -118,3 +118,19 @@ def test_the_registry_tells_stored_records_from_ranks_heard():
         reg.remove("j1", rank)
     reg.update(AgentData(job="j1", rank=0, world_size=4, node="n1", step=0), 1020.0, heard=False)
     assert reg.jobs(1020.0)["j1"].heard_at == -math.inf  # a job gone and back: not heard from its old ranks
+
+
+def test_a_job_the_registry_lost_with_the_power_is_restarted_not_taken_for_ended():
+    """The registry lives in the servers' memory: a cut of every server empties it, and a
+    coordinator started after it knows no record of the jobs whose ranks died. Absent is not
+    ended (only a job whose ranks deregistered is): the job is restarted. (Before, an absent job
+    counted as ended and the saga was cancelled with the job dead: chaos seed 4.)"""
+    d = Drive(reg=stored_registry())
+    holding(d)
+    d.advance(5)
+    d.reg = AgentRegistry()  # the site went dark with every server: nothing stored survives
+    d.power("A", False)
+    assert d.state == "holding"
+    cmds = d.advance(SILENCE)
+    assert d.state == "restoring" and "not heard from" in d.rec.reason, d.rec.reason
+    assert sorted(d.kinds(cmds)) == [("job_restart", "j1"), ("job_restart", "j2")]

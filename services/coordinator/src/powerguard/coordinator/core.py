@@ -345,6 +345,7 @@ class SiteCore:
             policy=self.policy,
             jobs=lambda: self.registry.jobs(now),
             held=self._held_elsewhere(rec) if len(self.open) > 1 else frozenset(),
+            ended=self.registry.ended,
         )
         step.commands.setdefault(rec.saga_id, []).extend(cmds)
 

@@ -48,7 +48,7 @@ table :data:`states.HANDLERS`), the checkpoint rounds in :mod:`.rounds`, the com
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from powerguard.schemas import HoldPolicy, SagaState, command_key
 
@@ -111,17 +111,19 @@ def handle(
     policy: Policy,
     jobs: JobsArg = None,
     held: frozenset[str] = frozenset(),
+    ended: set[str] | Callable[[], set[str]] | None = None,
 ) -> list[Command]:
     """Apply one input (or a batch of inputs, then advance once); return the new commands,
     never one already issued in this saga.
 
     ``jobs`` (the current agent registry, or a function returning it, called only when needed)
     lets nodes that become at risk mid-saga join it; ``held``: nodes other open sagas hold
-    (never joined by this one).
+    (never joined by this one); ``ended``: the jobs whose every rank deregistered (or a function
+    returning them): a job of the saga absent from the registry and not among them is silent.
     """
     if rec.terminal:
         return []
-    t = Turn(rec, now, topo, policy, jobs)
+    t = Turn(rec, now, topo, policy, jobs, ended=ended)
     require = policy.require_durability
     for inp in inputs if isinstance(inputs, Sequence) else (inputs,):
         if isinstance(inp, Power):

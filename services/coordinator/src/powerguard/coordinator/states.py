@@ -92,8 +92,9 @@ def back_before_shutdown(t: Turn) -> None:
     ``cancelled`` once every job it protects has been heard from (a heartbeat) since; a job not
     heard for ``job_silence_s`` died with the power (the site lost power before its shutdown: a
     blackout, a runtime estimate that was wrong) and is restarted from its newest durable
-    checkpoint (``restoring``). A job no longer registered (its ranks deregistered: it ended) is
-    not waited for."""
+    checkpoint (``restoring``). A job whose ranks deregistered (it ended) is not waited for; one
+    merely absent from the registry is silent (the registry lives in the servers' memory: a
+    whole-site power cut empties it, and the job's ranks died with the power)."""
     rec, now, policy = t.rec, t.now, t.policy
     if rec.back_before_shutdown_at is None:
         rec.back_before_shutdown_at = now
@@ -102,11 +103,15 @@ def back_before_shutdown(t: Turn) -> None:
                 t.emit(simple(rec, "release", name, "release"))
     since = rec.back_before_shutdown_at
     live = jobs_now(t.jobs) if rec.jobs else {}
-    silent = sorted(
-        name
-        for name in rec.jobs
-        if (info := live.get(name)) is not None and info.heard_at is not None and info.heard_at < since
-    )
+    ended = t.ended() if callable(t.ended) else t.ended
+
+    def unheard(name: str) -> bool:
+        info = live.get(name)
+        if info is None:  # absent: ended only if its ranks deregistered (unknown: taken as ended)
+            return ended is not None and name not in ended
+        return info.heard_at is not None and info.heard_at < since
+
+    silent = sorted(name for name in rec.jobs if unheard(name))
     if not silent:
         t.set(S.CANCELLED, "power back before shutdown")
         return

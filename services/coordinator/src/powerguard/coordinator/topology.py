@@ -99,11 +99,15 @@ class AgentRegistry:
         self.ttl_s = ttl_s
         self._by_job: dict[str, dict[int, tuple[AgentData, float]]] = {}
         self._heard: dict[str, float] = {}  # job -> when a rank of it was last heard as it happened
+        # jobs whose last rank deregistered (its key deleted): they ended. A job merely absent
+        # (a registry lost with a whole-site power cut, or silent past the TTL) is not in here
+        self._ended: set[str] = set()
 
     def update(self, agent: AgentData, seen_at: float = float("inf"), *, heard: bool = True) -> None:
         """A rank's record; ``heard``: it came as it happened (a registration or heartbeat), not
         from the bucket's stored records read at start."""
         self._by_job.setdefault(agent.job, {})[agent.rank] = (agent, seen_at)
+        self._ended.discard(agent.job)
         if heard:
             self._heard[agent.job] = max(self._heard.get(agent.job, -math.inf), seen_at)
 
@@ -114,6 +118,11 @@ class AgentRegistry:
             if not ranks:
                 del self._by_job[job]
                 self._heard.pop(job, None)
+                self._ended.add(job)
+
+    def ended(self) -> set[str]:
+        """Jobs whose every rank deregistered since this registry started (they ended)."""
+        return set(self._ended)
 
     def remove_key(self, key: str) -> None:
         """A ``<job>.<node>.<rank>`` key was deleted: the rank goes, if it was on that node."""

@@ -31,6 +31,9 @@ class Turn:
     policy: Policy
     jobs: JobsArg = None
     out: list[Command] = field(default_factory=list)
+    # jobs that ended (every rank deregistered), or a function returning them; None: the caller
+    # does not know, and a job absent from the registry is taken to have ended
+    ended: set[str] | Callable[[], set[str]] | None = None
 
     def emit(self, cmd: Command) -> None:
         emit(self.rec, self.out, cmd)
