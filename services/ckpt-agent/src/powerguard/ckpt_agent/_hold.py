@@ -10,7 +10,10 @@ the real saga's.
 A SIGTERM (the job's stop) ends the pause at once, in every integration: a framework that
 takes the signal for itself (Lightning's handler only sets a flag its loop reads between
 batches) would leave the ranks paused until the launcher kills them (30 s of battery). The pause
-installs a handler that calls the one before it, then leaves with ``SystemExit(143)``.
+installs a handler that calls the one before it, then leaves with ``SystemExit(143)``. The
+pause's own collective is waited for in short steps, so the handler runs on every rank even
+while one waits for another: Lightning 2.6's handler broadcasts, and a rank held in a blocking
+wait never joined it (both waited until torchrun killed them, 30 s later: seen in CI).
 
 The caller drives: :meth:`Hold.begin`, then :meth:`Hold.poll` until it says go, then
 :meth:`Hold.end` (which returns how long the pause lasted).
@@ -98,8 +101,7 @@ class Hold:
         """One decision of every rank together (a collective on the agreement group). Raises
         ``SystemExit(143)`` once the job was told to stop (SIGTERM): no collective after that."""
         if pause.stopped.is_set():
-            log.info("rank %d: stopped (SIGTERM) while paused at step %d", self.ranks.rank, pause.step)
-            raise SystemExit(143)
+            self._stopped(pause)
         released = self.bus is None or self.bus.released(set(pause.sagas))
         if pause.limit_s is not None and time.monotonic() - pause.started >= pause.limit_s and not released:
             log.warning("rank %d: no release after %.0fs paused; training on", self.ranks.rank, pause.limit_s)
@@ -107,9 +109,15 @@ class Hold:
         pending = self.bus.pending() if self.bus is not None else None
         flags = torch.tensor([1 if released else 0, 1 if pending else 0], dtype=torch.int64)
         if self.ranks.distributed:
-            self.ranks.wait(self.ranks.start_max(flags), max(60.0, 10 * self.poll_s))
+            work = self.ranks.start_max(flags)
+            if not self.ranks.wait_unless(work, max(60.0, 10 * self.poll_s), pause.stopped):
+                self._stopped(pause)  # the other ranks are stopping too: they will not join
         go, another = (bool(x) for x in flags.tolist())
         return Poll(go, another, pending)
+
+    def _stopped(self, pause: Pause) -> None:
+        log.info("rank %d: stopped (SIGTERM) while paused at step %d", self.ranks.rank, pause.step)
+        raise SystemExit(143)
 
     def wait(self, pause: Pause | None = None) -> None:
         if pause is not None:

@@ -10,6 +10,8 @@ replication (leaders, in the background, with its own timeout). One process (no
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from datetime import timedelta
 from typing import Any
 
@@ -70,6 +72,25 @@ class Ranks:
                 f"rank {self.rank}: not every rank reached the step boundary within {timeout_s:.1f}s "
                 f"(a rank is hung or gone): {exc}"
             ) from None
+
+    def wait_unless(self, work: Any, timeout_s: float, stop: threading.Event, *, tick_s: float = 0.01) -> bool:
+        """Wait for a collective in short steps, so that a signal's handler runs meanwhile; False
+        once ``stop`` is set before it completed. A blocking wait holds the main thread in C++,
+        where no Python handler runs: a handler that itself runs a collective (Lightning 2.6
+        broadcasts on SIGTERM) then waits for this rank, and this rank for it, until the launcher
+        kills both (30 s of battery). :class:`StepAgreementTimeout` naming this rank after
+        ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        while not work.is_completed():
+            if stop.wait(tick_s):
+                return False
+            if time.monotonic() >= deadline:
+                raise StepAgreementTimeout(
+                    f"rank {self.rank}: not every rank reached the step boundary within {timeout_s:.1f}s "
+                    "(a rank is hung or gone)"
+                )
+        self.wait(work, timeout_s)  # completed: its error, if it failed
+        return True
 
     def release(self, *, keep_replica: bool = False) -> None:
         """Destroy the agent's groups while the job's are still up (``keep_replica``: a copy still
