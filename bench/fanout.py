@@ -10,8 +10,15 @@ and their traffic competes with the fan-out on this machine's 2 cores).
 
 Measured: on_battery -> each node has its request (p50 / max over nodes, the coordinator's
 apply and store included); request published -> each node has it; request published -> every
-ack stored by JetStream (R3), and the ack rate. The coordinator consuming those acks is
-bench/scale.py's figure. One machine's clock (time.time) throughout. The servers fsync every
+ack stored by JetStream (R3), and the ack rate. Then the outage end to end (``--follow-ranks``):
+the UPS reports low battery (checkpoint, then stop at once), each node's acks go out after a 1 s
+checkpoint plus a share of ``--follow-spread-s`` of its own (the acks arrive over a second, as real
+ranks' do), and the coordinator's own consumer follows them as its service does (bench/_follow.py:
+the durable, batch and filter of the service, the site core, the record stored before its states
+and commands are published): the last ack stored by JetStream -> every ack applied and the record
+stored, -> every node's shutdown command in the stored record, -> those commands stored by
+JetStream (power-control's input). bench/scale.py measures the coordinator's part alone. One
+machine's clock (time.time) throughout. The servers fsync every
 write (``sync_interval: always``, what PowerGuard ships); ``--sync-ranks`` runs one size again
 with it and with NATS's default (2 minutes), side by side in the same run: the durability's cost.
 
@@ -24,10 +31,12 @@ import argparse
 import asyncio
 import json
 import os
+import random
 import statistics
 import time
 from pathlib import Path
 
+from _provenance import stamp, write
 from _site import PER_NODE, Layout, client_processes, connect, nats_cluster, site_args
 
 RESULTS = Path(__file__).parent / "results" / "fanout.json"
@@ -58,7 +67,15 @@ def ack_events(on_node: list[tuple[str, int]], jobs: dict[str, int], raw: bytes)
     ]
 
 
-async def wire_clients(ranks: int, proc: int, urls: list[str], prefix: str, timeout_s: float, ckpt_s: float) -> dict:
+def _ckpt_time(node: str, ckpt_s: float, spread_s: float) -> float:
+    """How long the node's ranks take to write their checkpoint: ``ckpt_s``, plus a share of
+    ``spread_s`` of its own (the same node, the same share), so the acks arrive over ``spread_s``."""
+    return ckpt_s + spread_s * random.Random(node).random()
+
+
+async def wire_clients(
+    ranks: int, proc: int, urls: list[str], prefix: str, timeout_s: float, ckpt_s: float, spread_s: float = 0.0
+) -> dict:
     """This process's nodes as protocol-level connections (bench/_wire.py)."""
     from _wire import connect_node
 
@@ -77,7 +94,7 @@ async def wire_clients(ranks: int, proc: int, urls: list[str], prefix: str, time
     answering: set[asyncio.Task] = set()
 
     async def answer(node: str, raw: bytes) -> None:
-        await asyncio.sleep(ckpt_s)  # the node's ranks write their checkpoint
+        await asyncio.sleep(_ckpt_time(node, ckpt_s, spread_s))  # the node's ranks write their checkpoint
         evs = ack_events(site.on[node], site.jobs, raw)
         msgs = [(subjects.ckpt_ack(e.data.job, e.data.rank), e.id, encode(e)) for e in evs]
         async with nodes_in_flight:
@@ -117,7 +134,9 @@ async def wire_clients(ranks: int, proc: int, urls: list[str], prefix: str, time
     return _outcome(got, len(mine), acked, total) | {"errors": errors[:5]}
 
 
-async def node_clients(ranks: int, proc: int, urls: list[str], prefix: str, timeout_s: float, ckpt_s: float) -> dict:
+async def node_clients(
+    ranks: int, proc: int, urls: list[str], prefix: str, timeout_s: float, ckpt_s: float, spread_s: float = 0.0
+) -> dict:
     import nats
 
     from powerguard.schemas import encode
@@ -137,7 +156,7 @@ async def node_clients(ranks: int, proc: int, urls: list[str], prefix: str, time
         # the node's ranks write their checkpoint; on a real site each node reads and decodes its
         # request on its own CPU, here 3,125 nodes share one process: decoding after the write
         # keeps one node's decode from delaying the next node's delivery (with --ckpt-s 0 it does)
-        await asyncio.sleep(ckpt_s)
+        await asyncio.sleep(_ckpt_time(node, ckpt_s, spread_s))
         for ev in ack_events(on[node], jobs, raw):
             async with ack_slots:
                 await js.publish(
@@ -184,6 +203,7 @@ def _outcome(got: dict[str, float], nodes: int, acked: list[float], total: int) 
         "nodes": nodes,
         "acks": len(acked),
         "acks_expected": total,
+        "first_ack": min(acked) if acked else None,
         "last_ack": max(acked) if acked else None,
     }
 
@@ -191,8 +211,15 @@ def _outcome(got: dict[str, float], nodes: int, acked: list[float], total: int) 
 CLIENTS = {"wire": wire_clients, "nats.py": node_clients}
 
 
-async def run(ranks: int, urls: list[str], ckpt_s: float, client: str) -> dict:
+async def run(
+    ranks: int, urls: list[str], ckpt_s: float, client: str, *, spread_s: float = 0.0, follow: bool = False
+) -> dict:
+    """One outage over per-node connections. ``follow``: the UPS reports low battery (checkpoint,
+    then stop at once) and the coordinator's consumer follows the acks to the shutdown commands
+    (bench/_follow.py), the acks arriving over ``spread_s``."""
     from datetime import UTC, datetime
+
+    from _follow import Followed, Follower
 
     from powerguard.bus import BusNames
     from powerguard.coordinator.core import SiteCore
@@ -200,27 +227,39 @@ async def run(ranks: int, urls: list[str], ckpt_s: float, client: str) -> dict:
     from powerguard.coordinator.outbox import command_event
     from powerguard.coordinator.policy import Policy
     from powerguard.coordinator.store import SagaStore
-    from powerguard.schemas import CheckpointRequested, OnBattery, PowerData
+    from powerguard.schemas import CheckpointRequested, LowBattery, OnBattery, PowerData
 
     names = BusNames.isolated()
     bus = await connect(urls, "coordinator", names)
     store = SagaStore(await bus.sagas())
     site = Layout.of(ranks)
     nodes, jobs = site.nodes, site.jobs
-    policy = Policy(hold_policy="continue", ckpt_timeout_s=600, max_on_battery_s=3600)
+    if follow:  # as bench/scale.py's outage whose acks arrive over one second
+        policy = Policy(ckpt_timeout_s=600, shutdown_reserve_s=60, margin_s=5, hold_policy="continue")
+    else:
+        policy = Policy(hold_policy="continue", ckpt_timeout_s=600, max_on_battery_s=3600)
     core = SiteCore(site.topology(), policy, registry=site.registry(), saga_id=lambda site, now: "fanout")
+    revisions: dict[str, int] = {}
+    followed = Followed(expected=ranks, nodes=len(nodes))
+    follower = Follower(bus, core, store, revisions, followed, "bench")
 
     split: dict[str, float] = {}
 
     async def on_battery() -> list:
         """What the coordinator does with the event: apply, store the saga, then the requests."""
         now = time.time()
-        data = PowerData(site="bench", ups="ups-a", on_battery=True, runtime_s=3000.0, charge_pct=90)
         t = time.perf_counter()
-        step = core.apply([(OnBattery(time=datetime.fromtimestamp(now, UTC), data=data), None)], now)
+        if follow:
+            low = ["OB", "LB"]
+            data = PowerData(site="bench", ups="ups-a", on_battery=True, runtime_s=300, charge_pct=20, status=low)
+            event = LowBattery(time=datetime.fromtimestamp(now, UTC), data=data)
+        else:
+            data = PowerData(site="bench", ups="ups-a", on_battery=True, runtime_s=3000.0, charge_pct=90)
+            event = OnBattery(time=datetime.fromtimestamp(now, UTC), data=data)
+        step = core.apply([(event, None)], now)
         split["apply_s"] = round(time.perf_counter() - t, 4)
         for rec in step.changed:
-            await store.create(rec)
+            revisions[rec.saga_id] = await store.create(rec)
         split["store_s"] = round(time.perf_counter() - t - split["apply_s"], 4)
         return [command_event(core.open[sid], c) for sid, cmds in step.commands.items() for c in cmds]
 
@@ -228,7 +267,7 @@ async def run(ranks: int, urls: list[str], ckpt_s: float, client: str) -> dict:
         __file__,
         PROCS,
         *("--ranks", str(ranks), "--urls", ",".join(urls), "--prefix", names.prefix),
-        *("--ckpt-s", str(ckpt_s), "--client", client),
+        *("--ckpt-s", str(ckpt_s), "--spread-s", str(spread_s), "--client", client),
     )
     t_connect = time.time()
     for w in workers:
@@ -238,6 +277,8 @@ async def run(ranks: int, urls: list[str], ckpt_s: float, client: str) -> dict:
     t_event = time.time()
     requests = [ev for ev in await on_battery() if isinstance(ev, CheckpointRequested)]
     assert len(requests) == len(jobs), (len(requests), len(jobs))
+    if follow:
+        await follower.start(policy)
     t0 = time.time()
     await asyncio.gather(*(bus.publish(ev) for ev in requests))
     published = time.time() - t0
@@ -245,12 +286,25 @@ async def run(ranks: int, urls: list[str], ckpt_s: float, client: str) -> dict:
     for w in workers:
         out, _ = await w.communicate()
         outs.append(json.loads(out.decode().strip().splitlines()[-1]))
+    if follow:
+        try:
+            await asyncio.wait_for(followed.done.wait(), FOLLOW_TIMEOUT_S)
+        except TimeoutError:
+            raise SystemExit(
+                f"fanout: the coordinator applied {followed.applied:,} of {ranks:,} acks and published "
+                f"{followed.shutdowns_published:,} of {len(nodes):,} shutdown commands within {FOLLOW_TIMEOUT_S:.0f}s "
+                "of the last ack stored"
+            ) from None
+        finally:
+            await follower.stop()
     await bus.close()
     delivery = sorted(t - t0 for o in outs for t in o["received"])
     end_to_end = sorted(t - t_event for o in outs for t in o["received"])
     acks = sum(o["acks"] for o in outs)
-    last = max(o["last_ack"] for o in outs if o["last_ack"]) - t0
-    return {
+    last_ack = max(o["last_ack"] for o in outs if o["last_ack"])
+    first_ack = min(o["first_ack"] for o in outs if o.get("first_ack"))
+    last = last_ack - t0
+    row = {
         "ranks": ranks,
         "nodes": len(nodes),
         "connections": len(nodes),
@@ -272,6 +326,16 @@ async def run(ranks: int, urls: list[str], ckpt_s: float, client: str) -> dict:
         "acks_per_s": round(acks / max(last - ckpt_s, 1e-3)),
         "client_errors": [e for o in outs for e in o.get("errors", [])][:5],
     }
+    if follow:
+        row |= {
+            "ack_spread_s": spread_s,
+            "first_to_last_ack_stored_s": round(last_ack - first_ack, 2),
+            "coordinator": followed.figures(last_ack),
+        }
+    return row
+
+
+FOLLOW_TIMEOUT_S = 120.0
 
 
 def main() -> None:
@@ -297,29 +361,50 @@ def main() -> None:
         help="then this many ranks (wire client) with the broker's sync_interval always and NATS's default, "
         "side by side in the same run (0: skip)",
     )
+    ap.add_argument(
+        "--follow-ranks",
+        default="10000,100000",
+        help="then these sizes (wire client) as an outage that ends in a shutdown, the coordinator's consumer "
+        "following the acks to every node's shutdown command (comma-separated; empty: skip)",
+    )
+    ap.add_argument(
+        "--follow-spread-s",
+        type=float,
+        default=1.0,
+        help="those outages' acks arrive over this many seconds, after a 1 s checkpoint (default: 1)",
+    )
+    ap.add_argument("--spread-s", type=float, default=0.0, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker is not None:
         clients = CLIENTS[args.client]
         urls = args.urls.split(",")
-        res = asyncio.run(clients(int(args.ranks), args.worker, urls, args.prefix, 300, float(args.ckpt_s)))
+        res = asyncio.run(
+            clients(int(args.ranks), args.worker, urls, args.prefix, 300, float(args.ckpt_s), args.spread_s)
+        )
         print(json.dumps(res), flush=True)
         return
+    before = json.loads(args.out.read_text()) if args.out.exists() else {}
     rows = []
-    if not args.ranks:  # --ranks "": only the side by side; the sizes already in --out stay
-        rows = json.loads(args.out.read_text())["sizes"] if args.out.exists() else []
+    if not args.ranks:  # --ranks "": the sizes already in --out stay (each row says when it was measured)
+        rows = before.get("sizes", [])
+    follow_rows = [] if args.follow_ranks else before.get("coordinator_follows", [])  # empty: those in --out stay
     with nats_cluster() as urls:
         for ranks in (int(x) for x in args.ranks.split(",") if x):
             for client in args.client.split(","):
                 for ckpt_s in (float(x) for x in args.ckpt_s.split(",")):
-                    row = asyncio.run(run(ranks, urls, ckpt_s, client))
+                    row = stamp(asyncio.run(run(ranks, urls, ckpt_s, client)))
                     print(json.dumps(row), flush=True)
                     rows.append(row)
-    sync_rows = []
+        for ranks in (int(x) for x in args.follow_ranks.split(",") if x):
+            row = stamp(asyncio.run(run(ranks, urls, 1.0, "wire", spread_s=args.follow_spread_s, follow=True)))
+            print(json.dumps(row), flush=True)
+            follow_rows.append(row)
+    sync_rows = [] if args.sync_ranks else before.get("sync_side_by_side", [])  # 0: those in --out stay
     if args.sync_ranks:  # the broker's durability setting, side by side in one run
         for sync in ("always", None):
             with nats_cluster(sync=sync) as urls:
                 for ckpt_s in (float(x) for x in args.ckpt_s.split(",")):
-                    row = asyncio.run(run(args.sync_ranks, urls, ckpt_s, "wire"))
+                    row = stamp(asyncio.run(run(args.sync_ranks, urls, ckpt_s, "wire")))
                     row["broker_sync_interval"] = sync or "2m (NATS's default)"
                     print(json.dumps(row), flush=True)
                     sync_rows.append(row)
@@ -331,10 +416,9 @@ def main() -> None:
         "broker_sync_interval": "always",
         "sizes": rows,
         "sync_side_by_side": sync_rows,
+        "coordinator_follows": follow_rows,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1) + "\n")
-    print(f"wrote {args.out}")
+    write(result, args.out)
 
 
 if __name__ == "__main__":

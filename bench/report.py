@@ -179,6 +179,42 @@ agent records took ~0.2 s and landed in the first store); and the lighter simula
 with R3 (`wire`; ~2,400-3,000/s with nats.py nodes, the clients being the bound)."""
 
 
+def _follow_rows(fo: dict) -> str:
+    """The outage end to end: per-node connections' acks followed by the coordinator's consumer."""
+    rows = [r for r in fo.get("coordinator_follows", []) if r.get("coordinator")]
+    if not rows:
+        return ""
+
+    def s(x: float | None) -> str:
+        return "—" if x is None else f"{x} s"
+
+    def row(r: dict) -> str:
+        c = r["coordinator"]
+        return (
+            f"| {r['ranks']:,} | {r['connections']:,} | {r['acks_stored']:,} in {r['first_to_last_ack_stored_s']} s "
+            f"| {c['batches']} ({c['batch_s']['p50']} / {c['batch_s']['max']} s) "
+            f"| **{s(c['acks_applied_after_last_s'])}** | **{s(c['last_ack_to_shutdowns_s'])}** "
+            f"| {s(c['last_ack_to_shutdowns_published_s'])} ({c['shutdown_commands_published']:,} commands) "
+            f"| {r.get('measured_at', '?')} |"
+        )
+
+    body = "\n".join(row(r) for r in rows)
+    return f"""
+The outage end to end, in one run (`--follow-ranks`): the UPS reports low battery (checkpoint, then
+stop at once), each node acks after a 1 s checkpoint plus a share of {rows[0]["ack_spread_s"]} s of
+its own (the acks go out over a second, as real ranks' do), JetStream stores them (R3, `always`),
+and the coordinator's own consumer follows them as its service does (`bench/_follow.py`: the
+service's durable, batch and filter, the site core, the record stored before its states and
+commands are published). From the last ack stored by JetStream (the clients' PubAck):
+
+| ranks | connections | acks stored (first → last) | coordinator batches (p50 / max) \
+| → every ack applied and stored | → every shutdown command in the stored record \
+| → those commands stored by JetStream | measured |
+|---|---|---|---|---|---|---|---|
+{body}
+"""
+
+
 def _sync_rows(fo: dict) -> str:
     """The broker's durability setting side by side (one run): what fsyncing every write costs."""
     rows = [r for r in fo.get("sync_side_by_side", []) if "on_battery_to_node_s" in r]
@@ -234,6 +270,7 @@ CPU (docs/architecture.md, "Ranks on the bus at scale").
 |---|---|---|---|---|---|---|---|
 {rows}
 {_sync_rows(fo)}
+{_follow_rows(fo)}
 {FANOUT_NOTES}
 """
 

@@ -53,7 +53,10 @@ SMOKES = {
         lambda r: r["durable_mb_s"] > 0 and r["durable_over_dd"] > 0,
     ),
     "upsmon_side_by_side": (["--smoke"], lambda r: r["upsmon"]["n"] == r["ups_monitor"]["n"] == 1),
-    "fanout": (["--ranks", "2000", "--ckpt-s", "0", "--sync-ranks", "0"], lambda r: r["sizes"]),
+    "fanout": (
+        ["--ranks", "2000", "--ckpt-s", "0", "--sync-ranks", "0", "--follow-ranks", "800"],
+        lambda r: r["sizes"] and r["coordinator_follows"][0]["coordinator"]["shutdown_commands_published"] == 100,
+    ),
     "registrations": (
         ["--ranks", "2000", "--compare-disk", "0"],
         lambda r: r["sizes"][0]["registry_ranks"] == 2000 and r["sizes"][0]["heartbeat_round_s"] > 0,
