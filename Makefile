@@ -37,7 +37,7 @@ demo: venv  ## outage drill on this machine: embedded NATS + simulated site
 	$(BIN)/powerguard demo --json demo-output/report.json
 
 bench: venv  ## run the benchmarks; figures land in bench/results/
-	@for b in bench/saga.py bench/detection.py bench/upsmon_side_by_side.py bench/checkpoint.py bench/power_checkpoint.py bench/node_tier.py bench/gpu_checkpoint.py bench/step_boundary.py bench/sharded_step.py bench/framework_callbacks.py bench/alerting.py bench/ramp.py bench/scale.py bench/fanout.py bench/registrations.py bench/isolation.py bench/drill.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
+	@for b in bench/saga.py bench/detection.py bench/upsmon_side_by_side.py bench/checkpoint.py bench/power_checkpoint.py bench/node_tier.py bench/gpu_checkpoint.py bench/step_boundary.py bench/sharded_step.py bench/framework_callbacks.py bench/alerting.py bench/ramp.py bench/scale.py bench/fanout.py bench/consumer_path.py bench/registrations.py bench/isolation.py bench/drill.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
 	$(BIN)/python bench/report.py
 
 chaos: venv  ## the randomized fault campaign: 100 outage drills with faults (~2 h; CHAOS_ARGS=--merge adds a sitting); bench/results/chaos.json

@@ -26,6 +26,7 @@ class Followed:
     shutdowns_stored_at: float | None = None  # every node's shutdown command in the stored record
     shutdowns_published_at: float | None = None  # ... and stored by JetStream (power-control's input)
     batch_s: list[float] = field(default_factory=list)
+    cpu_s: float | None = None  # this process's CPU from the consumer's start to the last command published
     done: asyncio.Event = field(default_factory=asyncio.Event)
 
     def figures(self, last_ack: float | None) -> dict:
@@ -40,6 +41,8 @@ class Followed:
             "acks_applied_after_last_s": after(self.applied_at),
             "last_ack_to_shutdowns_s": after(self.shutdowns_stored_at),
             "last_ack_to_shutdowns_published_s": after(self.shutdowns_published_at),
+            "cpu_s": None if self.cpu_s is None else round(self.cpu_s, 2),
+            "cpu_us_per_ack": None if self.cpu_s is None else round(self.cpu_s / max(self.applied, 1) * 1e6, 1),
             "shutdown_commands": self.shutdowns_stored,
             "shutdown_commands_published": self.shutdowns_published,
         }
@@ -59,12 +62,14 @@ class Follower:
             site,
         )
         self._consumer = None
+        self._cpu0 = 0.0
 
     async def start(self, policy: Any) -> None:
         from powerguard.bus.roles import INPUT_BATCH, durable_filters, durable_names
         from powerguard.coordinator.service import JOB_TYPES
 
         durable = durable_names(self.site)["coordinator-jobs"]
+        self._cpu0 = time.process_time()
         self._consumer = await self.bus.consume_batches(
             *JOB_TYPES,
             batch_handler=self.on_batch,
@@ -111,6 +116,7 @@ class Follower:
         f.shutdowns_published += sum(1 for kind, _ in published if kind == "shutdown")
         if f.shutdowns_published >= f.nodes and f.shutdowns_published_at is None:
             f.shutdowns_published_at = time.time()
+            f.cpu_s = time.process_time() - self._cpu0
             f.done.set()
         heap.keep()
         f.batches += 1

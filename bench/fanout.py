@@ -223,12 +223,14 @@ async def run(
 
     from powerguard.bus import BusNames
     from powerguard.coordinator.core import SiteCore
-    from powerguard.coordinator.heap import settle
+    from powerguard.coordinator.heap import settle, tune
     from powerguard.coordinator.outbox import command_event
     from powerguard.coordinator.policy import Policy
     from powerguard.coordinator.store import SagaStore
     from powerguard.schemas import CheckpointRequested, LowBattery, OnBattery, PowerData
 
+    if follow:
+        tune()  # the collector's thresholds the coordinator's process runs with (its consumer in this one)
     names = BusNames.isolated()
     bus = await connect(urls, "coordinator", names)
     store = SagaStore(await bus.sagas())

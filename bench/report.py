@@ -199,6 +199,11 @@ def _follow_rows(fo: dict) -> str:
         )
 
     body = "\n".join(row(r) for r in rows)
+    verdicts = "; ".join(
+        f"{r['ranks']:,} ranks {'met' if (r['coordinator']['last_ack_to_shutdowns_s'] or 99) <= 1 else 'not met'}"
+        for r in rows
+    )
+    cpu = "; ".join(f"{r['ranks']:,} ranks {r['coordinator']['cpu_us_per_ack']} µs per ack" for r in rows)
     return f"""
 The outage end to end, in one run (`--follow-ranks`): the UPS reports low battery (checkpoint, then
 stop at once), each node acks after a 1 s checkpoint plus a share of {rows[0]["ack_spread_s"]} s of
@@ -212,6 +217,43 @@ commands are published). From the last ack stored by JetStream (the clients' Pub
 | → those commands stored by JetStream | measured |
 |---|---|---|---|---|---|---|---|
 {body}
+
+The coordinator's CPU over the run (its process: consumer, site core, store, publishes):
+{cpu}. Last ack → every shutdown command in the stored record within a second (target ≤ 1 s):
+{verdicts}. Where it is not, the consumer fell behind the acks as JetStream stored them, and
+the last batch also publishes a shutdown command per node. On this machine the three servers,
+the four processes that hold the nodes' connections and the coordinator share 2 cores, but the
+bound is the coordinator's own path:
+~60 µs of CPU per ack in its consumer (the next section), most of it the client library's, is
+~6 s of one core for 100,000 acks. A node's acks as one message (8 ranks per node: 12,500
+messages), or a consumer that does not build a message object per ack, is what would bring
+100,000 within a second; neither is built.
+"""
+
+
+def consumer_path_section(cp: dict) -> str:
+    whole = f"**{cp['consumer_cpu_us_per_ack']} µs** ({cp['acks_per_s_one_core']:,} acks a second on one core)"
+    return f"""
+## The coordinator's input path, per ack
+
+`bench/consumer_path.py`: {cp["messages"]:,} durable acks stored in one nats-server's stream, read
+back by the coordinator's own batch consumer (fetch, decode, the subject and clock checks, one ack
+per message; the handler does nothing) in a process with the coordinator's collector thresholds.
+This process's CPU, the server's not included:
+
+| figure | CPU per ack |
+|---|---|
+| the whole consumer (`consume_batches`) | {whole} |
+| nats.py's fetch (its protocol parser, message objects, the pull's queue) | {cp["fetch_us"]} µs |
+| decoding and the subject check (pydantic's JSON parser) | {cp["decode_us"]} µs |
+| the JetStream metadata of the reply subject | {cp["metadata_us"]} µs |
+| the clock check | {cp["stamp_us"]} µs |
+| the ack | {cp["ack_us"]} µs |
+
+The site core and the store add bench/scale.py's `ack_cpu_us_per_rank` (~7 µs). So one
+coordinator process takes at most ~{cp["acks_per_s_one_core"] // 1000},000 acks a second, on a core of its own: 100,000
+per-rank acks are ~{round(100000 * cp["consumer_cpu_us_per_ack"] / 1e6, 1)} s of its CPU, most of it in the client
+library, before the saga's own work. The outage end to end (fan-out table above) shows it.
 """
 
 
@@ -247,6 +289,7 @@ def fanout_section(fo: dict) -> str:
         for r in fo["sizes"]
         if "on_battery_to_node_s" in r
     )
+    measured = sorted({f"{r.get('measured_at', '?')} at `{r.get('commit', '?')}`" for r in fo["sizes"]})
     return f"""
 ## Fan-out and acks over one connection per node
 
@@ -269,6 +312,8 @@ CPU (docs/architecture.md, "Ranks on the bus at scale").
 | request → node (p50 / max) | on_battery → node (p50 / max) | acks stored (after ckpt) |
 |---|---|---|---|---|---|---|---|
 {rows}
+
+These rows and the side by side below: measured {", ".join(measured)}.
 {_sync_rows(fo)}
 {_follow_rows(fo)}
 {FANOUT_NOTES}
@@ -644,6 +689,8 @@ service sees, not a shell command on one host); with SNMP traps it is ~10 ms (ta
         side += scale_section(sc)
     if fo := load("fanout"):
         side += fanout_section(fo)
+    if cp := load("consumer_path"):
+        side += consumer_path_section(cp)
     if rg := load("registrations"):
         side += registrations_section(rg)
     state = f"{c['state_mb']:.0f} MB (model + AdamW moments), 2 ranks (torchrun, gloo, CPU, DDP)" if c else "—"

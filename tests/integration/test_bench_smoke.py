@@ -57,6 +57,7 @@ SMOKES = {
         ["--ranks", "2000", "--ckpt-s", "0", "--sync-ranks", "0", "--follow-ranks", "800"],
         lambda r: r["sizes"] and r["coordinator_follows"][0]["coordinator"]["shutdown_commands_published"] == 100,
     ),
+    "consumer_path": (["--acks", "2000"], lambda r: r["consumer_cpu_us_per_ack"] > 0 and r["fetch_us"] > 0),
     "registrations": (
         ["--ranks", "2000", "--compare-disk", "0"],
         lambda r: r["sizes"][0]["registry_ranks"] == 2000 and r["sizes"][0]["heartbeat_round_s"] > 0,
