@@ -49,6 +49,25 @@ class Layout:
         return Topology(site="bench", feeds={n: ("ups-a",) for n in self.nodes})
 
 
+def durable_ack(job: str, rank: int, world_size: int | None, request_id: str, saga_id: str):
+    """A rank's durable ack to its job's checkpoint request, as its agent sends it."""
+    from powerguard.schemas import CheckpointDurable, CheckpointDurableData
+
+    return CheckpointDurable(
+        data=CheckpointDurableData(
+            request_id=request_id,
+            saga_id=saga_id,
+            job=job,
+            rank=rank,
+            world_size=world_size,
+            step=1001,
+            path="/ckpt",
+            bytes=1,
+            digest="0" * 32,
+        )
+    )
+
+
 def site_args(description: str, results: Path) -> argparse.ArgumentParser:
     """The options every scale benchmark takes: the site sizes and the results file."""
     ap = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -26,30 +26,14 @@ import time
 from pathlib import Path
 
 from _provenance import write
+from _site import durable_ack
 
 RESULTS = Path(__file__).parent / "results" / "consumer_path.json"
 SITE = "bench"
 
 
 def _acks(n: int) -> list:
-    from powerguard.schemas import CheckpointDurable, CheckpointDurableData
-
-    return [
-        CheckpointDurable(
-            data=CheckpointDurableData(
-                request_id="req",
-                saga_id="saga",
-                job="job000",
-                rank=r,
-                world_size=n,
-                step=1001,
-                path="/ckpt",
-                bytes=1,
-                digest="0" * 32,
-            )
-        )
-        for r in range(n)
-    ]
+    return [durable_ack("job000", r, n, "req", "saga") for r in range(n)]
 
 
 async def _store(bus, n: int) -> None:

@@ -37,7 +37,7 @@ import time
 from pathlib import Path
 
 from _provenance import stamp, write
-from _site import PER_NODE, Layout, client_processes, connect, nats_cluster, site_args
+from _site import PER_NODE, Layout, client_processes, connect, durable_ack, nats_cluster, site_args
 
 RESULTS = Path(__file__).parent / "results" / "fanout.json"
 PROCS = 4
@@ -45,26 +45,10 @@ PROCS = 4
 
 def ack_events(on_node: list[tuple[str, int]], jobs: dict[str, int], raw: bytes) -> list:
     """The durable acks of a node's ranks of the request's job (what each rank's agent sends)."""
-    from powerguard.schemas import CheckpointDurable, CheckpointDurableData, decode
+    from powerguard.schemas import decode
 
     d = decode(raw).data
-    return [
-        CheckpointDurable(
-            data=CheckpointDurableData(
-                request_id=d.request_id,
-                saga_id=d.saga_id,
-                job=job,
-                rank=rank,
-                world_size=jobs[job],
-                step=1001,
-                path="/ckpt",
-                bytes=1,
-                digest="0" * 32,
-            )
-        )
-        for job, rank in on_node
-        if job == d.job
-    ]
+    return [durable_ack(job, rank, jobs[job], d.request_id, d.saga_id) for job, rank in on_node if job == d.job]
 
 
 def _ckpt_time(node: str, ckpt_s: float, spread_s: float) -> float:

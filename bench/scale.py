@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 
 from _provenance import stamp
-from _site import JOB_RANKS, PER_NODE, Layout, connect, nats_cluster, site_args
+from _site import JOB_RANKS, PER_NODE, Layout, connect, durable_ack, nats_cluster, site_args
 
 RESULTS = Path(__file__).parent / "results" / "scale.json"
 
@@ -161,23 +161,10 @@ async def one(ranks: int, urls: list[str]) -> dict:
 def _acks(rec, jobs: dict[str, int]) -> list[bytes]:
     """Every rank's durable ack to its job's request in the saga ``rec``, as published (the
     payloads the coordinator's consumer decodes)."""
-    from powerguard.schemas import CheckpointDurable, CheckpointDurableData, encode
+    from powerguard.schemas import encode
 
     return [
-        encode(
-            CheckpointDurable(
-                data=CheckpointDurableData(
-                    request_id=rec.jobs[job].request_id,
-                    saga_id=rec.saga_id,
-                    job=job,
-                    rank=r,
-                    step=1001,
-                    path="/ckpt",
-                    bytes=1,
-                    digest="0" * 32,
-                )
-            )
-        )
+        encode(durable_ack(job, r, None, rec.jobs[job].request_id, rec.saga_id))
         for job, size in jobs.items()
         for r in range(size)
     ]
