@@ -53,14 +53,12 @@ class Follower:
     store's revisions and the figures; ``start`` binds the consumer, ``stop`` ends it."""
 
     def __init__(self, bus: Any, core: Any, store: Any, revisions: dict[str, int], followed: Followed, site: str):
-        self.bus, self.core, self.store, self.revisions, self.followed, self.site = (
-            bus,
-            core,
-            store,
-            revisions,
-            followed,
-            site,
-        )
+        self.bus = bus
+        self.core = core
+        self.store = store
+        self.revisions = revisions  # saga -> the head's revision the next save compares with
+        self.followed = followed
+        self.site = site
         self._consumer = None
         self._cpu0 = 0.0
 
