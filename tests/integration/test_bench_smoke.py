@@ -113,7 +113,7 @@ def smoke(name: str, tmp: Path) -> str | None:
     except subprocess.TimeoutExpired as e:
         return f"still running after {e.timeout} s: {(e.stdout or b'')[-1500:]!r} {(e.stderr or b'')[-1500:]!r}"
     if run.returncode != 0:
-        return f"exit {run.returncode}: {run.stdout[-1500:]}{run.stderr[-2500:]}"
+        return f"exit {run.returncode}: {_first_error(run.stdout + run.stderr)}"
     if not out.exists():
         return f"wrote no {out.name}: {run.stdout[-1500:]}"
     if check is None:
@@ -122,6 +122,14 @@ def smoke(name: str, tmp: Path) -> str | None:
         return None if check(json.loads(out.read_text())) else f"figures not as expected: {out.read_text()[:1500]}"
     except (KeyError, IndexError, TypeError, ValueError) as e:
         return f"figures not as expected ({e!r}): {out.read_text()[:1500]}"
+
+
+def _first_error(output: str) -> str:
+    """The first traceback (the cause: with torchrun, the ranks' own; what follows is the launcher
+    reporting it) and the end of the output."""
+    first = output.find("Traceback")
+    head = output[first : first + 3000] + "\n[...]\n" if 0 <= first < len(output) - 1500 else ""
+    return head + output[-1500:]
 
 
 @pytest.mark.timeout(900)

@@ -23,3 +23,33 @@ def test_a_jobs_own_save_reaches_the_remote_tier_even_when_the_job_ends_before_a
     agent.save(7)
     agent.close()  # the copier finishes what was queued before it stops
     assert (nas / "jend" / "step-7" / "COMMIT").exists()
+
+
+def test_the_remote_copy_is_the_checkpoint_not_what_else_its_directory_holds(tmp_path):
+    """A node-local step directory also receives its peers' replicas after the COMMIT, each as a
+    ``*.recv`` file until it is verified and renamed: the copy listed the directory, so it copied
+    half-arrived replicas, and one renamed between the listing and its copy failed the whole
+    copy (FileNotFoundError: never tried again; seen in bench/node_tier.py's smoke in CI). It
+    copies what the COMMIT's manifests name, and nothing else."""
+    torch.manual_seed(0)
+    nas, local = tmp_path / "nas", tmp_path / "local"
+    agent = CheckpointAgent(
+        job="jrecv",
+        model=torch.nn.Linear(4, 4),
+        local_dir=local,
+        local_every_s=0,
+        remote_url=f"file://{nas}",
+        remote_every_s=0,
+    )
+    agent.save(3)
+    step = local / "jrecv" / "step-3"
+    (step / "__1_0.distcp.recv").write_bytes(b"half a replica")
+    expected = sorted(p.name for p in step.iterdir() if not p.name.endswith(".recv"))
+    agent._remote.copy(3)
+    agent.close()
+    assert sorted(p.name for p in (nas / "jrecv" / "step-3").iterdir()) == expected
+    restored = CheckpointAgent(
+        job="jrecv", model=torch.nn.Linear(4, 4), local_dir=tmp_path / "empty", remote_url=f"file://{nas}"
+    )
+    assert restored.restore() == 4 and restored.progress.restored.tier == "remote"
+    restored.close()

@@ -306,6 +306,19 @@ def manifest_files(fs, directory: str, commit: dict[str, Any], key: bytes | None
     return files
 
 
+def checkpoint_files(fs, directory: str, commit: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """What a committed checkpoint is, by name: the data files its manifests list, the manifests
+    and DCP's ``.metadata``, each with its size and xxh3 from the manifests and COMMIT. A copy
+    to another tier copies exactly these: never what else the directory holds at the moment (a
+    replica still arriving as ``*.recv``, a file of another writer)."""
+    files = manifest_files(fs, directory, commit)
+    for rank, digest in commit["manifests"].items():
+        name = manifest_name(int(rank))
+        files[name] = {"size": fs.size(f"{directory}/{name}"), "xxh3": digest}
+    files[".metadata"] = {"size": fs.size(f"{directory}/.metadata"), "xxh3": commit["metadata_xxh3"]}
+    return files
+
+
 def _confined(name: object) -> bool:
     """A plain file name inside the checkpoint directory: no separators, no '..', no hidden tricks."""
     return (

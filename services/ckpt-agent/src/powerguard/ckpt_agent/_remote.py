@@ -139,18 +139,19 @@ class RemoteCopier:
             L.makedirs_durable(dst)
         else:
             self.fs.makedirs(dst, exist_ok=True)
-        names = sorted(os.listdir(src))
-        data = [n for n in names if n != L.COMMIT and not n.startswith("MANIFEST")]
+        with open(os.path.join(src, L.COMMIT), "rb") as f:
+            committed = json.loads(f.read())
+        names = sorted(L.checkpoint_files(L.fs_for(src)[0], src, committed))  # not a replica still arriving
+        manifests = {L.manifest_name(int(r)) for r in committed["manifests"]}
         size = 0
-        for n in data + [n for n in names if n.startswith("MANIFEST")]:
+        for n in [n for n in names if n not in manifests] + [n for n in names if n in manifests]:
             self.fs.put_file(os.path.join(src, n), f"{dst}/{n}")
             if local:  # before the COMMIT: a copy whose data is not on disk is never committed
                 _fsync_file(f"{dst}/{n}")
             size += os.path.getsize(os.path.join(src, n))
         if local:
             L.fsync_dir(dst)  # every data file's name, before the COMMIT names them complete
-        with open(os.path.join(src, L.COMMIT), "rb") as f:
-            commit = L.rebound(json.loads(f.read()), tier="remote", key=self.key)
+        commit = L.rebound(committed, tier="remote", key=self.key)
         L.write_durable(self.fs, f"{dst}/{L.COMMIT}", commit)
         elapsed = time.perf_counter() - t0
         self.throughput = max(1e6, size / max(elapsed, 1e-6))

@@ -178,15 +178,7 @@ class S3Store:
         or differs: the step stays uncommitted (invisible to a restore)."""
         local = json.loads(commit)
         L.check_binding(local, job=job, step=step, tier="remote", where=f"{src} (to {self.where(job, step)})")
-        fs, _ = L.fs_for(src)
-        files = L.manifest_files(fs, src, local)  # name -> {size, xxh3}: checked against COMMIT
-        want = dict(files)
-        for rank, digest in local["manifests"].items():
-            want[L.manifest_name(int(rank))] = {
-                "size": os.path.getsize(os.path.join(src, L.manifest_name(int(rank)))),
-                "xxh3": digest,
-            }
-        want[".metadata"] = {"size": os.path.getsize(os.path.join(src, ".metadata")), "xxh3": local["metadata_xxh3"]}
+        want = L.checkpoint_files(L.fs_for(src)[0], src, local)  # name -> {size, xxh3}: checked against COMMIT
         if self.commit(job, step) is not None:
             return self._already(job, step, commit)
         names = sorted(want)
