@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from powerguard.ckpt_agent import CheckpointAgent
+from powerguard.ckpt_agent.errors import NotAllHere
 
 
 def test_a_jobs_own_save_reaches_the_remote_tier_even_when_the_job_ends_before_another_boundary(tmp_path):
@@ -53,3 +55,25 @@ def test_the_remote_copy_is_the_checkpoint_not_what_else_its_directory_holds(tmp
     )
     assert restored.restore() == 4 and restored.progress.restored.tier == "remote"
     restored.close()
+
+
+def test_a_remote_copy_without_every_file_the_checkpoint_names_is_never_committed(tmp_path):
+    """A sharded job's node-local directory holds its own shards and the replicas received so far:
+    the copy went ahead without the others and wrote the remote COMMIT (the acks then said
+    ``remote`` for a checkpoint no restore could read). It is refused, naming what is missing."""
+    torch.manual_seed(0)
+    nas, local = tmp_path / "nas", tmp_path / "local"
+    agent = CheckpointAgent(
+        job="jmiss",
+        model=torch.nn.Linear(4, 4),
+        local_dir=local,
+        local_every_s=0,
+        remote_url=f"file://{nas}",
+        remote_every_s=0,
+    )
+    agent.save(5)
+    (local / "jmiss" / "step-5" / "__0_0.distcp").unlink()
+    with pytest.raises(NotAllHere, match=r"step 5: 1 of the checkpoint's \d+ files are not in .*__0_0\.distcp"):
+        agent._remote.copy(5)
+    agent.close()
+    assert not (nas / "jmiss" / "step-5" / "COMMIT").exists()

@@ -20,7 +20,7 @@ from collections.abc import Callable
 
 from . import _layout as L
 from ._s3 import CommitConflict, S3Store
-from .errors import CorruptCheckpoint
+from .errors import CorruptCheckpoint, NotAllHere
 
 RETRY_S = (2.0, 5.0, 10.0, 20.0)  # a failed copy is tried again this long after each failure
 log = logging.getLogger("powerguard.ckpt_agent.remote")
@@ -130,6 +130,17 @@ class RemoteCopier:
             raise FileNotFoundError(f"{src} is not committed")
         if self.s3 is not None:
             return self._copy_s3(src, step)
+        with open(os.path.join(src, L.COMMIT), "rb") as f:
+            committed = json.loads(f.read())
+        names = sorted(L.checkpoint_files(L.fs_for(src)[0], src, committed))  # not a replica still arriving
+        manifests = {L.manifest_name(int(r)) for r in committed["manifests"]}
+        if missing := [n for n in names if not os.path.exists(os.path.join(src, n))]:
+            raise NotAllHere(
+                f"step {step}: {len(missing)} of the checkpoint's {len(names)} files are not in {src} "
+                f"({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''}): on the node-local tier a "
+                "sharded job's node holds its own shards and the replicas received so far; the copy is "
+                "made once every file is here, never without one"
+            )
         dst = L.step_dir(self.root, self.job, step)
         t0 = time.perf_counter()
         local = L.is_local(self.fs)  # a file system of this host's (a disk, an NFS mount): fsync it
@@ -139,10 +150,6 @@ class RemoteCopier:
             L.makedirs_durable(dst)
         else:
             self.fs.makedirs(dst, exist_ok=True)
-        with open(os.path.join(src, L.COMMIT), "rb") as f:
-            committed = json.loads(f.read())
-        names = sorted(L.checkpoint_files(L.fs_for(src)[0], src, committed))  # not a replica still arriving
-        manifests = {L.manifest_name(int(r)) for r in committed["manifests"]}
         size = 0
         for n in [n for n in names if n not in manifests] + [n for n in names if n in manifests]:
             self.fs.put_file(os.path.join(src, n), f"{dst}/{n}")

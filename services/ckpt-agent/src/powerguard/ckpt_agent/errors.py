@@ -40,3 +40,9 @@ class NotCommittedAnywhere(CheckpointError):
 class IncompleteOnNodes(CheckpointError):
     """A node-local step some node committed that cannot be made whole on every node (a file
     on no node, a peer's copy that does not verify)."""
+
+
+class NotAllHere(CheckpointError):
+    """A copy to the remote tier found a file the checkpoint names missing from the local
+    directory (on the node-local tier: a replica not yet arrived). Tried again later, and never
+    committed without it."""
