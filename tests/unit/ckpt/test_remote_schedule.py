@@ -33,17 +33,8 @@ def test_the_remote_copy_is_the_checkpoint_not_what_else_its_directory_holds(tmp
     half-arrived replicas, and one renamed between the listing and its copy failed the whole
     copy (FileNotFoundError: never tried again; seen in bench/node_tier.py's smoke in CI). It
     copies what the COMMIT's manifests name, and nothing else."""
-    torch.manual_seed(0)
     nas, local = tmp_path / "nas", tmp_path / "local"
-    agent = CheckpointAgent(
-        job="jrecv",
-        model=torch.nn.Linear(4, 4),
-        local_dir=local,
-        local_every_s=0,
-        remote_url=f"file://{nas}",
-        remote_every_s=0,
-    )
-    agent.save(3)
+    agent = _saved(nas, local, "jrecv", 3)
     step = local / "jrecv" / "step-3"
     (step / "__1_0.distcp.recv").write_bytes(b"half a replica")
     expected = sorted(p.name for p in step.iterdir() if not p.name.endswith(".recv"))
@@ -61,19 +52,25 @@ def test_a_remote_copy_without_every_file_the_checkpoint_names_is_never_committe
     """A sharded job's node-local directory holds its own shards and the replicas received so far:
     the copy went ahead without the others and wrote the remote COMMIT (the acks then said
     ``remote`` for a checkpoint no restore could read). It is refused, naming what is missing."""
-    torch.manual_seed(0)
     nas, local = tmp_path / "nas", tmp_path / "local"
+    agent = _saved(nas, local, "jmiss", 5)
+    (local / "jmiss" / "step-5" / "__0_0.distcp").unlink()
+    with pytest.raises(NotAllHere, match=r"step 5: 1 of the checkpoint's \d+ files are not in .*__0_0\.distcp"):
+        agent._remote.copy(5)
+    agent.close()
+    assert not (nas / "jmiss" / "step-5" / "COMMIT").exists()
+
+
+def _saved(nas, local, job: str, step: int) -> CheckpointAgent:
+    """An agent with a remote tier that copies only when asked, its step ``step`` committed."""
+    torch.manual_seed(0)
     agent = CheckpointAgent(
-        job="jmiss",
+        job=job,
         model=torch.nn.Linear(4, 4),
         local_dir=local,
         local_every_s=0,
         remote_url=f"file://{nas}",
         remote_every_s=0,
     )
-    agent.save(5)
-    (local / "jmiss" / "step-5" / "__0_0.distcp").unlink()
-    with pytest.raises(NotAllHere, match=r"step 5: 1 of the checkpoint's \d+ files are not in .*__0_0\.distcp"):
-        agent._remote.copy(5)
-    agent.close()
-    assert not (nas / "jmiss" / "step-5" / "COMMIT").exists()
+    agent.save(step)
+    return agent
