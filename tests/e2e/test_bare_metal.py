@@ -20,6 +20,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import urllib.error
@@ -131,6 +132,19 @@ class Host:
             every=0.3,
             details=lambda: f"last: /readyz {last[0]} {last[1]}",
         )
+
+    def wait_listening(self, port: str, timeout: float = 60) -> None:
+        """Until the unit started on ``port`` accepts a connection (a started unit is not yet
+        listening: systemd's Type=simple units are "started" when their process is)."""
+
+        def accepts() -> bool:
+            try:
+                socket.create_connection(("127.0.0.1", int(self.ports[port])), timeout=2).close()
+                return True
+            except OSError:
+                return False
+
+        eventually_sync(accepts, timeout, f"port {port} accepting connections", every=0.3)
 
     def sagas(self) -> list[dict]:
         out = self.powerguard(
@@ -358,6 +372,8 @@ async def test_the_guide_from_an_empty_host_to_a_drilled_site(tmp_path):
         host.step("start")
         for port in ("9101", "9102", "9103"):
             host.wait_ready(port, True)
+        for port in ("9104", "8080"):  # the exporter and the console have no /readyz: listening is their start
+            host.wait_listening(port)
         host.step("ready")
         host.step("check-online")
         dead = json.loads(json.dumps(site))
