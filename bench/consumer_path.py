@@ -4,10 +4,11 @@ stored in one nats-server's stream (the shipped ``sync_interval: always``), then
 * by the coordinator's own batch consumer (``Bus.consume_batches``: fetch, decode, the subject
   and clock checks, one ack per message) with a handler that does nothing:
   ``consumer_cpu_us_per_ack``, and the acks one core takes a second at that cost;
-* piece by piece on a plain pull subscription (nats.py, the same batch): the client library's
-  fetch (``fetch_us``), decoding and the subject check (``decode_us``), the JetStream
+* piece by piece on a durable of its own (the same batch): the bulk pull the consumers use
+  (``fetch_us``; bus/pull.py), decoding and the subject check (``decode_us``), the JetStream
   metadata of the reply subject (``metadata_us``), the clock check (``stamp_us``), the ack
-  (``ack_us``).
+  (``ack_us``); and nats.py's own ``PullSubscription.fetch`` of the same batch, which the
+  consumers used before (``nats_py_fetch_us``).
 
 This process's CPU (``time.process_time``) throughout: the servers' work is not in it. What the
 site core and the store add per ack is bench/scale.py's ``ack_cpu_us_per_rank``; the whole
@@ -82,23 +83,30 @@ async def _consumer(bus, n: int, timeout_s: float) -> float:
     return took
 
 
-async def _pieces(bus, n: int, timeout_s: float) -> dict[str, float]:
-    """CPU seconds of each step, on a plain pull subscription that may hold every ack unacked."""
+async def _pieces(bus, n: int, timeout_s: float, *, bulk: bool) -> dict[str, float]:
+    """CPU seconds of each step, on a durable that may hold every ack unacked, taken as the
+    consumers take a batch (``bulk``: one pull request answered into a callback, bus/pull.py)
+    or with nats.py's ``PullSubscription.fetch`` (what they used before)."""
     from nats.js import api
 
     from powerguard.bus.consumer import check_stamp, decode_on
+    from powerguard.bus.pull import BatchPull
     from powerguard.bus.roles import INPUT_BATCH
 
     spent = dict.fromkeys(("fetch", "decode", "metadata", "stamp", "ack"), 0.0)
+    name = "pieces-bulk" if bulk else "pieces-fetch"
     config = api.ConsumerConfig(ack_policy=api.AckPolicy.EXPLICIT, max_ack_pending=n + 1)
-    psub = await bus.js.pull_subscribe(bus.names.subjects.ckpt_ack("*", "*"), durable="pieces", config=config)
+    subject = bus.names.subjects.ckpt_ack("*", "*")
+    psub = await bus.js.pull_subscribe(subject, durable=name, config=config)
+    puller = await BatchPull(bus.nc, await bus.js.find_stream_name_by_subject(subject), name).start()
     deadline = time.monotonic() + timeout_s
     taken = 0
     while taken < n:
         if time.monotonic() > deadline:
-            raise SystemExit(f"consumer_path: fetched {taken:,} of {n:,} acks within {timeout_s:.0f}s")
+            raise SystemExit(f"consumer_path: took {taken:,} of {n:,} acks within {timeout_s:.0f}s ({name})")
         t = time.process_time()
-        msgs = await psub.fetch(min(INPUT_BATCH, n - taken), timeout=10)
+        want = min(INPUT_BATCH, n - taken)
+        msgs = await (puller.take(want, timeout=10) if bulk else psub.fetch(want, timeout=10))
         t1 = time.process_time()
         events = [decode_on(bus, m.data, m.subject) for m in msgs]
         t2 = time.process_time()
@@ -115,6 +123,7 @@ async def _pieces(bus, n: int, timeout_s: float) -> dict[str, float]:
         for key, took in zip(spent, (t1 - t, t2 - t1, t3 - t2, t4 - t3, t5 - t4), strict=True):
             spent[key] += took
         taken += len(msgs)
+    await puller.stop()
     await psub.unsubscribe()
     return spent
 
@@ -133,7 +142,8 @@ async def run(n: int, timeout_s: float) -> dict:
             try:
                 await _store(bus, n)
                 consumer_s = await _consumer(bus, n, timeout_s)
-                pieces = await _pieces(bus, n, timeout_s)
+                pieces = await _pieces(bus, n, timeout_s, bulk=True)
+                nats_py = await _pieces(bus, n, timeout_s, bulk=False)
             finally:
                 await bus.close()
         finally:
@@ -147,6 +157,7 @@ async def run(n: int, timeout_s: float) -> dict:
         "acks_per_s_one_core": round(1e6 / consumer_us),
         **per,
         "pieces_sum_us": round(sum(per.values()), 1),
+        "nats_py_fetch_us": round(nats_py["fetch"] / n * 1e6, 1),
     }
 
 

@@ -244,7 +244,8 @@ This process's CPU, the server's not included:
 | figure | CPU per ack |
 |---|---|
 | the whole consumer (`consume_batches`) | {whole} |
-| nats.py's fetch (its protocol parser, message objects, the pull's queue) | {cp["fetch_us"]} µs |
+| taking the batch (bus/pull.py's bulk pull: the protocol parser, message objects, the callback) | {cp["fetch_us"]} µs |
+| the same batch with nats.py's own `fetch` (what the consumers used before: a task per message) | {cp.get("nats_py_fetch_us", "not measured")} µs |
 | decoding and the subject check (pydantic's JSON parser) | {cp["decode_us"]} µs |
 | the JetStream metadata of the reply subject | {cp["metadata_us"]} µs |
 | the clock check | {cp["stamp_us"]} µs |

@@ -24,6 +24,7 @@ from . import metrics
 from .dlq_budget import DeadLetterBudget
 from .errors import SetupError
 from .names import BusNames
+from .pull import BatchPull
 from .tracing import extract_context, messaging_attributes
 
 if TYPE_CHECKING:
@@ -181,6 +182,8 @@ class _PullLoop:
         self.deliver = deliver
         self.name = ""
         self._psub = None
+        self._bulk: BatchPull | None = None
+        self._carried: list[Msg] = []  # delivered to a bulk pull after its wait ended, not yet handled
         self._last_seq: int | None = None
         self._stopping = False
         self._checked = time.monotonic()
@@ -214,6 +217,7 @@ class _PullLoop:
         elif not await self._durable_exists(cfg):
             await self.bus.js.add_consumer(self.stream, cfg)
         self._psub = await self.bus.js.pull_subscribe_bind(consumer=self.name, stream=self.stream)
+        self._bulk = await BatchPull(self.bus.nc, self.stream, self.name, domain=self.bus.js_domain).start()
 
     async def _bind_when_available(self, within_s: float = BIND_RETRY_S) -> None:
         """:meth:`_bind`, retried while JetStream answers that it is not available yet (503: a
@@ -281,29 +285,38 @@ class _PullLoop:
 
     async def _unbind(self) -> None:
         psub, self._psub = self._psub, None
+        bulk, self._bulk = self._bulk, None
         if psub is not None:
-            try:
+            with contextlib.suppress(nats.errors.Error, TimeoutError):
                 await psub.unsubscribe()
-            except (nats.errors.Error, TimeoutError):
-                pass
+        if bulk is not None:
+            self._carried += bulk.held()
+            with contextlib.suppress(nats.errors.Error, TimeoutError):
+                await bulk.stop()
 
     async def _fetch(self, batch: int) -> list[Msg]:
         """Wait up to ~1 s for messages; survive reconnects and lost consumers."""
         retry = 0.1
         while not self._stopping:
+            # a bulk pull still being answered, and what one brought after its wait ended, come
+            # first: they are older than anything a new request would bring
+            if self._bulk is not None and self._bulk.open:
+                msgs, self._carried = self._carried + await self._bulk.settle(1.0), []
+                return self._took(msgs)
+            msgs, self._carried = self._carried + (self._bulk.held() if self._bulk else []), []
+            if msgs:
+                return self._took(msgs)
             try:
                 if self._psub is None:
                     await self._bind()
                 # One message first: a lingering pull for N messages would hold the first one back
                 # until N arrived or the request expired. Then, when the server says more are
-                # pending, take them at once (that pull returns without lingering).
+                # pending, take them at once (that pull returns without lingering), in one
+                # request answered into a callback (nats.py's fetch costs a task per message).
                 msgs = await self._psub.fetch(1, timeout=1.0)
                 pending = msgs[-1].metadata.num_pending or 0 if msgs else 0
-                if batch > 1 and pending > 0:
-                    try:
-                        msgs += await self._psub.fetch(min(batch - 1, pending), timeout=1.0)
-                    except nats.errors.TimeoutError:
-                        pass
+                if batch > 1 and pending > 0 and self._bulk is not None:
+                    msgs += await self._bulk.take(min(batch - 1, pending), timeout=1.0)
             except nats.errors.TimeoutError:
                 if await self._stalled():
                     await self._unbind()
@@ -320,13 +333,16 @@ class _PullLoop:
                 if await self._stalled():
                     await self._unbind()
             else:
-                if msgs:
-                    self._last_seq = msgs[-1].metadata.sequence.stream
-                    self._checked, self._pending_seen = time.monotonic(), False
-                return msgs
+                return self._took(msgs)
             await asyncio.sleep(retry)
             retry = min(retry * 2, 1.0)
         return []
+
+    def _took(self, msgs: list[Msg]) -> list[Msg]:
+        if msgs:
+            self._last_seq = msgs[-1].metadata.sequence.stream
+            self._checked, self._pending_seen = time.monotonic(), False
+        return msgs
 
 
 class Consumer(_PullLoop):
