@@ -223,11 +223,10 @@ The coordinator's CPU over the run (its process: consumer, site core, store, pub
 {verdicts}. Where it is not, the consumer fell behind the acks as JetStream stored them, and
 the last batch also publishes a shutdown command per node. On this machine the three servers,
 the four processes that hold the nodes' connections and the coordinator share 2 cores, but the
-bound is the coordinator's own path:
-~60 µs of CPU per ack in its consumer (the next section), most of it the client library's, is
-~6 s of one core for 100,000 acks. A node's acks as one message (8 ranks per node: 12,500
-messages), or a consumer that does not build a message object per ack, is what would bring
-100,000 within a second; neither is built.
+bound is the coordinator's own path, one message per rank: its consumer's CPU per ack (the next
+section; since the bulk pull, bus/pull.py, no longer a task per message in the client library)
+plus the site core's and the store's, for 100,000 acks on one core. A node's acks as one message
+(8 ranks per node: 12,500 messages) is what would bring 100,000 within a second; not built.
 """
 
 
@@ -245,7 +244,8 @@ This process's CPU, the server's not included:
 |---|---|
 | the whole consumer (`consume_batches`) | {whole} |
 | taking the batch (bus/pull.py's bulk pull: the protocol parser, message objects, the callback) | {cp["fetch_us"]} µs |
-| the same batch with nats.py's own `fetch` (what the consumers used before: a task per message) | {cp.get("nats_py_fetch_us", "not measured")} µs |
+| the same batch with nats.py's own `fetch` (what the consumers used before: a task per message) \
+| {cp.get("nats_py_fetch_us", "not measured")} µs |
 | decoding and the subject check (pydantic's JSON parser) | {cp["decode_us"]} µs |
 | the JetStream metadata of the reply subject | {cp["metadata_us"]} µs |
 | the clock check | {cp["stamp_us"]} µs |
@@ -254,7 +254,8 @@ This process's CPU, the server's not included:
 The site core and the store add bench/scale.py's `ack_cpu_us_per_rank` (~7 µs). So one
 coordinator process takes at most ~{cp["acks_per_s_one_core"] // 1000},000 acks a second, on a core of its own: 100,000
 per-rank acks are ~{round(100000 * cp["consumer_cpu_us_per_ack"] / 1e6, 1)} s of its CPU, most of it in the client
-library, before the saga's own work. The outage end to end (fan-out table above) shows it.
+library and the decoding, before the saga's own work. The outage end to end (fan-out table
+above) shows it.
 """
 
 
