@@ -27,15 +27,15 @@ async def _durable(bus, name: str) -> None:
     await bus.js.add_consumer(bus.names.stream, cfg)
 
 
-def _ack_pending_is(bus, name: str, n: int):
-    async def check() -> bool:
-        return (await bus.js.consumer_info(bus.names.stream, name)).num_ack_pending == n
-
-    return check
-
-
 async def _ack_pending(bus, name: str) -> int:
     return (await bus.js.consumer_info(bus.names.stream, name)).num_ack_pending
+
+
+def _ack_pending_is(bus, name: str, n: int):
+    async def check() -> bool:
+        return await _ack_pending(bus, name) == n
+
+    return check
 
 
 async def test_a_bulk_take_gets_every_pending_message_once_in_order_and_each_ack_counts(bus):

@@ -16,6 +16,7 @@ from powerguard.schemas import token
 
 from .jwt import Permissions
 from .names import JS_DOMAIN, BusNames
+from .pull import next_subject
 
 ROLES = ("admin", "ups-monitor", "coordinator", "power-control", "observer", "operator", "agent")
 SERVICES = ("ups-monitor", "coordinator", "power-control")  # the site's services: each dead-letters its input
@@ -108,7 +109,7 @@ def _kv_write(bucket: str, keys: str = ">") -> list[str]:
 def _durable(stream: str, name: str) -> list[str]:
     return [
         _api("CONSUMER.INFO", stream, name),
-        _api("CONSUMER.MSG.NEXT", stream, name),
+        next_subject(stream, name),
         f"$JS.ACK.{stream}.{name}.>",
     ]
 
@@ -218,7 +219,7 @@ def permissions(
         _api("STREAM.PURGE", ">"),
     ]
     for d, in_stream in sorted(durables.items()):
-        deny += [_api("CONSUMER.MSG.NEXT", in_stream, d), _api("CONSUMER.DELETE", in_stream, d)]
+        deny += [next_subject(in_stream, d), _api("CONSUMER.DELETE", in_stream, d)]
     pub = [
         *(
             x
@@ -229,7 +230,7 @@ def permissions(
                 _api("DIRECT.GET", st),
                 _api("DIRECT.GET", st, ">"),
                 _api("CONSUMER.CREATE", st),
-                _api("CONSUMER.MSG.NEXT", st, "*"),
+                next_subject(st, "*"),
                 _api("CONSUMER.DELETE", st, "*"),
                 _api("CONSUMER.INFO", st, "*"),
             )
