@@ -26,6 +26,7 @@ from pathlib import Path
 
 RESULTS = Path(__file__).parent / "results" / "node_tier.json"
 NODES = ("n0", "n1", "n2")
+REPLICATED_S = 120.0  # the bound on the wait for the newest checkpoint's replicas
 
 
 def worker(args: argparse.Namespace) -> None:
@@ -59,6 +60,12 @@ def worker(args: argparse.Namespace) -> None:
     mine = own / "bench" / f"step-{step}" / f"__{rank}_0.distcp"
     received = sum(f.stat().st_size for f in files if f != mine)
     checkpoint_mb = round(sum(f.stat().st_size for f in files) / 1e6)
+    # the newest checkpoint's replicas still arrive in the background: the remote tier's copy
+    # takes every file the checkpoint names (it refuses a copy without one), so it waits for them
+    if not local.wait_replicated(REPLICATED_S):
+        raise SystemExit(f"rank {rank}: step {step}'s replication to the peers did not end in {REPLICATED_S:.0f} s")
+    if local.replicated is not None and not local.replicated[1]:
+        raise SystemExit(f"rank {rank}: step {step}'s replication incomplete: {local.replicated[2]}")
     if rank == 0 and local._remote is not None:  # the remote tier gets the newest checkpoint
         local._remote.copy(step)
     t_own = timed(local.restore)
