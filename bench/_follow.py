@@ -16,7 +16,7 @@ from typing import Any
 class Followed:
     """What the coordinator did with the acks, on this machine's clock (time.time)."""
 
-    expected: int  # acks
+    expected: int  # ranks acked (an ack speaks for its rank, or rank 0's for its job's)
     nodes: int  # shutdown commands expected
     applied: int = 0
     batches: int = 0
@@ -98,7 +98,7 @@ class Follower:
             for ev in state_events(rec, step.history_from.get(sid, 0)):  # in order, as the service does
                 await self.bus.publish(ev)
             published += [(c.kind, command_event(rec, c)) for c in cmds]
-        f.applied += len(items)
+        f.applied += sum(_ranks(i.event) for i in items)
         now = time.time()
         if f.applied >= f.expected and f.applied_at is None:
             f.applied_at = now
@@ -119,3 +119,9 @@ class Follower:
         heap.keep()
         f.batches += 1
         f.batch_s.append(time.perf_counter() - t)
+
+
+def _ranks(event: Any) -> int:
+    """The ranks one ack speaks for (1 for anything else the consumer takes)."""
+    speaks_for = getattr(event.data, "speaks_for", None)
+    return len(speaks_for()) if speaks_for is not None else 1

@@ -49,8 +49,9 @@ class Layout:
         return Topology(site="bench", feeds={n: ("ups-a",) for n in self.nodes})
 
 
-def durable_ack(job: str, rank: int, world_size: int | None, request_id: str, saga_id: str):
-    """A rank's durable ack to its job's checkpoint request, as its agent sends it."""
+def durable_ack(job: str, rank: int, world_size: int | None, request_id: str, saga_id: str, *, for_job: bool = False):
+    """A rank's durable ack to its job's checkpoint request, as its agent sends it; ``for_job``:
+    rank 0's one ack for every rank of the job (a request that asked for one ack per job)."""
     from powerguard.schemas import CheckpointDurable, CheckpointDurableData
 
     return CheckpointDurable(
@@ -64,6 +65,7 @@ def durable_ack(job: str, rank: int, world_size: int | None, request_id: str, sa
             path="/ckpt",
             bytes=1,
             digest="0" * 32,
+            ranks=[(0, world_size - 1)] if for_job and world_size else None,
         )
     )
 

@@ -43,11 +43,16 @@ RESULTS = Path(__file__).parent / "results" / "fanout.json"
 PROCS = 4
 
 
-def ack_events(on_node: list[tuple[str, int]], jobs: dict[str, int], raw: bytes) -> list:
-    """The durable acks of a node's ranks of the request's job (what each rank's agent sends)."""
+def ack_events(on_node: list[tuple[str, int]], jobs: dict[str, int], raw: bytes, job_acks: bool) -> list:
+    """The durable acks of a node's ranks of the request's job (what each rank's agent sends);
+    ``job_acks``: rank 0's one ack for the job (the request asks for it), from its node alone."""
     from powerguard.schemas import decode
 
     d = decode(raw).data
+    if job_acks:
+        if (d.job, 0) not in on_node:
+            return []
+        return [durable_ack(d.job, 0, jobs[d.job], d.request_id, d.saga_id, for_job=True)]
     return [durable_ack(job, rank, jobs[job], d.request_id, d.saga_id) for job, rank in on_node if job == d.job]
 
 
@@ -58,9 +63,18 @@ def _ckpt_time(node: str, ckpt_s: float, spread_s: float) -> float:
 
 
 async def wire_clients(
-    ranks: int, proc: int, urls: list[str], prefix: str, timeout_s: float, ckpt_s: float, spread_s: float = 0.0
+    ranks: int,
+    proc: int,
+    urls: list[str],
+    prefix: str,
+    timeout_s: float,
+    ckpt_s: float,
+    spread_s: float = 0.0,
+    job_acks: bool = False,
 ) -> dict:
-    """This process's nodes as protocol-level connections (bench/_wire.py)."""
+    """This process's nodes as protocol-level connections (bench/_wire.py). ``job_acks``: each
+    job's rank 0 acks for the job once every node of the job wrote (as its COMMIT waits for every
+    rank), one message; otherwise each node one ack per rank once its own ranks wrote."""
     from _wire import connect_node
 
     from powerguard.schemas import encode
@@ -72,14 +86,24 @@ async def wire_clients(
     got: dict[str, float] = {}
     acked: list[float] = []
     done = asyncio.Event()
-    total = sum(len(site.on[n]) for n in mine)
+    total = sum(len(site.on[n]) for n in mine)  # ack messages this process sends
+    job_nodes: dict[str, set[str]] = {}
+    for n, on in site.on.items():
+        for j, _ in on:
+            job_nodes.setdefault(j, set()).add(n)
+    if job_acks:
+        total = sum(1 for n in mine for j, r in site.on[n] if r == 0)
     nodes_in_flight = asyncio.Semaphore(256)  # 8 acks each: ~2,048 publishes in flight, as with nats.py
     conns = {}
     answering: set[asyncio.Task] = set()
 
     async def answer(node: str, raw: bytes) -> None:
-        await asyncio.sleep(_ckpt_time(node, ckpt_s, spread_s))  # the node's ranks write their checkpoint
-        evs = ack_events(site.on[node], site.jobs, raw)
+        evs = ack_events(site.on[node], site.jobs, raw, job_acks)
+        if not evs:
+            return
+        # the node's ranks write their checkpoint (for the job: every node of it, the slowest last)
+        writers = job_nodes[evs[0].data.job] if job_acks else (node,)
+        await asyncio.sleep(max(_ckpt_time(n, ckpt_s, spread_s) for n in writers))
         msgs = [(subjects.ckpt_ack(e.data.job, e.data.rank), e.id, encode(e)) for e in evs]
         async with nodes_in_flight:
             await conns[node].publish_acks(msgs, 60)
@@ -119,9 +143,19 @@ async def wire_clients(
 
 
 async def node_clients(
-    ranks: int, proc: int, urls: list[str], prefix: str, timeout_s: float, ckpt_s: float, spread_s: float = 0.0
+    ranks: int,
+    proc: int,
+    urls: list[str],
+    prefix: str,
+    timeout_s: float,
+    ckpt_s: float,
+    spread_s: float = 0.0,
+    job_acks: bool = False,
 ) -> dict:
     import nats
+
+    if job_acks:
+        raise SystemExit("fanout: one ack per job is simulated by the wire client only")
 
     from powerguard.schemas import encode
     from powerguard.schemas.subjects import Subjects
@@ -141,7 +175,7 @@ async def node_clients(
         # request on its own CPU, here 3,125 nodes share one process: decoding after the write
         # keeps one node's decode from delaying the next node's delivery (with --ckpt-s 0 it does)
         await asyncio.sleep(_ckpt_time(node, ckpt_s, spread_s))
-        for ev in ack_events(on[node], jobs, raw):
+        for ev in ack_events(on[node], jobs, raw, False):
             async with ack_slots:
                 await js.publish(
                     subjects.ckpt_ack(ev.data.job, ev.data.rank), encode(ev), headers={"Nats-Msg-Id": ev.id}, timeout=60
@@ -196,11 +230,19 @@ CLIENTS = {"wire": wire_clients, "nats.py": node_clients}
 
 
 async def run(
-    ranks: int, urls: list[str], ckpt_s: float, client: str, *, spread_s: float = 0.0, follow: bool = False
+    ranks: int,
+    urls: list[str],
+    ckpt_s: float,
+    client: str,
+    *,
+    spread_s: float = 0.0,
+    follow: bool = False,
+    acks: str = "rank",
 ) -> dict:
     """One outage over per-node connections. ``follow``: the UPS reports low battery (checkpoint,
     then stop at once) and the coordinator's consumer follows the acks to the shutdown commands
-    (bench/_follow.py), the acks arriving over ``spread_s``."""
+    (bench/_follow.py), the acks arriving over ``spread_s``. ``acks``: ``rank``, one ack per rank
+    (an agent that does not take the request's ``acks: job``), or ``job``: rank 0's one ack per job."""
     from datetime import UTC, datetime
 
     from _follow import Followed, Follower
@@ -253,7 +295,7 @@ async def run(
         __file__,
         PROCS,
         *("--ranks", str(ranks), "--urls", ",".join(urls), "--prefix", names.prefix),
-        *("--ckpt-s", str(ckpt_s), "--spread-s", str(spread_s), "--client", client),
+        *("--ckpt-s", str(ckpt_s), "--spread-s", str(spread_s), "--client", client, "--acks", acks),
     )
     t_connect = time.time()
     for w in workers:
@@ -286,7 +328,7 @@ async def run(
     await bus.close()
     delivery = sorted(t - t0 for o in outs for t in o["received"])
     end_to_end = sorted(t - t_event for o in outs for t in o["received"])
-    acks = sum(o["acks"] for o in outs)
+    n_acks = sum(o["acks"] for o in outs)
     last_ack = max(o["last_ack"] for o in outs if o["last_ack"])
     first_ack = min(o["first_ack"] for o in outs if o.get("first_ack"))
     last = last_ack - t0
@@ -305,11 +347,12 @@ async def run(
         "requests_published_s": round(published, 4),
         "nodes_with_request": len(delivery),
         "request_to_node_s": {"p50": round(statistics.median(delivery), 4), "max": round(delivery[-1], 4)},
-        "acks_stored": acks,
-        "acks_expected": ranks,
+        "acks": acks,  # rank: one ack message per rank; job: rank 0's one per job (counts below in messages)
+        "acks_stored": n_acks,
+        "acks_expected": ranks if acks == "rank" else len(jobs),
         "request_to_all_acks_stored_s": round(last, 2),
         "request_to_all_acks_stored_less_ckpt_s": round(last - ckpt_s, 2),
-        "acks_per_s": round(acks / max(last - ckpt_s, 1e-3)),
+        "acks_per_s": round(n_acks / max(last - ckpt_s, 1e-3)),
         "client_errors": [e for o in outs for e in o.get("errors", [])][:5],
     }
     if follow:
@@ -359,13 +402,29 @@ def main() -> None:
         default=1.0,
         help="those outages' acks arrive over this many seconds, after a 1 s checkpoint (default: 1)",
     )
+    ap.add_argument(
+        "--follow-acks",
+        default="rank,job",
+        help="those outages' acks, a row each: rank (one ack per rank, as an agent that does not take the "
+        "request's one-ack-per-job) and/or job (rank 0's one ack for its job) (default: rank,job)",
+    )
     ap.add_argument("--spread-s", type=float, default=0.0, help=argparse.SUPPRESS)
+    ap.add_argument("--acks", default="rank", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker is not None:
         clients = CLIENTS[args.client]
         urls = args.urls.split(",")
         res = asyncio.run(
-            clients(int(args.ranks), args.worker, urls, args.prefix, 300, float(args.ckpt_s), args.spread_s)
+            clients(
+                int(args.ranks),
+                args.worker,
+                urls,
+                args.prefix,
+                300,
+                float(args.ckpt_s),
+                args.spread_s,
+                args.acks == "job",
+            )
         )
         print(json.dumps(res), flush=True)
         return
@@ -382,9 +441,11 @@ def main() -> None:
                     print(json.dumps(row), flush=True)
                     rows.append(row)
         for ranks in (int(x) for x in args.follow_ranks.split(",") if x):
-            row = stamp(asyncio.run(run(ranks, urls, 1.0, "wire", spread_s=args.follow_spread_s, follow=True)))
-            print(json.dumps(row), flush=True)
-            follow_rows.append(row)
+            for acks in args.follow_acks.split(","):
+                row = run(ranks, urls, 1.0, "wire", spread_s=args.follow_spread_s, follow=True, acks=acks)
+                row = stamp(asyncio.run(row))
+                print(json.dumps(row), flush=True)
+                follow_rows.append(row)
     sync_rows = [] if args.sync_ranks else before.get("sync_side_by_side", [])  # 0: those in --out stay
     if args.sync_ranks:  # the broker's durability setting, side by side in one run
         for sync in ("always", None):

@@ -44,7 +44,7 @@ def _describe(e: Envelope) -> str:
     if isinstance(e, CheckpointRequested):
         return f"checkpoint requested from job {d.job}" + (" (then pause)" if d.then == "pause" else "")
     if isinstance(e, CheckpointDurable):
-        return f"job {d.job} rank {d.rank}: step {d.step} durable ({d.durability})"
+        return f"job {d.job} {d.who()}: step {d.step} durable ({d.durability})"
     if isinstance(e, CheckpointFailed):
         return f"job {d.job} rank {d.rank}: checkpoint FAILED: {d.error}"
     if isinstance(e, PowerActionDone | PowerActionFailed):
@@ -126,7 +126,7 @@ class ConsoleState:
         elif isinstance(e, CheckpointDurable):
             self.last_ckpt[d.job] = {"step": d.step, "durability": d.durability, "at": e.time.timestamp()}
             if d.saga_id:
-                self.live.setdefault(d.saga_id, {"acked": set()})["acked"].add((d.job, d.rank))
+                self.live.setdefault(d.saga_id, {"acked": set()})["acked"].update((d.job, r) for r in d.speaks_for())
         elif isinstance(e, SagaStateChanged):
             live = self.live.setdefault(d.saga_id, {"acked": set()})
             live.update(

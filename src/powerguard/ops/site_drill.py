@@ -309,11 +309,12 @@ def _observe(ev: Envelope, r: DrillResult, t0: float, notify: Notify, *, now: fl
     elif isinstance(ev, CheckpointDurable | CheckpointFailed) and ev.data.saga_id == r.saga_id:
         d = ev.data
         if isinstance(ev, CheckpointDurable):
-            if r.final_at_s is None:  # the first round: measured from on-battery, against the budget
-                r.acks.setdefault(d.job, {})[d.rank] = at
-            else:  # the final checkpoint: measured from its request, never mixed into the first round
-                r.final_acks.setdefault(d.job, {})[d.rank] = at - r.final_at_s
-            notify(at, f"{d.job} rank {d.rank}: checkpoint step {d.step} durable")
+            for rank in d.speaks_for():  # a rank's own ack, or rank 0's for the job
+                if r.final_at_s is None:  # the first round: measured from on-battery, against the budget
+                    r.acks.setdefault(d.job, {})[rank] = at
+                else:  # the final checkpoint: measured from its request, never mixed into the first round
+                    r.final_acks.setdefault(d.job, {})[rank] = at - r.final_at_s
+            notify(at, f"{d.job} {d.who()}: checkpoint step {d.step} durable")
         else:
             r.failed.setdefault(d.job, {})[d.rank] = d.error
             notify(at, f"{d.job} rank {d.rank}: checkpoint FAILED: {d.error}")

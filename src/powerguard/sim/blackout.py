@@ -58,7 +58,7 @@ async def blackout_outage(
     say("outage", "utility power FAILS: the UPS is on battery, and mains will not return before it is empty", t_fail)
     t_det = stages["on battery detected"] = await until(obs, lambda: obs.first(OnBattery), 30, "on_battery", site)
     step_at_detection = max(progress().values())
-    acked = lambda: len({e.data.rank for _, e in obs.of(CheckpointDurable, lambda e: e.data.job == job)}) >= world  # noqa: E731
+    acked = lambda: len(obs.acked(job)) >= world  # noqa: E731
     await until(obs, acked, 90, "every rank's checkpoint ack", site)
     t_acked = stages["every rank's checkpoint durable"] = max(
         t for t, _ in obs.of(CheckpointDurable, lambda e: e.data.job == job)

@@ -66,6 +66,10 @@ class Observed:
         hits = self.of(kind, pred)
         return hits[0][0] if hits else None
 
+    def acked(self, job: str) -> set[int]:
+        """The ranks of ``job`` acked durable so far (each its own, or rank 0 for the job)."""
+        return {r for _, e in self.of(CheckpointDurable, lambda e: e.data.job == job) for r in e.data.speaks_for()}
+
 
 def _describe(e: Envelope) -> tuple[str, str] | None:
     d = e.data
@@ -76,7 +80,7 @@ def _describe(e: Envelope) -> tuple[str, str] | None:
     if isinstance(e, SagaStateChanged):
         return "saga", f"coordinator: saga {d.state.value}" + (f" ({d.reason})" if d.reason else "")
     if isinstance(e, CheckpointDurable):
-        return "checkpoint", f"rank {d.rank}: checkpoint step {d.step} durable, {d.durability} ({d.bytes / 1e6:.1f} MB)"
+        return "checkpoint", f"{d.who()}: checkpoint step {d.step} durable, {d.durability} ({d.bytes / 1e6:.1f} MB)"
     if isinstance(e, CheckpointFailed):
         return "checkpoint", f"rank {d.rank}: checkpoint FAILED: {d.error}"
     if isinstance(e, NodeState):
@@ -334,7 +338,7 @@ async def _one_outage(site: SimSite, obs: Observed, scenario: str, *, say, job: 
     say("outage", "utility power FAILS: the UPS is on battery", t_fail)
     t_det = await _until(obs, lambda: obs.first(OnBattery), 30, "on_battery", site)
     step_at_detection = max(_progress(site).values())
-    acked = lambda: len({e.data.rank for _, e in obs.of(CheckpointDurable, lambda e: e.data.job == job)}) >= world  # noqa: E731
+    acked = lambda: len(obs.acked(job)) >= world  # noqa: E731
     await _until(obs, acked, 90, "every rank's checkpoint ack", site)
     t_acked = max(t for t, _ in obs.of(CheckpointDurable, lambda e: e.data.job == job))
     saga_state = lambda *states: obs.first(SagaStateChanged, lambda e: e.data.state.value in states)  # noqa: E731

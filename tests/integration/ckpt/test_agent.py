@@ -46,10 +46,10 @@ async def registered(bus, job: str, timeout: float = 60, ranks: frozenset[int] =
         await asyncio.wait_for(wait(), timeout)
 
 
-async def request(bus, job: str, deadline_s: float = 60, rid: str = "req-1") -> CheckpointRequested:
+async def request(bus, job: str, deadline_s: float = 60, rid: str = "req-1", acks: str = "rank") -> CheckpointRequested:
     event = CheckpointRequested(
         data=CheckpointRequestData(
-            request_id=rid, saga_id="saga-t", job=job, deadline=utcnow() + timedelta(seconds=deadline_s)
+            request_id=rid, saga_id="saga-t", job=job, deadline=utcnow() + timedelta(seconds=deadline_s), acks=acks
         )
     )
     await bus.publish(event)
@@ -141,6 +141,34 @@ async def test_the_remote_copy_raises_every_ranks_ack_to_durability_remote(bus, 
     assert all(a.tier == "remote" and a.path.startswith(str(tmp_path / "nas")) for a in raised)
     assert {a.rank: a.digest for a in local} == {a.rank: a.digest for a in raised}  # the same manifests
     assert verify_checkpoint(raised[0].path)["step"] == local[0].step
+
+
+async def test_a_request_for_one_ack_per_job_is_answered_by_rank_0_for_every_rank(bus, nats_server, tmp_path):
+    """The coordinator asks for one ack per job: rank 0 answers for both ranks (local, then its
+    remote copy's raise), rank 1 sends nothing. A per-rank request after it shows rank 1 had
+    its turn: its ack to that one comes after anything it would have said to the first."""
+    acks = bus.subscribe(CheckpointDurable, CheckpointFailed, deliver="all")
+    await acks.start()
+    remote = f"file://{tmp_path / 'nas'}"
+    t = await Trainer(
+        tmp_path, "jjob", nats_url=nats_server.url, names=bus.names, steps=100_000, step_sleep=0.02, remote_url=remote
+    ).start()
+    got = []
+    try:
+        await registered(bus, "jjob")
+        await request(bus, "jjob", acks="job")
+        got += await answers(acks, 2)  # rank 0's ack for the job, then its raise to remote
+        await request(bus, "jjob", rid="req-2")
+        while {a.data.rank for a in got if a.data.request_id == "req-2" and a.data.durability == "local"} != {0, 1}:
+            got += await answers(acks, 1)
+    finally:
+        await t.kill()
+        await acks.aclose()
+    assert all(isinstance(a, CheckpointDurable) for a in got), [a.data for a in got]
+    first = [a.data for a in got if a.data.request_id == "req-1"]
+    assert [(a.rank, a.ranks, a.durability) for a in first] == [(0, [(0, 1)], "local"), (0, [(0, 1)], "remote")]
+    assert first[0].speaks_for() == [0, 1] and first[0].world_size == 2
+    assert verify_checkpoint(first[0].path)["step"] == first[0].step == first[1].step
 
 
 async def test_bit_exact_resume_after_sigkill_right_after_the_ack(bus, nats_server, tmp_path):

@@ -70,7 +70,15 @@ class Site:
         return cls(time=at(self.now - age_s), data=data)
 
     def ack(
-        self, saga_id: str, job: str, rank: int, *, round: str = "ckpt", step: int = 101, durability: str = "local"
+        self,
+        saga_id: str,
+        job: str,
+        rank: int,
+        *,
+        round: str = "ckpt",
+        step: int = 101,
+        durability: str = "local",
+        ranks: list[tuple[int, int]] | None = None,
     ) -> CheckpointDurable:
         return CheckpointDurable(
             data=CheckpointDurableData(
@@ -83,6 +91,7 @@ class Site:
                 bytes=1,
                 digest="0" * 32,
                 durability=durability,
+                ranks=ranks,
             )
         )
 

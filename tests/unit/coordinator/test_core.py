@@ -3,6 +3,7 @@ result matching, fed with the same event envelopes the service receives."""
 
 from __future__ import annotations
 
+from powerguard.coordinator.outbox import command_event
 from powerguard.schemas import JobData, JobRestarted, LowBattery, PowerActionFailed, PowerData, PowerResultData
 
 from .harness import POLICY
@@ -270,3 +271,34 @@ def test_a_node_held_by_the_power_on_ramp_is_recorded_from_its_state_event():
     assert s.core.open["s1"].nodes["n1"].waiting == "power-on ramp: starts in 3.0s"
     s.send(s.node("n1", "ready", "s1"))
     assert s.core.open["s1"].nodes["n1"].waiting is None
+
+
+def test_rank_0s_one_ack_for_the_job_answers_for_every_rank_it_names_once():
+    s = Site()
+    s.send(s.power("A", True))
+    (request,) = [c for c in s.commands if c.kind == "ckpt_request" and c.target == "j1"]
+    assert command_event(s.core.open["s1"], request).data.acks == "job"  # the coordinator asks for it
+    s.send(s.ack("s1", "j1", 0, ranks=[(0, 1)]))  # two of the four ranks: not yet every rank
+    plan = s.core.open["s1"].jobs["j1"]
+    assert plan.acked == {0: 101, 1: 101} and plan.settled_at is None
+    s.send(s.ack("s1", "j1", 0, ranks=[(0, 3)]))  # rank 0 speaks for the job once per request and level
+    assert plan.acked == {0: 101, 1: 101} and s.notices() == ["repeated"]
+    s.send(s.ack("s1", "j1", 2), s.ack("s1", "j1", 3))  # the others' own acks count as ever
+    assert plan.settled_at is not None
+    assert s.core.open["s1"].state.value == "holding"
+    one = Site()
+    one.send(one.power("A", True))
+    one.send(one.ack("s1", "j1", 0, ranks=[(0, 2), (3, 7)]))  # every rank (beyond its world: nobody's)
+    assert one.core.open["s1"].jobs["j1"].acked == dict.fromkeys(range(4), 101)
+    assert one.core.open["s1"].state.value == "holding"
+
+
+def test_a_jobs_agent_cannot_make_one_message_count_its_ranks_again_and_again():
+    """Rank 0's ack for the job expands to the job's ranks: taken once per request and level,
+    so a job's own (least trusted) credential cannot make each of its messages cost the
+    coordinator its whole world again."""
+    s = Site()
+    s.send(s.power("A", True))
+    plan = s.core.open["s1"].jobs["j1"]
+    s.send(*[s.ack("s1", "j1", 0, ranks=[(0, 3)], durability="replicated:1") for _ in range(50)])
+    assert s.notices().count("repeated") == 49 and set(plan.levels.values()) == {"replicated:1"}

@@ -16,6 +16,7 @@ from .agents import (
     Tier,
 )
 from .checkpoints import (
+    MAX_RANK_SPANS,
     CheckpointAck,
     CheckpointDurable,
     CheckpointDurableData,
@@ -135,6 +136,7 @@ __all__ = [
     "CheckpointAck",
     "CheckpointDurable",
     "CheckpointDurableData",
+    "MAX_RANK_SPANS",
     "CheckpointFailed",
     "CheckpointFailedData",
     "CheckpointRequestData",

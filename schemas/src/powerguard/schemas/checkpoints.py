@@ -15,11 +15,13 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import AwareDatetime, Field
+from pydantic import AwareDatetime, Field, model_validator
 
 from .agents import HOLD_POLICIES, MAX_WORLD_SIZE, HoldPolicy, Tier  # noqa: F401 (re-exported)
 from .envelope import Data, Envelope
 from .subjects import Subjects
+
+MAX_RANK_SPANS = 512  # one ack's rank spans: a job's ranks are one span; an ack stays far under the agent's payload
 
 
 class CheckpointRequestData(Data):
@@ -36,6 +38,12 @@ class CheckpointRequestData(Data):
     )
     pause_max_s: float | None = Field(
         default=None, gt=0, description="A paused rank trains on by itself after this long without a release"
+    )
+    acks: Literal["rank", "job"] = Field(
+        default="rank",
+        description="How the checkpoint is acked durable: every rank for itself, or (``job``: the requester "
+        "takes it) one ack from rank 0 that names every rank of the committed checkpoint (``ranks``): what the "
+        "COMMIT says, in one message instead of one per rank",
     )
 
 
@@ -116,6 +124,40 @@ class CheckpointDurableData(CheckpointAckData):
         "or a node's own disk), replicated:k (every file of the job is also on k other nodes' disks, so any "
         "k nodes may be lost), remote (also on the remote tier)",
     )
+    ranks: list[tuple[int, int]] | None = Field(
+        default=None,
+        max_length=MAX_RANK_SPANS,
+        description="Rank 0's ack for a request that asked for one ack per job: the ranks it speaks for, as "
+        "ascending [first, last] spans (inclusive), every rank the COMMIT names; ``digest`` and ``bytes`` stay "
+        "rank 0's own. None: the sender's rank alone",
+    )
+
+    def speaks_for(self) -> list[int]:
+        """The ranks this ack is for: its sender's, or every rank of the spans rank 0 named."""
+        if self.ranks is None:
+            return [self.rank]
+        return [r for first, last in self.ranks for r in range(first, last + 1)]
+
+    def who(self) -> str:
+        """``rank 3``, or ``ranks 0-7`` for rank 0's ack for the job."""
+        if self.ranks is None:
+            return f"rank {self.rank}"
+        return "ranks " + ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in self.ranks)
+
+    @model_validator(mode="after")
+    def _spans(self) -> CheckpointDurableData:
+        if self.ranks is None:
+            return self
+        if self.rank != 0:
+            raise ValueError("only rank 0 acks for other ranks (ranks)")
+        end = -1
+        for first, last in self.ranks:
+            if not end < first <= last < (self.world_size or MAX_WORLD_SIZE):
+                raise ValueError(f"ranks: span [{first}, {last}] is not ascending, disjoint and within the world")
+            end = last
+        if not self.ranks or self.ranks[0][0] != 0:
+            raise ValueError("ranks: the sender (rank 0) is not among them")
+        return self
 
 
 class RecordedData(Data):

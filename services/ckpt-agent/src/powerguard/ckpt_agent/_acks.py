@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from powerguard.schemas import (
+    MAX_RANK_SPANS,
     CheckpointDurable,
     CheckpointDurableData,
     CheckpointFailed,
@@ -67,26 +68,32 @@ class Acks:
         }
 
     def durable(self, requests: list[CheckpointRequestData], step: int, info: Saved, ctx: Any = None) -> None:
+        """Every rank answers ``requests``: for itself, or, where a request asked for one ack per
+        job, rank 0 for every rank (the COMMIT it wrote names them all) and the others not at all."""
         if self.bus is None or not requests:
             return
-        self.bus.answer(
-            requests,
-            lambda r: CheckpointDurable(
-                source=self.bus.source,
-                data=CheckpointDurableData(
-                    **self._fields(r),
-                    step=step,
-                    tier="local",
-                    path=info.path,
-                    bytes=info.bytes,
-                    digest=info.digest,
-                    commit=info.commit,
-                    durations=info.durations(),
-                    durability=info.durability,
-                ),
-            ),
-            ctx,
-        )
+
+        def event_for(r: CheckpointRequestData) -> CheckpointDurable | None:
+            spans = None
+            if r.acks == "job":
+                if self.rank != 0:
+                    return None
+                spans = [(0, self.world_size - 1)]
+            data = CheckpointDurableData(
+                **self._fields(r),
+                step=step,
+                tier="local",
+                path=info.path,
+                bytes=info.bytes,
+                digest=info.digest,
+                commit=info.commit,
+                durations=info.durations(),
+                durability=info.durability,
+                ranks=spans,
+            )
+            return CheckpointDurable(source=self.bus.source, data=data)
+
+        self.bus.answer(requests, event_for, ctx)
 
     def failed(self, requests: list[CheckpointRequestData], exc: BaseException, *, step: int, ctx: Any = None) -> None:
         log.error("rank %d: checkpoint failed: %s", self.rank, exc)
@@ -146,6 +153,22 @@ class Acks:
         if self.bus is None:
             return
         for r in requests:
+            mine = next((x for x in ranks if x[0] == self.rank), None)
+            named = spans(sorted(x[0] for x in ranks))
+            if r.acks == "job" and mine is not None and self.rank == 0 and len(named) <= MAX_RANK_SPANS:
+                # one ack for the ranks named: rank 0's remote copy holds every rank's files
+                data = CheckpointDurableData(
+                    **self._fields(r),
+                    step=step,
+                    tier=tier,
+                    path=path,
+                    bytes=mine[2],
+                    digest=mine[1],
+                    durability=level,
+                    ranks=named,
+                )
+                self.bus.publish_nowait(CheckpointDurable(source=self.bus.source, data=data))
+                continue
             for rank, digest, nbytes in ranks:
                 data = CheckpointDurableData(
                     **{**self._fields(r), "rank": rank},
@@ -179,6 +202,17 @@ class Acks:
         ranks = [(int(rank), digest, sizes.get(int(rank), 0)) for rank, digest in sorted(commit["manifests"].items())]
         self._raise(requests, step, ranks, tier="remote", path=url, level="remote")
         log.info("step %d on the remote tier: acks raised to durability remote", step)
+
+
+def spans(ranks: list[int]) -> list[tuple[int, int]]:
+    """Ascending ranks as [first, last] spans: ``[0, 1, 2, 5]`` -> ``[(0, 2), (5, 5)]``."""
+    out: list[tuple[int, int]] = []
+    for r in ranks:
+        if out and r == out[-1][1] + 1:
+            out[-1] = (out[-1][0], r)
+        else:
+            out.append((r, r))
+    return out
 
 
 def _trim(pending: dict, keep: int = 16) -> None:

@@ -327,12 +327,14 @@ class BusThread:
     def answer(
         self, requests: list[CheckpointRequestData], event_for: Callable, ctx: otel_context.Context | None = None
     ) -> None:
-        """Publish one ack per request (built by ``event_for(request)``), from any thread. A
-        request another rank saw first is answered too, and ignored when it arrives here later."""
+        """Publish one ack per request (built by ``event_for(request)``; None: another rank
+        answers it for this one), from any thread. A request another rank saw first is answered
+        too, and ignored when it arrives here later."""
         with self._lock:
             todo = self.queue.answer(requests)
         for r in todo:
-            asyncio.run_coroutine_threadsafe(self._publish(event_for(r), ctx), self.loop)
+            if (event := event_for(r)) is not None:
+                asyncio.run_coroutine_threadsafe(self._publish(event, ctx), self.loop)
 
     def publish(self, event: Envelope, timeout: float = 10.0) -> None:
         """Publish from the training thread and wait until it is stored."""

@@ -78,7 +78,7 @@ Trace = tuple[str, str] | None  # (trace id, span id) of the event's producer
 class Notice:
     """An event the core set aside, with why (``reason`` is a metric label)."""
 
-    reason: str  # unknown_ups | stale | future | late | unknown_saga | unmatched
+    reason: str  # unknown_ups | stale | future | late | unknown_saga | unmatched | repeated
     message: str
     ups: str | None = None  # a power event's UPS (the service reads a stale one's newest reading)
     drill: bool = False
@@ -157,6 +157,9 @@ class SiteCore:
         self.drill_ups: dict[str, UpsView] = {}  # a drill's readings: never mixed with the real ones
         self.open: dict[str, SagaRecord] = {}
         self._newest: dict[tuple[str, bool], float] = {}  # (UPS, drill) -> time of the newest reading applied
+        # saga -> (request, level) a job's rank 0 acked for every rank: each taken once, so a job's
+        # own agent cannot make one message cost the coordinator its world's ranks again and again
+        self._spoken: dict[str, set[tuple[str | None, str]]] = {}
         self._saga_id = saga_id
         self.measured: dict[str, list[float]] = {}  # node group -> shutdowns of the latest real outages, s
         self._learned: set[str] = set()
@@ -261,6 +264,13 @@ class SiteCore:
         if rec is None:
             step.notices.append(Notice("unknown_saga", f"{ev.short_type} for saga {sid} that is not open: ignored"))
             return
+        if isinstance(ev, CheckpointDurable) and data.ranks is not None:
+            spoken = self._spoken.setdefault(rec.saga_id, set())
+            if (data.request_id, data.durability) in spoken:
+                text = f"{ev.short_type} of job {data.job} for all its ranks repeated: ignored"
+                step.notices.append(Notice("repeated", text))
+                return
+            spoken.add((data.request_id, data.durability))
         inp = self._result(ev, rec)
         if inp is None:
             step.notices.append(Notice("unmatched", f"{ev.short_type} does not belong to saga {sid}: ignored"))
@@ -315,6 +325,7 @@ class SiteCore:
                 error=error,
                 durability=level,
                 commit=d.commit if ok else None,
+                ranks=tuple(d.ranks) if ok and d.ranks is not None else None,
             )
         if isinstance(ev, NodeState):
             return NodeReport(node=d.node, state=d.state, detail=d.detail) if d.node in rec.nodes else None
@@ -417,4 +428,5 @@ class SiteCore:
             self.learn(rec)
             if rec.terminal:
                 del self.open[sid]
+                self._spoken.pop(sid, None)
         return step

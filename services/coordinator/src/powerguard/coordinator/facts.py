@@ -88,18 +88,29 @@ def ack(rec: SagaRecord, a: Ack, now: float, require: str = "local") -> None:
     if rnd.require != require:  # (a model's attribute set costs a validation: not once per ack)
         rnd.require = require
     if a.ok:
-        rnd.acked[a.rank] = a.step
-        rnd.failed.pop(a.rank, None)
         if a.commit is not None:
             rnd.commit = a.commit
-        if strength(a.durability) >= strength(rnd.levels.get(a.rank, "local")):
-            rnd.levels[a.rank] = a.durability  # a later ack raises the level (replicas, the remote copy)
+        level = strength(a.durability)
+        for rank in _ranks(a, plan.world_size):
+            rnd.acked[rank] = a.step
+            rnd.failed.pop(rank, None)
+            if level >= strength(rnd.levels.get(rank, "local")):
+                rnd.levels[rank] = a.durability  # a later ack raises the level (replicas, the remote copy)
     elif a.rank not in rnd.acked:
         rnd.failed[a.rank] = a.error or "failed"
     if rnd.answered:
         if rnd is plan.hold:
             settle_hold(plan)
         rnd.settled_at = now
+
+
+def _ranks(a: Ack, world_size: int) -> range | tuple[int, ...] | list[int]:
+    """The ranks an ack speaks for: its own, or the spans rank 0 named (within the job's world)."""
+    if a.ranks is None:
+        return (a.rank,)
+    if len(a.ranks) == 1:
+        return range(a.ranks[0][0], min(a.ranks[0][1], world_size - 1) + 1)
+    return [r for first, last in a.ranks for r in range(first, min(last, world_size - 1) + 1)]
 
 
 def node_report(rec: SagaRecord, r: NodeReport, now: float) -> None:

@@ -33,6 +33,7 @@ class Ack:
     error: str | None = None
     durability: str = "local"  # local | replicated:k | remote (a later ack of the same rank may raise it)
     commit: str | None = None  # the committed checkpoint's contents id (the ckpt-agent's _layout.commit_id)
+    ranks: tuple[tuple[int, int], ...] | None = None  # rank 0 acking for these [first, last] spans (one ack per job)
 
 
 @dataclass(frozen=True)

@@ -57,6 +57,7 @@ def command_event(rec: SagaRecord, cmd: Command) -> Envelope:
                 deadline=_dt(a["deadline"]),
                 then=a.get("then", "continue"),
                 pause_max_s=a.get("pause_max_s"),
+                acks="job",  # rank 0 acks for the job: one message, not one per rank (facts.ack)
             ),
         )
     if cmd.kind == "release":
