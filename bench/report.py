@@ -179,6 +179,9 @@ agent records took ~0.2 s and landed in the first store); and the lighter simula
 with R3 (`wire`; ~2,400-3,000/s with nats.py nodes, the clients being the bound)."""
 
 
+ACKS = {"rank": "one per rank", "job": "one per job (rank 0's)"}
+
+
 def _follow_rows(fo: dict) -> str:
     """The outage end to end: per-node connections' acks followed by the coordinator's consumer."""
     rows = [r for r in fo.get("coordinator_follows", []) if r.get("coordinator")]
@@ -191,7 +194,8 @@ def _follow_rows(fo: dict) -> str:
     def row(r: dict) -> str:
         c = r["coordinator"]
         return (
-            f"| {r['ranks']:,} | {r['connections']:,} | {r['acks_stored']:,} in {r['first_to_last_ack_stored_s']} s "
+            f"| {r['ranks']:,} | {ACKS[r.get('acks', 'rank')]} | {r['connections']:,} "
+            f"| {r['acks_stored']:,} in {r['first_to_last_ack_stored_s']} s "
             f"| {c['batches']} ({c['batch_s']['p50']} / {c['batch_s']['max']} s) "
             f"| **{s(c['acks_applied_after_last_s'])}** | **{s(c['last_ack_to_shutdowns_s'])}** "
             f"| {s(c['last_ack_to_shutdowns_published_s'])} ({c['shutdown_commands_published']:,} commands) "
@@ -200,34 +204,45 @@ def _follow_rows(fo: dict) -> str:
 
     body = "\n".join(row(r) for r in rows)
     verdicts = "; ".join(
-        f"{r['ranks']:,} ranks {'met' if (r['coordinator']['last_ack_to_shutdowns_s'] or 99) <= 1 else 'not met'}"
+        f"{r['ranks']:,} ranks, {ACKS[r.get('acks', 'rank')]}: "
+        f"{'met' if (r['coordinator']['last_ack_to_shutdowns_s'] or 99) <= 1 else 'not met'}"
         for r in rows
     )
-    cpu = "; ".join(f"{r['ranks']:,} ranks {r['coordinator']['cpu_us_per_ack']} µs per ack" for r in rows)
+    cpu = "; ".join(
+        f"{r['ranks']:,} ranks, {ACKS[r.get('acks', 'rank')]}: {r['coordinator']['cpu_us_per_ack']} µs per rank acked"
+        for r in rows
+    )
     return f"""
 The outage end to end, in one run (`--follow-ranks`): the UPS reports low battery (checkpoint, then
-stop at once), each node acks after a 1 s checkpoint plus a share of {rows[0]["ack_spread_s"]} s of
-its own (the acks go out over a second, as real ranks' do), JetStream stores them (R3, `always`),
+stop at once), each node's ranks write for a 1 s checkpoint plus a share of {rows[0]["ack_spread_s"]} s of
+its own (the acks go out over a second, as real ranks' do). Two ways to ack, a row each (`--follow-acks`):
+one ack per rank, each node for its ranks once they wrote (an agent that does not take the
+request's `acks: job`), or what the coordinator asks for and the ckpt-agent does, rank 0's one ack
+for its job once every node of the job wrote (its `COMMIT` waits for the slowest rank).
+JetStream stores them (R3, `always`),
 and the coordinator's own consumer follows them as its service does (`bench/_follow.py`: the
 service's durable, batch and filter, the site core, the record stored before its states and
 commands are published). From the last ack stored by JetStream (the clients' PubAck):
 
-| ranks | connections | acks stored (first → last) | coordinator batches (p50 / max) \
+| ranks | acks | connections | ack messages stored (first → last) | coordinator batches (p50 / max) \
 | → every ack applied and stored | → every shutdown command in the stored record \
 | → those commands stored by JetStream | measured |
-|---|---|---|---|---|---|---|---|
+|---|---|---|---|---|---|---|---|---|
 {body}
 
 The coordinator's CPU over the run (its process: consumer, site core, store, publishes):
 {cpu}. Last ack → every shutdown command in the stored record within a second (target ≤ 1 s):
-{verdicts}. Where it is not, the consumer fell behind the acks as JetStream stored them, and
-the last batch also publishes a shutdown command per node. On this machine the three servers,
-the four processes that hold the nodes' connections and the coordinator share 2 cores, but the
-bound is the coordinator's own path, one message per rank: its consumer's CPU per ack (the next
-section; since the bulk pull, bus/pull.py, no longer a task per message in the client library)
-plus the site core's and the store's, for 100,000 acks on one core. A node's acks as one message
-(8 ranks per node: 12,500 messages) is what would bring 100,000 within a second; not built.
+{verdicts}. With one ack per rank, the consumer falls behind the acks as JetStream stores them
+(and the three servers, the four processes that hold the nodes' connections and the coordinator
+share this machine's 2 cores): its CPU per ack (the next section) plus the site core's and the
+store's, for 100,000 messages on one core. With one ack per job, the messages are
+{_jobs(rows)}: what is left after the last one is that job's ranks applied, the record
+stored and a shutdown command per node.
 """
+
+
+def _jobs(rows: list[dict]) -> str:
+    return ", ".join(f"{r['acks_expected']:,} for {r['ranks']:,} ranks" for r in rows if r.get("acks") == "job") or "—"
 
 
 def consumer_path_section(cp: dict) -> str:
