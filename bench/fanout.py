@@ -143,19 +143,9 @@ async def wire_clients(
 
 
 async def node_clients(
-    ranks: int,
-    proc: int,
-    urls: list[str],
-    prefix: str,
-    timeout_s: float,
-    ckpt_s: float,
-    spread_s: float = 0.0,
-    job_acks: bool = False,
+    ranks: int, proc: int, urls: list[str], prefix: str, timeout_s: float, ckpt_s: float, spread_s: float = 0.0
 ) -> dict:
     import nats
-
-    if job_acks:
-        raise SystemExit("fanout: one ack per job is simulated by the wire client only")
 
     from powerguard.schemas import encode
     from powerguard.schemas.subjects import Subjects
@@ -414,17 +404,11 @@ def main() -> None:
     if args.worker is not None:
         clients = CLIENTS[args.client]
         urls = args.urls.split(",")
+        job = {"job_acks": True} if args.acks == "job" else {}
+        if job and args.client != "wire":
+            raise SystemExit("fanout: one ack per job is simulated by the wire client only")
         res = asyncio.run(
-            clients(
-                int(args.ranks),
-                args.worker,
-                urls,
-                args.prefix,
-                300,
-                float(args.ckpt_s),
-                args.spread_s,
-                args.acks == "job",
-            )
+            clients(int(args.ranks), args.worker, urls, args.prefix, 300, float(args.ckpt_s), args.spread_s, **job)
         )
         print(json.dumps(res), flush=True)
         return
