@@ -357,6 +357,13 @@ async def run(
 FOLLOW_TIMEOUT_S = 120.0
 
 
+def _median_run(runs: list[dict]) -> dict:
+    """The run whose last ack -> shutdown commands stored is the median, with every run's figure."""
+    late = sorted(runs, key=lambda r: r["coordinator"]["last_ack_to_shutdowns_s"] or 1e9)
+    row = late[(len(late) - 1) // 2]
+    return row | {"runs_last_ack_to_shutdowns_s": [r["coordinator"]["last_ack_to_shutdowns_s"] for r in runs]}
+
+
 def main() -> None:
     ap = site_args(__doc__, RESULTS)
     ap.add_argument("--worker", type=int, help=argparse.SUPPRESS)
@@ -398,6 +405,13 @@ def main() -> None:
         help="those outages' acks, a row each: rank (one ack per rank, as an agent that does not take the "
         "request's one-ack-per-job) and/or job (rank 0's one ack for its job) (default: rank,job)",
     )
+    ap.add_argument(
+        "--follow-runs",
+        type=int,
+        default=3,
+        help="each of those outages this many times; the run with the median last ack -> shutdowns is kept, "
+        "every run's figure beside it (default: 3)",
+    )
     ap.add_argument("--spread-s", type=float, default=0.0, help=argparse.SUPPRESS)
     ap.add_argument("--acks", default="rank", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -426,10 +440,12 @@ def main() -> None:
                     rows.append(row)
         for ranks in (int(x) for x in args.follow_ranks.split(",") if x):
             for acks in args.follow_acks.split(","):
-                row = run(ranks, urls, 1.0, "wire", spread_s=args.follow_spread_s, follow=True, acks=acks)
-                row = stamp(asyncio.run(row))
-                print(json.dumps(row), flush=True)
-                follow_rows.append(row)
+                runs = []
+                for _ in range(args.follow_runs):
+                    row = run(ranks, urls, 1.0, "wire", spread_s=args.follow_spread_s, follow=True, acks=acks)
+                    runs.append(asyncio.run(row))
+                    print(json.dumps(runs[-1]), flush=True)
+                follow_rows.append(stamp(_median_run(runs)))
     sync_rows = [] if args.sync_ranks else before.get("sync_side_by_side", [])  # 0: those in --out stay
     if args.sync_ranks:  # the broker's durability setting, side by side in one run
         for sync in ("always", None):

@@ -54,8 +54,12 @@ SMOKES = {
     ),
     "upsmon_side_by_side": (["--smoke"], lambda r: r["upsmon"]["n"] == r["ups_monitor"]["n"] == 1),
     "fanout": (
-        ["--ranks", "2000", "--ckpt-s", "0", "--sync-ranks", "0", "--follow-ranks", "800"],
-        lambda r: r["sizes"] and r["coordinator_follows"][0]["coordinator"]["shutdown_commands_published"] == 100,
+        ["--ranks", "2000", "--ckpt-s", "0", "--sync-ranks", "0", "--follow-ranks", "800", "--follow-runs", "1"],
+        lambda r: (
+            r["sizes"]
+            and {f["acks"] for f in r["coordinator_follows"]} == {"rank", "job"}
+            and all(f["coordinator"]["shutdown_commands_published"] == 100 for f in r["coordinator_follows"])
+        ),
     ),
     "consumer_path": (["--acks", "2000"], lambda r: r["consumer_cpu_us_per_ack"] > 0 and r["fetch_us"] > 0),
     "registrations": (
