@@ -400,8 +400,8 @@ def _check(run, site, events, states, killed, t_fail, t_back, world, Durable, Sh
         ranks: set[int] = set()
         complete_at = None
         for t, e in power:
-            ranks.add(e.data.rank)
-            if len(ranks) == world:
+            ranks.update(e.data.speaks_for())  # rank 0's ack for the job speaks for every rank it names
+            if len(ranks) >= world:
                 complete_at = t
                 break
         partial_at = next((t for t, i, s in states if i == sid and s == "partial"), None)
@@ -411,7 +411,7 @@ def _check(run, site, events, states, killed, t_fail, t_back, world, Durable, Sh
             v.append("shutdown_after_acks: a shutdown went out before every rank acked or the deadline")
         by_step: dict[int, set[int]] = {}  # every checkpoint of the saga (power, retries, final): who acked it
         for _, e in acks:
-            by_step.setdefault(e.data.step, set()).add(e.data.rank)
+            by_step.setdefault(e.data.step, set()).update(e.data.speaks_for())
         complete = [step for step, r in by_step.items() if len(r) >= world]
         if complete:
             run.checkpoint_step = max(complete)
