@@ -79,9 +79,10 @@ def site_args(description: str, results: Path) -> argparse.ArgumentParser:
 
 
 @contextmanager
-def nats_cluster(sync: str | None = "always") -> Iterator[list[str]]:
-    """Three routed nats-servers with JetStream; yields their URLs. ``sync``: JetStream's
-    ``sync_interval`` (PowerGuard ships ``always``; None: NATS's default, 2 minutes)."""
+def nats_servers(sync: str | None = "always") -> Iterator[list]:
+    """Three routed nats-servers with JetStream; yields them (each with its ``url`` and ``pid``).
+    ``sync``: JetStream's ``sync_interval`` (PowerGuard ships ``always``; None: NATS's default,
+    2 minutes)."""
     from powerguard.bus import embedded_cluster
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -91,10 +92,24 @@ def nats_cluster(sync: str | None = "always") -> Iterator[list[str]]:
         try:
             for n in cluster:
                 n.start()
-            yield [n.url for n in cluster]
+            yield cluster
         finally:
             for n in cluster:
                 n.stop()
+
+
+@contextmanager
+def nats_cluster(sync: str | None = "always") -> Iterator[list[str]]:
+    """:func:`nats_servers`' URLs."""
+    with nats_servers(sync) as servers:
+        yield [n.url for n in servers]
+
+
+def cpu_s(pids: list[int]) -> list[float]:
+    """The CPU seconds (user and system) each process has spent so far."""
+    import psutil
+
+    return [sum(psutil.Process(p).cpu_times()[:2]) for p in pids]
 
 
 async def connect(urls: list[str], service: str, names=None):

@@ -15,6 +15,14 @@ also a stored event), side by side in the same run: what moving the soft state o
 bought. At 100,000 ranks beating every 5 s a site writes 20,000 heartbeats a second: the round's
 rate says whether the servers keep up (``heartbeats_per_s_needed``).
 
+This machine runs the three servers, the coordinator's feed and the clients on its 2 cores, so
+the round's rate is this machine's, not a site's. Each round also measures the CPU it cost: the
+servers' (each, read from /proc; the busiest is the stream's leader), the coordinator feed's (this
+process) and the clients' (what a site's ranks spend on their own nodes; their records are built
+before the round, as a rank builds its own). From those, the rate a site sustains with one core
+for each server and one for the coordinator (``heartbeats_per_s_one_core_each``: a million over
+the busier one's microseconds per beat).
+
 Writes bench/results/registrations.json.
 """
 
@@ -30,7 +38,7 @@ import uuid
 from pathlib import Path
 
 from _provenance import write
-from _site import PER_NODE, Layout, client_processes, connect, nats_cluster, site_args
+from _site import PER_NODE, Layout, client_processes, connect, cpu_s, nats_servers, site_args
 
 RESULTS = Path(__file__).parent / "results" / "registrations.json"
 PROCS = 4
@@ -72,36 +80,43 @@ async def client(ranks: int, proc: int, urls: list[str], prefix: str, agents: st
             *(connect_node(urls[(i + k) % len(urls)], node, [], lambda _raw: None) for k, node in enumerate(wave))
         )
         conns.update(zip(wave, made, strict=True))
+    # each rank's records built before the round: a site's ranks build theirs on their own nodes,
+    # and here the clients share the servers' 2 cores (what they still spend is measured apart)
+    kinds = ("register", "disk-heartbeat" if disk else "heartbeat")
+    built = {k: {n: _records(n, site.on[n], site.jobs, prefix, agents, k) for n in mine} for k in kinds}
     print("ready", flush=True)
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader()
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
     in_flight = asyncio.Semaphore(256)  # nodes writing at once (8 ranks each)
 
-    async def write(node: str, kind: str) -> None:
-        msgs = _records(node, site.on[node], site.jobs, prefix, agents, kind)
+    async def write(node: str, msgs: list) -> None:
         async with in_flight:
             await conns[node].publish_acks(msgs, 120)
 
     while line := (await reader.readline()).decode().strip():
-        kind = "register" if line == "register" else ("disk-heartbeat" if disk else "heartbeat")
+        kind = kinds[0] if line == "register" else kinds[1]
+        # a second round of a kind is built anew (new message ids: the servers drop a repeated one)
+        todo = built.pop(kind, None) or {n: _records(n, site.on[n], site.jobs, prefix, agents, kind) for n in mine}
         before = sum(c.stored for c in conns.values())
-        t = time.time()
-        await asyncio.gather(*(write(n, kind) for n in mine))
+        t, cpu = time.time(), time.process_time()
+        await asyncio.gather(*(write(n, todo[n]) for n in mine))
         stored = sum(c.stored for c in conns.values()) - before
         errors = [e for c in conns.values() for e in c.errors][:3]
-        print(json.dumps({"stored": stored, "first_sent": t, "done": time.time(), "errors": errors}), flush=True)
+        out = {"stored": stored, "first_sent": t, "done": time.time(), "cpu_s": time.process_time() - cpu}
+        print(json.dumps({**out, "errors": errors}), flush=True)
     for c in conns.values():
         c.close()
 
 
-async def run(ranks: int, urls: list[str], *, disk: bool, timeout_s: float) -> dict:
+async def run(ranks: int, servers: list, *, disk: bool, timeout_s: float) -> dict:
     from nats.js import api
 
     from powerguard.bus import BusNames
     from powerguard.coordinator.registry_feed import RegistryFeed
     from powerguard.coordinator.topology import AgentRegistry
 
+    urls, pids = [n.url for n in servers], [n.pid for n in servers]
     names = BusNames.isolated()
     bus = await connect(urls, "coordinator", names)
     if disk:  # the layout before this release: the registry's bucket on disk
@@ -135,6 +150,7 @@ async def run(ranks: int, urls: list[str], *, disk: bool, timeout_s: float) -> d
                 raise RuntimeError(f"a client process did not connect its nodes: {line!r}")
 
         async def round_of(what: str, done) -> dict:
+            servers_before, own_before = cpu_s(pids), time.process_time()
             for w in workers:
                 w.stdin.write(f"{what}\n".encode())
                 await w.stdin.drain()
@@ -152,7 +168,11 @@ async def run(ranks: int, urls: list[str], *, disk: bool, timeout_s: float) -> d
                 except TimeoutError:
                     pass
             t0 = min(o["first_sent"] for o in outs)
+            servers_cpu = [after - before for before, after in zip(servers_before, cpu_s(pids), strict=True)]
             return {
+                "servers_cpu_s": servers_cpu,
+                "coordinator_cpu_s": time.process_time() - own_before,
+                "clients_cpu_s": sum(o["cpu_s"] for o in outs),
                 "stored": sum(o["stored"] for o in outs),
                 "written_s": round(max(o["done"] for o in outs) - t0, 2),
                 "in_registry_s": round(time.time() - t0, 2),
@@ -174,6 +194,13 @@ async def run(ranks: int, urls: list[str], *, disk: bool, timeout_s: float) -> d
         await bus.close()
     per_rank = 2  # a record and an event a rank, or (heartbeat, disk layout) a record and an event
     beat_writes = ranks * (2 if disk else 1)
+    needed = ranks / HEARTBEAT_S
+    busiest = max(beat["servers_cpu_s"]) / ranks * 1e6  # the stream's leader, in practice
+    coordinator = beat["coordinator_cpu_s"] / ranks * 1e6
+    # what the CPU each beat costs says a site can sustain with one core for each server and one
+    # for the coordinator (this machine runs the three servers, the coordinator and the clients
+    # on its 2 cores): the busier of the two bounds it
+    per_core = 1e6 / max(busiest, coordinator, 1e-3)
     return {
         "ranks": ranks,
         "nodes": ranks // PER_NODE,
@@ -182,12 +209,19 @@ async def run(ranks: int, urls: list[str], *, disk: bool, timeout_s: float) -> d
         "registrations_written_s": registered["written_s"],
         "registrations_per_s": round(ranks / max(registered["in_registry_s"], 1e-3)),
         "writes_per_registration": per_rank,
+        "registration_servers_cpu_us": round(sum(registered["servers_cpu_s"]) / ranks * 1e6, 1),
         "heartbeat_round_s": beat["in_registry_s"],
         "heartbeats_written_s": beat["written_s"],
         "heartbeats_per_s": round(ranks / max(beat["in_registry_s"], 1e-3)),
         "fsynced_writes_per_heartbeat": beat_writes // ranks if disk else 0,
-        "heartbeats_per_s_needed": round(ranks / HEARTBEAT_S),
-        "keeps_up_with_heartbeats": ranks / max(beat["in_registry_s"], 1e-3) >= ranks / HEARTBEAT_S,
+        "heartbeats_per_s_needed": round(needed),
+        "keeps_up_with_heartbeats": ranks / max(beat["in_registry_s"], 1e-3) >= needed,
+        "heartbeat_servers_cpu_us": round(sum(beat["servers_cpu_s"]) / ranks * 1e6, 1),
+        "heartbeat_busiest_server_cpu_us": round(busiest, 1),
+        "heartbeat_coordinator_cpu_us": round(coordinator, 1),
+        "heartbeat_clients_cpu_us": round(beat["clients_cpu_s"] / ranks * 1e6, 1),
+        "heartbeats_per_s_one_core_each": round(per_core),
+        "keeps_up_one_core_each": per_core >= needed,
         "coordinator_records": counts["records"],
         "registry_ranks": len(registry),
         "client_errors": registered["errors"] + beat["errors"],
@@ -215,13 +249,13 @@ def main() -> None:
         return
     rows = []
     sizes = [int(x) for x in args.ranks.split(",") if x]
-    with nats_cluster() as urls:
+    with nats_servers() as servers:
         for ranks in sizes:
-            row = asyncio.run(run(ranks, urls, disk=False, timeout_s=args.timeout_s))
+            row = asyncio.run(run(ranks, servers, disk=False, timeout_s=args.timeout_s))
             print(json.dumps(row), flush=True)
             rows.append(row)
         if args.compare_disk:
-            row = asyncio.run(run(args.compare_disk, urls, disk=True, timeout_s=args.timeout_s))
+            row = asyncio.run(run(args.compare_disk, servers, disk=True, timeout_s=args.timeout_s))
             print(json.dumps(row), flush=True)
             rows.append(row)
     write(

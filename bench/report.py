@@ -344,6 +344,28 @@ def registrations_section(rg: dict) -> str:
         f"| {r['heartbeats_per_s_needed']:,}/s | {'yes' if r['keeps_up_with_heartbeats'] else '**no**'} |"
         for r in rg["sizes"]
     )
+    cpu = "\n".join(
+        f"| {r['ranks']:,} | {r['layout']} | {r['heartbeat_busiest_server_cpu_us']} µs "
+        f"({r['heartbeat_servers_cpu_us']} µs for all 3) | {r['heartbeat_coordinator_cpu_us']} µs "
+        f"| {r['heartbeat_clients_cpu_us']} µs | {r['heartbeats_per_s_one_core_each']:,}/s "
+        f"| {r['heartbeats_per_s_needed']:,}/s | {'yes' if r['keeps_up_one_core_each'] else '**no**'} |"
+        for r in rg["sizes"]
+        if "heartbeat_busiest_server_cpu_us" in r
+    )
+    if cpu:
+        cpu = f"""
+What a beat costs, in CPU (this machine runs the three servers, the coordinator and the clients on
+its 2 cores, so the round above is this machine's rate): each server's, read from /proc (the
+busiest is the stream's leader), the coordinator's feed, and the clients' (a site's ranks spend
+theirs on their own nodes). A million over the busier of the busiest server and the coordinator
+is the rate a site sustains with one core for each server and one for the coordinator.
+
+| ranks | layout | busiest server per beat | coordinator per beat | clients per beat \
+| beats/s at one core each | beats needed | keeps up |
+|---|---|---|---|---|---|---|---|
+{cpu}
+"""
+
     return f"""
 ## Registrations and heartbeats
 
@@ -362,7 +384,7 @@ fsynced writes per beat.
 | fsynced writes per beat | beats needed | keeps up |
 |---|---|---|---|---|---|---|
 {rows}
-"""
+{cpu}"""
 
 
 def main() -> None:

@@ -64,7 +64,11 @@ SMOKES = {
     "consumer_path": (["--acks", "2000"], lambda r: r["consumer_cpu_us_per_ack"] > 0 and r["fetch_us"] > 0),
     "registrations": (
         ["--ranks", "2000", "--compare-disk", "0"],
-        lambda r: r["sizes"][0]["registry_ranks"] == 2000 and r["sizes"][0]["heartbeat_round_s"] > 0,
+        lambda r: (
+            r["sizes"][0]["registry_ranks"] == 2000
+            and r["sizes"][0]["heartbeat_round_s"] > 0
+            and r["sizes"][0]["heartbeat_busiest_server_cpu_us"] > 0
+        ),
     ),
     "sharded_step": (["--ranks", "2", "--shards", "fsdp", "--steps", "20", "--block", "5"], _runs),
     "step_boundary": (["--ranks", "2", "--modes", "paced-pipelined", "--steps", "20"], _runs),
