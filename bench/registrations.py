@@ -83,7 +83,11 @@ async def client(ranks: int, proc: int, urls: list[str], prefix: str, agents: st
     # each rank's records built before the round: a site's ranks build theirs on their own nodes,
     # and here the clients share the servers' 2 cores (what they still spend is measured apart)
     kinds = ("register", "disk-heartbeat" if disk else "heartbeat")
-    built = {k: {n: _records(n, site.on[n], site.jobs, prefix, agents, k) for n in mine} for k in kinds}
+
+    def build(kind: str) -> dict[str, list]:
+        return {n: _records(n, site.on[n], site.jobs, prefix, agents, kind) for n in mine}
+
+    built = {k: build(k) for k in kinds}
     print("ready", flush=True)
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader()
@@ -97,7 +101,7 @@ async def client(ranks: int, proc: int, urls: list[str], prefix: str, agents: st
     while line := (await reader.readline()).decode().strip():
         kind = kinds[0] if line == "register" else kinds[1]
         # a second round of a kind is built anew (new message ids: the servers drop a repeated one)
-        todo = built.pop(kind, None) or {n: _records(n, site.on[n], site.jobs, prefix, agents, kind) for n in mine}
+        todo = built.pop(kind, None) or build(kind)
         before = sum(c.stored for c in conns.values())
         t, cpu = time.time(), time.process_time()
         await asyncio.gather(*(write(n, todo[n]) for n in mine))
