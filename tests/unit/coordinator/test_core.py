@@ -302,3 +302,22 @@ def test_a_jobs_agent_cannot_make_one_message_count_its_ranks_again_and_again():
     plan = s.core.open["s1"].jobs["j1"]
     s.send(*[s.ack("s1", "j1", 0, ranks=[(0, 3)], durability="replicated:1") for _ in range(50)])
     assert s.notices().count("repeated") == 49 and set(plan.levels.values()) == {"replicated:1"}
+
+
+def test_one_jobs_ack_naming_another_jobs_request_never_stands_for_that_job():
+    """Job j1's agent may publish only on j1's subjects, but it writes the request id: an ack of
+    j1 naming j2's request (ids are ``<saga>/<job>/ckpt``) is set aside, and j2's own ack for its
+    ranks is answered as if j1 had said nothing (it was recorded as already spoken before)."""
+    s = Site()
+    s.send(s.power("A", True), s.power("B", True))
+    rec = s.core.open["s1"]
+    assert {"j1", "j2"} <= set(rec.jobs)
+    forged = [
+        a.model_copy(update={"data": a.data.model_copy(update={"request_id": rec.jobs["j2"].request_id})})
+        for a in (s.ack("s1", "j1", 0, ranks=[(0, 3)], durability=lv) for lv in ("local", "replicated:1", "remote"))
+    ]
+    s.send(*forged)
+    assert s.notices().count("unmatched") == 3 and rec.jobs["j1"].acked == {}
+    s.send(s.ack("s1", "j2", 0, ranks=[(0, 1)]))
+    assert rec.jobs["j2"].acked == {0: 101, 1: 101} and rec.jobs["j2"].settled_at is not None
+    assert "repeated" not in s.notices()

@@ -135,6 +135,16 @@ def _concerns_sagas(ev: Envelope) -> bool:
     return False
 
 
+def _requested_of(rec: SagaRecord, job: str, request_id: str | None) -> bool:
+    """Whether ``request_id`` is one of the checkpoint rounds this saga opened for ``job``."""
+    plan = rec.jobs.get(job)
+    if plan is None or request_id is None:
+        return False
+    return request_id == plan.request_id or any(
+        r is not None and r.request_id == request_id for r in (plan.final, plan.hold)
+    )
+
+
 def _snapshot(rec: SagaRecord) -> str:
     return rec.model_dump_json(exclude={"updated_at"})
 
@@ -157,7 +167,7 @@ class SiteCore:
         self.drill_ups: dict[str, UpsView] = {}  # a drill's readings: never mixed with the real ones
         self.open: dict[str, SagaRecord] = {}
         self._newest: dict[tuple[str, bool], float] = {}  # (UPS, drill) -> time of the newest reading applied
-        # saga -> (request, level) a job's rank 0 acked for every rank: each taken once, so a job's
+        # saga -> (job, request, level) a job's rank 0 acked for every rank: each taken once, so a job's
         # own agent cannot make one message cost the coordinator its world's ranks again and again
         self._spoken: dict[str, set[tuple[str | None, str]]] = {}
         self._saga_id = saga_id
@@ -265,12 +275,21 @@ class SiteCore:
             step.notices.append(Notice("unknown_saga", f"{ev.short_type} for saga {sid} that is not open: ignored"))
             return
         if isinstance(ev, CheckpointDurable) and data.ranks is not None:
+            # a job's ack for its ranks counts once per (job, request, level), and only for a
+            # request this saga sent that very job: another job's agent naming this job's request
+            # in its own ack (it may publish only on its own job's subject) is unmatched, never
+            # recorded in the job's place
+            if not _requested_of(rec, data.job, data.request_id):
+                text = f"{ev.short_type} of job {data.job} names request {data.request_id}, not its own: ignored"
+                step.notices.append(Notice("unmatched", text))
+                return
             spoken = self._spoken.setdefault(rec.saga_id, set())
-            if (data.request_id, data.durability) in spoken:
+            said = (data.job, data.request_id, data.durability)
+            if said in spoken:
                 text = f"{ev.short_type} of job {data.job} for all its ranks repeated: ignored"
                 step.notices.append(Notice("repeated", text))
                 return
-            spoken.add((data.request_id, data.durability))
+            spoken.add(said)
         inp = self._result(ev, rec)
         if inp is None:
             step.notices.append(Notice("unmatched", f"{ev.short_type} does not belong to saga {sid}: ignored"))
