@@ -32,6 +32,15 @@ class Deployment:
     names: BusNames
     tls: Path | None = None
     buses: list[Bus] = field(default_factory=list)
+    monitor_port: int | None = None  # the server's monitoring endpoint (varz: slow consumers)
+
+    def varz(self) -> dict:
+        """The server's own counters (``/varz``)."""
+        import json
+        import urllib.request
+
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.monitor_port}/varz", timeout=5) as r:
+            return json.loads(r.read())
 
     @property
     def url(self) -> str:
@@ -84,9 +93,10 @@ def start(tmp: Path, *, conf: str = "nats.conf", tls: Path | None = None, monkey
         monkeypatch.setenv("NATS_TLS_CERT", str(tls / "server-cert.pem"))
         monkeypatch.setenv("NATS_TLS_KEY", str(tls / "server-key.pem"))
         monkeypatch.setenv("NATS_TLS_CA", str(tls / "ca.pem"))
-    server = EmbeddedNats(store_dir=tmp / "store", extra_args=["-c", str(tmp / conf), "-m", str(free_port())])
+    monitor = free_port()
+    server = EmbeddedNats(store_dir=tmp / "store", extra_args=["-c", str(tmp / conf), "-m", str(monitor)])
     server.start()
-    return Deployment(server=server, creds=auth, names=names, tls=tls)
+    return Deployment(server=server, creds=auth, names=names, tls=tls, monitor_port=monitor)
 
 
 @pytest.fixture

@@ -49,6 +49,7 @@ ROOT = Path(__file__).resolve().parents[2]
 BURST = 60_000  # the burst of junk that once made ups-monitor's publish fail after 10 s
 RESERVE_S = 60.0
 LOW_RUNTIME_S = 50.0  # the UPS's word in a round that shuts down: below the reserve
+FLOOD_ON = {"flood": 5_000, "acks64": 16_000, "drill1mb": 20}  # sent before the outage starts
 
 
 def site_yaml(path: Path) -> Path:
@@ -103,11 +104,33 @@ class Services:
                 await asyncio.wait_for(p.wait(), 20)
 
 
-class Flooder:
-    """jobA's container: junk on its own ack subject from a process of its own."""
+@dataclass(frozen=True)
+class Kind:
+    """A flood: who sends it, on which subjects, how large each message is."""
 
-    def __init__(self, dep: Deployment, count: int = 0) -> None:
-        self.dep, self.count = dep, count
+    role: str
+    job: str | None
+    subjects: tuple[str, ...]
+    size: int = 256
+
+
+def flood_kind(dep: Deployment, kind: str) -> Kind:
+    """``flood``/``burst``: jobA's junk on its own rank 0's ack subject; ``acks64``: jobA's 16 KiB
+    junk spread over 64 of its ranks' ack subjects (no per-subject limit bites); ``drill1mb``: the
+    operator's 1 MB junk on the one power subject it may use, a drill's."""
+    s = dep.names.subjects
+    if kind == "acks64":
+        return Kind("agent", "jobA", tuple(s.ckpt_ack("jobA", r) for r in range(64)), 16_000)
+    if kind == "drill1mb":
+        return Kind("operator", None, (s.drill_power(SITE, "ups-a"),), 1_000_000)
+    return Kind("agent", "jobA", (s.ckpt_ack("jobA", 0),))
+
+
+class Flooder:
+    """A party gone rogue: junk on the subjects its credential lets it fill, from a process of its own."""
+
+    def __init__(self, dep: Deployment, count: int = 0, kind: str = "flood") -> None:
+        self.dep, self.count, self.kind = dep, count, flood_kind(dep, kind)
         self.proc: asyncio.subprocess.Process | None = None
         self.sent = 0
         self._reader: asyncio.Task | None = None
@@ -121,11 +144,12 @@ class Flooder:
             "--url",
             self.dep.url,
             "--creds",
-            str(self.dep.creds_of("agent", "jobA")),
-            "--subject",
-            self.dep.names.subjects.ckpt_ack("jobA", 0),
+            str(self.dep.creds_of(self.kind.role, self.kind.job)),
+            *(x for subject in self.kind.subjects for x in ("--subject", subject)),
             "--count",
             str(self.count),
+            "--size",
+            str(self.kind.size),
             stdout=asyncio.subprocess.PIPE,
             cwd=ROOT,
             env={**os.environ, "PYTHONPATH": str(ROOT)},
@@ -158,7 +182,7 @@ class Flooder:
 
 @dataclass
 class Round:
-    kind: str  # idle | flood | burst
+    kind: str  # idle | flood | burst | acks64 | drill1mb
     request_ms: float  # on_battery published -> jobB has its request
     stored_ms: float = 0.0  # ... -> the server stored the on_battery (ups-monitor's publish returned)
     issued_ms: float = 0.0  # ... -> the coordinator made the request (its event's time)
@@ -280,9 +304,9 @@ async def rounds(dep: Deployment, tmp: Path, plan: list[tuple[str, bool]]) -> li
             if kind == "idle":
                 out.append(await site.outage(kind, shut_down=shut_down, flood_over=_nothing))
                 continue
-            flooder = await Flooder(dep, count=BURST if kind == "burst" else 0).start()
+            flooder = await Flooder(dep, count=BURST if kind == "burst" else 0, kind=kind).start()
             try:
-                await flooder.until_sent(5_000 if kind == "flood" else 1)  # the flood is on
+                await flooder.until_sent(FLOOD_ON.get(kind, 1))  # the flood is on
                 out.append(await site.outage(kind, shut_down=shut_down, flood_over=flooder.stop))
             finally:
                 await flooder.stop()

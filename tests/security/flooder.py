@@ -3,22 +3,26 @@ credential lets it fill (its own rank's ack subject), as fast as the server take
 process of its own (a job runs on another machine than PowerGuard's services).
 
     python -m tests.security.flooder --url URL --creds agent-jobA.creds --subject pg.ckpt.jobA.0.ack \
-        [--count N] [--size BYTES]
+        [--subject ANOTHER ...] [--count N] [--size BYTES]
 
-Prints ``flooding`` once connected, ``sent N`` every 5,000 messages and when it stops (after
-``--count``, or at SIGTERM); a message the server refuses is counted, not fatal.
+Several ``--subject``: taken in turn (a job spreading its junk over its ranks' subjects, so no
+per-subject limit bites). Prints ``flooding`` once connected, ``sent N`` every 5,000 messages
+(every 10 of 64 KiB or more) and when it stops (after ``--count``, or at SIGTERM); a message the
+server refuses (a payload over the credential's limit closes the connection, which reconnects)
+is counted, not fatal.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import signal
 
 import nats
 
 
-async def flood(url: str, creds: str, subject: str, count: int, size: int) -> int:
+async def flood(url: str, creds: str, subjects: list[str], count: int, size: int) -> int:
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
     errors: list[BaseException] = []
@@ -26,17 +30,27 @@ async def flood(url: str, creds: str, subject: str, count: int, size: int) -> in
     async def on_error(exc: BaseException) -> None:
         errors.append(exc)
 
-    nc = await nats.connect(url, user_credentials=creds, error_cb=on_error, max_reconnect_attempts=-1)
+    nc = await nats.connect(
+        url, user_credentials=creds, error_cb=on_error, max_reconnect_attempts=-1, reconnect_time_wait=0.1
+    )
     junk = b'{"junk": "' + b"x" * max(0, size - 12) + b'"}'
+    report, flush_every = (10, 1) if size >= 64 * 1024 else (5000, 500)
     print("flooding", flush=True)
     sent = 0
     try:
         while not stop.is_set() and (count <= 0 or sent < count):
-            await nc.publish(subject, junk)
+            try:
+                await nc.publish(subjects[sent % len(subjects)], junk)
+                if (sent + 1) % flush_every == 0:
+                    await nc.flush(timeout=1)  # the server's pace, not the client buffer's
+            except (nats.errors.Error, TimeoutError) as exc:  # refused, or reconnecting: the sender's cost
+                errors.append(exc)
+                if nc.is_closed:  # the server closed it (a payload over the credential's limit): connect anew
+                    with contextlib.suppress(Exception):
+                        nc = await nats.connect(url, user_credentials=creds, error_cb=on_error, allow_reconnect=False)
+                await asyncio.sleep(0.01)
             sent += 1
-            if sent % 500 == 0:
-                await nc.flush()  # the server's pace, not the client buffer's
-            if sent % 5000 == 0:
+            if sent % report == 0:
                 print(f"sent {sent}", flush=True)
     finally:
         print(f"sent {sent} refused {len(errors)}", flush=True)
@@ -48,11 +62,11 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--url", required=True)
     p.add_argument("--creds", required=True)
-    p.add_argument("--subject", required=True)
+    p.add_argument("--subject", action="append", required=True, help="subject (repeat: taken in turn)")
     p.add_argument("--count", type=int, default=0, help="stop after this many (0: until SIGTERM)")
     p.add_argument("--size", type=int, default=256, help="bytes per message")
     a = p.parse_args()
-    asyncio.run(flood(a.url, a.creds, a.subject, a.count, a.size))
+    asyncio.run(flood(a.url, a.creds, a.subject, a.count, a.size))  # a.subject: the list
 
 
 if __name__ == "__main__":

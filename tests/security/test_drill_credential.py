@@ -93,7 +93,7 @@ async def test_17_a_drill_on_line_during_a_real_outage_cancels_nothing_real(depl
             await eventually(lambda: "holding" in watch.states, 15, "the real saga holding")
             await operator.publish(OnBattery(data=reading(True, 300, drill=True)))
             sent = await operator.publish(OnLine(data=reading(False, 300, drill=True)))
-            await processed(admin, f"coordinator-power-{SITE}", sent.seq)  # the coordinator handled both
+            await processed(admin, f"coordinator-drill-{SITE}", sent.seq)  # the coordinator handled both
             (rec,) = c.open.values()
             assert not rec.drill and rec.state.value == "holding" and "cancelled" not in watch.states
     finally:
@@ -117,7 +117,7 @@ async def test_17_a_drill_status_of_one_second_sends_no_real_shutdown(deployment
             await outage(ups, runtime_s=600)
             await eventually(lambda: "holding" in watch.states, 15, "the real saga holding")
             sent = await operator.publish(PowerStatus(data=reading(True, 1, drill=True)))
-            await processed(admin, f"coordinator-power-{SITE}", sent.seq)
+            await processed(admin, f"coordinator-drill-{SITE}", sent.seq)
             await c.tick()  # a tick after it: the saga decided whatever it would
             assert not commands and next(iter(c.open.values())).state.value == "holding"
     finally:

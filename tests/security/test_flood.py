@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from .flood import LOW_RUNTIME_S, rounds
+from .flood import FLOOD_ON, LOW_RUNTIME_S, rounds
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -22,3 +22,18 @@ async def test_a_jobs_flood_and_burst_delay_neither_the_other_jobs_request_nor_t
     for r in (flood, burst):
         assert r.request_ms <= 2 * max(idle, 50.0), f"{r.kind}: {r.request_ms} ms, idle {idle} ms"
         assert r.shutdown_s is not None and r.shutdown_s < LOW_RUNTIME_S - 5, f"{r.kind}: n2 off after {r.shutdown_s}s"
+
+
+@pytest.mark.parametrize("kind", ["drill1mb", "acks64"])
+async def test_a_flood_of_large_messages_closes_no_service_connection_and_delays_no_saga(deployment, tmp_path, kind):
+    """Before: the operator's 1 MB junk on its drill power subject (or a job's 16 KiB junk over
+    64 of its ranks' subjects) came to the coordinator in pulls without a byte cap, and the
+    server closed its connection as a slow consumer (its lease and saga store with it): the real
+    saga opened a minute late. Now the operator's messages are bounded by the server (its
+    credential's payload limit), every pull carries ``max_bytes``, and a drill's readings have a
+    durable of their own: the real saga's request arrives within 2 s of ``on_battery``."""
+    before = deployment.varz().get("slow_consumers", 0)
+    idle, flood = await rounds(deployment, tmp_path, [("idle", False), (kind, False)])
+    assert flood.junk_sent >= FLOOD_ON[kind]
+    assert flood.request_ms <= max(2_000.0, 2 * idle.request_ms), f"{kind}: {flood.request_ms} ms, idle {idle.request_ms}"
+    assert deployment.varz().get("slow_consumers", 0) == before, "a connection was closed as a slow consumer"

@@ -32,6 +32,12 @@ if TYPE_CHECKING:
 
 _HEARTBEAT = api.StatusCode.CONTROL_MESSAGE.value  # "100": an idle heartbeat, not an answer
 GIVE_UP_S = 5.0  # an open request that brought nothing for this long is given up
+# The most bytes one request may bring (JetStream's pull ``max_bytes``): whatever a batch's
+# messages weigh, the server never queues more than this for the connection at once, far below
+# its slow-consumer bound (``max_pending``, 64 MiB by default). Without it, 256 messages of 1 MB
+# (or 32,768 of 16 KiB) were queued at once and the server closed the coordinator's connection,
+# its lease and saga store included, as a slow consumer. At least the largest message (1 MB).
+PULL_MAX_BYTES = 4 * 1024 * 1024
 
 
 def next_subject(stream: str, consumer: str, *, domain: str | None = None) -> str:
@@ -106,10 +112,10 @@ class BatchPull:
         except TimeoutError:
             pass
 
-    async def take(self, n: int, timeout: float) -> list[Msg]:
-        """Up to ``n`` messages that are available now, after anything received earlier: the
-        request's wait ends when ``n`` arrived, when the server says it has no more, or after
-        ``timeout`` s. While an earlier request is still open, no new one is sent: this is
+    async def take(self, n: int, timeout: float, *, max_bytes: int = PULL_MAX_BYTES) -> list[Msg]:
+        """Up to ``n`` messages (and at most ``max_bytes``) that are available now, after anything
+        received earlier: the request's wait ends when ``n`` arrived, when the server says it has
+        no more or that the next would pass ``max_bytes`` (409), or after ``timeout`` s. While an earlier request is still open, no new one is sent: this is
         :meth:`settle`."""
         if self._sub is None:
             raise RuntimeError("BatchPull.take before start")
@@ -121,7 +127,7 @@ class BatchPull:
         self._open, self._left = self._request, n
         self._heard = asyncio.get_running_loop().time()
         self._ended.clear()
-        request = json.dumps({"batch": n, "no_wait": True}).encode()
+        request = json.dumps({"batch": n, "max_bytes": max_bytes, "no_wait": True}).encode()
         await self._nc.publish(self._subject, request, reply=f"{self._inbox}.{self._request}")
         await self._wait(timeout)
         return self.held()

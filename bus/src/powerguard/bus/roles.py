@@ -22,19 +22,32 @@ ROLES = ("admin", "ups-monitor", "coordinator", "power-control", "observer", "op
 SERVICES = ("ups-monitor", "coordinator", "power-control")  # the site's services: each dead-letters its input
 
 
-# The largest message the server accepts from a training job's agent: its acks, heartbeats and
-# registrations are a few hundred bytes; junk is refused by the server, at the sender.
+# The largest message the server accepts from each party, enforced by the server on every
+# connection (the user JWT's ``payload``): a larger one is refused at the sender, whose connection
+# the server closes, before it is stored or queued for anyone. A training job's agent sends acks,
+# heartbeats and registrations of a few hundred bytes; the operator a drill reading (a few hundred
+# bytes) and read-only JetStream requests, the observer only those; ups-monitor power events and
+# its state bucket. The coordinator and power-control keep the server's ``max_payload`` (1 MB):
+# a saga record's part, a dead-letter copy of whatever they were sent.
 AGENT_MAX_PAYLOAD = 16 * 1024
+OPERATOR_MAX_PAYLOAD = 8 * 1024
+ROLE_MAX_PAYLOAD = {
+    "agent": AGENT_MAX_PAYLOAD,
+    "operator": OPERATOR_MAX_PAYLOAD,
+    "observer": OPERATOR_MAX_PAYLOAD,
+    "ups-monitor": 64 * 1024,
+}
 
 
 def durable_names(site: str) -> dict[str, str]:
-    """The durable consumers of one site's services. The coordinator has three: power events
-    (real and drill readings) on their own, so no volume of acks or results ever queues in front
-    of them; power-control's results (the events stream); and the jobs' acks and resumes (the
-    jobs' stream: a flood there is the jobs' alone)."""
+    """The durable consumers of one site's services. The coordinator has four: real power events
+    on their own, so no volume of acks, results or drill readings ever queues in front of them;
+    a drill's readings (the operator's) on their own; power-control's results (the events
+    stream); and the jobs' acks and resumes (the jobs' stream: a flood there is the jobs' alone)."""
     s = token(site, what="site")
     return {
         "coordinator-power": f"coordinator-power-{s}",
+        "coordinator-drill": f"coordinator-drill-{s}",
         "coordinator": f"coordinator-{s}",
         "coordinator-jobs": f"coordinator-jobs-{s}",
         "power-control": f"power-control-{s}",
@@ -47,7 +60,8 @@ def durable_filters(names: BusNames, site: str) -> dict[str, list[str]]:
     s = names.subjects
     d = durable_names(site)
     return {
-        d["coordinator-power"]: [s.power_events(site), s.drill_power_events(site)],
+        d["coordinator-power"]: [s.power_events(site)],
+        d["coordinator-drill"]: [s.drill_power_events(site)],
         d["coordinator"]: [s.power_result("*"), s.job_result("*"), s.ups_result("*")],
         d["coordinator-jobs"]: [s.ckpt_ack("*", "*"), s.job_resumed("*")],
         d["power-control"]: [s.power_cmd("*"), s.job_cmd("*"), s.ups_cmd("*")],
@@ -66,13 +80,18 @@ def durable_batches(site: str) -> dict[str, int]:
     """The batch each durable is read in (its ``max_ack_pending`` follows): one definition for
     ``powerguard bootstrap`` and the services."""
     d = durable_names(site)
-    return {d["coordinator-power"]: POWER_BATCH, d["coordinator"]: INPUT_BATCH, d["coordinator-jobs"]: INPUT_BATCH}
+    return {
+        d["coordinator-power"]: POWER_BATCH,
+        d["coordinator-drill"]: POWER_BATCH,
+        d["coordinator"]: INPUT_BATCH,
+        d["coordinator-jobs"]: INPUT_BATCH,
+    }
 
 
 def max_payload(role: str) -> int:
     """The largest message the server accepts from a credential of ``role`` (-1: the server's
-    own ``max_payload``): the agent's is bounded, enforced by the server on every connection."""
-    return AGENT_MAX_PAYLOAD if role == "agent" else -1
+    own ``max_payload``), enforced by the server on every connection (:data:`ROLE_MAX_PAYLOAD`)."""
+    return ROLE_MAX_PAYLOAD.get(role, -1)
 
 
 def inbox(role: str, job: str | None = None) -> str:
@@ -184,7 +203,7 @@ def permissions(
             _api("STREAM.CREATE", f"KV_{n.agents}"),
         ]
         for site in sites:
-            for d in ("coordinator-power", "coordinator", "coordinator-jobs"):
+            for d in ("coordinator-power", "coordinator-drill", "coordinator", "coordinator-jobs"):
                 name = durable_names(site)[d]
                 pub += _durable(durables[name], name)
             # a UPS's newest reading when its events queue up: the current state, not the backlog

@@ -1,8 +1,8 @@
 """The coordinator service: events in, saga transitions stored with CAS, commands out.
 
-Only the replica holding the lease consumes. Inputs arrive in batches on three durable
-consumers: power events (real and drill readings) on their own, power-control's results, and
-the jobs' acks and resumes (on the jobs' own stream). A power batch goes first: no volume of
+Only the replica holding the lease consumes. Inputs arrive in batches on four durable
+consumers: real power events on their own, a drill's readings on theirs, power-control's
+results, and the jobs' acks and resumes (on the jobs' own stream). A real power batch goes first: no volume of
 acks, junk included, ever queues in front of a power event (:class:`Gate`). Each batch is
 applied to the sagas in memory, every changed saga is written to KV (CAS) *before* the
 commands it implies are published, and only then is the batch acked. When a UPS's events
@@ -193,6 +193,7 @@ class Coordinator:
         filters = durable_filters(self.bus.names, self.site.site)
         for types, handler, durable, batch in (
             (POWER_TYPES, self.on_power, names["coordinator-power"], POWER_BATCH),
+            (POWER_TYPES, self.on_drill_power, names["coordinator-drill"], POWER_BATCH),
             (RESULT_TYPES, self.on_batch, names["coordinator"], INPUT_BATCH),
             (JOB_TYPES, self.on_batch, names["coordinator-jobs"], INPUT_BATCH),
         ):
@@ -236,18 +237,28 @@ class Coordinator:
     # ------------------------------------------------------------------ inputs
     @property
     def consuming(self) -> bool:
-        """Every consumer is bound (power events; power-control's results; the jobs' acks)."""
-        return len(self._consumers) == 3
+        """Every consumer is bound (real power events; a drill's; power-control's results; the
+        jobs' acks)."""
+        return len(self._consumers) == 4
 
     async def on_power(self, items: list[Received]) -> None:
-        """A batch of power events (real and drill readings), ahead of any other input."""
+        """A batch of real power events, ahead of any other input."""
         async with self._gate.urgent():
-            self._check_leader()
-            step = self.core.apply(self._events(items), time.time())
-            await self._commit(step)
-            current = await self._current_readings(step)
-            if current:
-                await self._commit(self.core.apply(current, time.time()))
+            await self._power_batch(items)
+
+    async def on_drill_power(self, items: list[Received]) -> None:
+        """A batch of a drill's readings (the operator's subject, their own durable): never
+        ahead of a real reading, however many the operator sends."""
+        async with self._gate.normal():
+            await self._power_batch(items)
+
+    async def _power_batch(self, items: list[Received]) -> None:
+        self._check_leader()
+        step = self.core.apply(self._events(items), time.time())
+        await self._commit(step)
+        current = await self._current_readings(step)
+        if current:
+            await self._commit(self.core.apply(current, time.time()))
 
     async def on_batch(self, items: list[Received]) -> None:
         """A batch of results, or of acks and resumes."""
