@@ -65,10 +65,11 @@ from . import saga
 from .commands import pending
 from .facts import observe
 from .inputs import Ack, Command, Input, NodeReport, Power, Resumed, Tick, UpsReport
+from .jobbook import JobBook
 from .policy import Policy
 from .record import SagaRecord, UpsView
 from .states import supersede
-from .topology import AgentRegistry, Topology
+from .topology import AgentRegistry, JobInfo, Topology
 
 S = SagaState
 Trace = tuple[str, str] | None  # (trace id, span id) of the event's producer
@@ -158,11 +159,13 @@ class SiteCore:
         policy: Policy,
         *,
         registry: AgentRegistry | None = None,
+        book: JobBook | None = None,
         saga_id: Callable[[str, float], str] = new_saga_id,
     ) -> None:
         self.topo = topo
         self.policy = policy
         self.registry = registry if registry is not None else AgentRegistry()
+        self.book = book  # the jobs the site knows, durable: those the registry lost are still protected
         self.ups: dict[str, UpsView] = {}  # the real readings
         self.drill_ups: dict[str, UpsView] = {}  # a drill's readings: never mixed with the real ones
         self.open: dict[str, SagaRecord] = {}
@@ -189,6 +192,15 @@ class SiteCore:
                 self.views(rec.drill).setdefault(u, v.model_copy(deep=True))
             again[rec.saga_id] = pending(rec, self.policy)
         return again
+
+    def jobs(self, now: float) -> dict[str, JobInfo]:
+        """The jobs an outage protects: the registry's live ones, and every job the book knows
+        that the registry lacks now (lost with a broker restart, lapsed, or refused): silent,
+        asked all the same, waited for until the deadline."""
+        live = self.registry.jobs(now)
+        if self.book is not None:
+            live.update(self.book.missing(live))
+        return live
 
     def views(self, drill: bool) -> dict[str, UpsView]:
         """The UPS views of the real site, or of the drills."""
@@ -373,7 +385,7 @@ class SiteCore:
             now=now,
             topo=self.topo,
             policy=self.policy,
-            jobs=lambda: self.registry.jobs(now),
+            jobs=lambda: self.jobs(now),
             held=self._held_elsewhere(rec) if len(self.open) > 1 else frozenset(),
             ended=self.registry.ended,
         )
@@ -412,7 +424,7 @@ class SiteCore:
                     saga_id=self._saga_id(self.topo.site, now),
                     topo=self.topo,
                     ups=views,
-                    jobs=self.registry.jobs(now),
+                    jobs=self.jobs(now),
                     now=now,
                     trace=trace,
                     hold_policy=self.policy.hold_policy,

@@ -17,6 +17,13 @@ class Policy(BaseModel):
     margin_s: float = Field(default=10.0, ge=0, description="Safety margin on the checkpoint deadline")
     max_on_battery_s: float = Field(default=900.0, gt=0, description="Shut down after this long regardless")
     restore_stable_s: float = Field(default=30.0, ge=0, description="On line this long before restoring")
+    forget_job_after_s: float = Field(
+        default=7 * 24 * 3600.0,
+        gt=0,
+        description="A job the coordinator knows (its durable book of jobs) and has not heard from for this long "
+        "leaves the book: it died without deregistering. Until then an outage asks it for its checkpoint and waits "
+        "for it until the deadline, and PowerGuardAgentsMissing fires for it",
+    )
     job_silence_s: float = Field(
         default=15.0,
         gt=0,

@@ -48,6 +48,7 @@ from .core import SiteCore, Step
 from .gate import Gate
 from .heap import Settler
 from .inputs import Command
+from .jobbook import JobBook, book_key
 from .lease import Lease
 from .outbox import command_event, state_events
 from .policy import Policy
@@ -78,8 +79,10 @@ class Coordinator:
         metrics.RESERVE.set(self.policy.shutdown_reserve_s)
         self.instance = instance or socket.gethostname()
         self.registry = AgentRegistry(ttl_s=bus.limits.agents_ttl_s)
+        # the jobs the site knows, stored in the coordinator's own bucket (jobbook.py)
+        self.book = JobBook(set(self.topo.feeds), forget_after_s=self.policy.forget_job_after_s)
         self._gauged_jobs: set[str] = set()
-        self.core = SiteCore(self.topo, self.policy, registry=self.registry)
+        self.core = SiteCore(self.topo, self.policy, registry=self.registry, book=self.book)
         self.revisions: dict[str, int] = {}  # open saga -> KV revision it was read or written at (0: new)
         self.leader = False
         self._gate = Gate()
@@ -154,6 +157,10 @@ class Coordinator:
                 self._job_gauges(time.time())  # every replica: a standby's /metrics says it too
                 if self.leader:
                     try:
+                        await self._store_book(time.time())
+                    except Exception as exc:
+                        log.error("known jobs not stored (retried at the next tick): %s", exc)
+                    try:
                         await self._agents.check(time.time())  # a bucket the server lost: made and watched again
                     except Exception as exc:
                         log.error("agent registry bucket not checked (retried): %s", exc)
@@ -175,6 +182,7 @@ class Coordinator:
         log.info("%s leads site %s", self.instance, self.site.site)
         self.leader = True
         metrics.LEADER.set(1)
+        await self._load_book()
         await self._agents.start(time.time())
         await self._status.site(self.site.site, self.instance, time.time())
         self._unsaved.clear()  # the store is the truth for a new leader
@@ -224,10 +232,42 @@ class Coordinator:
             await consumer.stop()
         await self._agents.stop()
 
+    async def _load_book(self) -> None:
+        """The jobs the site knew before this replica led (a restart, an upgrade, a failover)."""
+        kv = self._store.kv
+        prefix = book_key(self.site.site, "")
+        stored = {}
+        for key in await kv.keys():
+            if key.startswith(prefix):
+                entry = await kv.get(key)
+                if entry is not None:
+                    stored[key[len(prefix) :]] = entry.value
+        self.book.load(stored)
+        if self.book.jobs:
+            log.info("known jobs of site %s: %s", self.site.site, ", ".join(sorted(self.book.jobs)))
+
+    async def _store_book(self, now: float) -> None:
+        """Store what changed in the book (each job's entry, fsynced by the server)."""
+        for job in self.book.forget_silent(now):
+            log.warning("job %s not heard for %.0fs (forget_job_after_s): forgotten", job, self.book.forget_after_s)
+        save, gone = self.book.dirty()
+        for known in save:
+            try:
+                await self._store.kv.put(book_key(self.site.site, known.job), known.encode())
+            except Exception:
+                self.book.mark(known.job)  # stored at the next tick
+                raise
+        for job in gone:
+            await self._store.kv.delete(book_key(self.site.site, job))
+
     def _on_agent(self, agent: AgentData | None, key: str, seen_at: float, stored: bool) -> None:
         if agent is None:
             self.registry.remove_key(key)
+            job = key.split(".", 1)[0]
+            if job in self.book.jobs and not self.registry.agents(job):
+                self.book.ended(job)  # its last rank deregistered: it ended
         else:
+            self.book.heard(agent, time.time(), live=not stored)
             # the coordinator's own clock: the KV timestamp is the server's, and a skew between
             # the two would make every rank look expired (a saga without checkpoint requests).
             # Records stored before the watch started are not news of a live rank (after a
@@ -365,7 +405,7 @@ class Coordinator:
         gauges.battery(rec, self.core.shutdown_need(), lambda: saga.site_need_s(rec, self.core.topo, self.policy))
 
     def _job_gauges(self, now: float) -> None:
-        self._gauged_jobs = gauges.jobs(self.registry.health(now), self._gauged_jobs)
+        self._gauged_jobs = gauges.jobs(self.book.health(self.registry.health(now)), self._gauged_jobs)
 
     def _gauges(self) -> None:
         gauges.sagas(self.open, self.site.site)
