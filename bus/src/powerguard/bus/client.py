@@ -699,7 +699,14 @@ class Bus:
         except EventError as exc:
             log.warning("last event on %s ignored: %s", subject, exc)
             return None
-        return Received(event=event, subject=msg.subject, headers=dict(msg.headers or {}), sequence=msg.seq or 0)
+        stored_at = msg.time.timestamp() if getattr(msg, "time", None) else None
+        return Received(
+            event=event,
+            subject=msg.subject,
+            headers=dict(msg.headers or {}),
+            sequence=msg.seq or 0,
+            stored_at=stored_at,
+        )
 
     async def consume(
         self,

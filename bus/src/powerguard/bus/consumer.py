@@ -111,6 +111,7 @@ class Received:
     subject: str
     headers: dict[str, str]
     sequence: int
+    stored_at: float | None = None  # when JetStream stored it (the server's clock, Unix time)
 
     @property
     def trace_id(self) -> str | None:
@@ -124,10 +125,15 @@ def decode_on(bus: Bus, data: bytes, subject: str) -> Envelope:
     return check_subject(decode(data or b"", max_bytes=bus.max_payload), subject, bus.subjects)
 
 
-def check_stamp(event: Envelope, now: float, max_skew_s: float = MAX_CLOCK_SKEW_S) -> Envelope:
-    """The event itself, or :class:`~powerguard.schemas.StampedInTheFuture` when its ``time`` is
-    more than ``max_skew_s`` ahead of ``now``."""
-    ahead = event.time.timestamp() - now
+def check_stamp(
+    event: Envelope, now: float, max_skew_s: float = MAX_CLOCK_SKEW_S, stored_at: float | None = None
+) -> Envelope:
+    """The event itself, or :class:`~powerguard.schemas.StampedInTheFuture` when the time it was
+    stored at (``stored_at``: JetStream's own stamp, the server's clock; else the publisher's
+    ``time``) is more than ``max_skew_s`` ahead of ``now``. The publisher's clock is never judged
+    where the server's stamp is known: a publisher minutes off is still heard, its time kept for
+    ordering only."""
+    ahead = (stored_at if stored_at is not None else event.time.timestamp()) - now
     if ahead > max_skew_s:
         raise StampedInTheFuture(event.short_type, ahead, max_skew_s)
     return event
@@ -432,7 +438,8 @@ class Consumer(_PullLoop):
         """Decode; refuse (dead-letter) what cannot be handled; ack and skip other types."""
         deliveries = msg.metadata.num_delivered or 1
         try:
-            event = check_stamp(decode_on(self.bus, msg.data, msg.subject), time.time(), self.max_skew_s)
+            stored_at = msg.metadata.timestamp.timestamp() if msg.metadata.timestamp else None
+            event = check_stamp(decode_on(self.bus, msg.data, msg.subject), time.time(), self.max_skew_s, stored_at)
         except EventError as exc:
             metrics.CONSUMED.labels(self.name, "rejected").inc()
             await self._refuse(msg, exc, deliveries)
@@ -451,7 +458,11 @@ class Consumer(_PullLoop):
             await msg.term()
             return None
         rec = Received(
-            event=event, subject=msg.subject, headers=dict(msg.headers or {}), sequence=msg.metadata.sequence.stream
+            event=event,
+            subject=msg.subject,
+            headers=dict(msg.headers or {}),
+            sequence=msg.metadata.sequence.stream,
+            stored_at=stored_at,
         )
         return msg, rec
 

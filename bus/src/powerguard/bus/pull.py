@@ -115,8 +115,8 @@ class BatchPull:
     async def take(self, n: int, timeout: float, *, max_bytes: int = PULL_MAX_BYTES) -> list[Msg]:
         """Up to ``n`` messages (and at most ``max_bytes``) that are available now, after anything
         received earlier: the request's wait ends when ``n`` arrived, when the server says it has
-        no more or that the next would pass ``max_bytes`` (409), or after ``timeout`` s. While an earlier request is still open, no new one is sent: this is
-        :meth:`settle`."""
+        no more or that the next would pass ``max_bytes`` (409), or after ``timeout`` s. While an
+        earlier request is still open, no new one is sent: this is :meth:`settle`."""
         if self._sub is None:
             raise RuntimeError("BatchPull.take before start")
         if n < 1:

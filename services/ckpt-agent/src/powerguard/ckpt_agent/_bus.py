@@ -123,7 +123,7 @@ class BusThread:
             rel = await bus.listen(HoldReleased, subject=s.ckpt_release(self.agent.job)).start()
             self.bus = bus
             await self._catch_up()
-            await announce(self.bus, AgentRegistered(source=self.source, data=self._data()))
+            await self._register()
         except BaseException:
             self.bus = None
             await bus.close()
@@ -261,6 +261,24 @@ class BusThread:
         with self._lock:
             self.queue.release(received.event.data.saga_id)
         log.info("hold released (saga %s): %s", received.event.data.saga_id, received.event.data.reason)
+
+    async def _register(self) -> None:
+        """Register the rank. A registration the server refuses on a live connection (the
+        registry's bucket full, a write it may not make) is logged as an error naming the cause,
+        and the rank stays connected and subscribed to its job's requests: a coordinator that
+        knows the job (its durable book) still reaches it, and each heartbeat registers again."""
+        try:
+            await announce(self.bus, AgentRegistered(source=self.source, data=self._data()))
+        except Exception as exc:
+            if self.bus is None or self.bus.nc.is_closed:
+                raise
+            log.error(
+                "rank %d of job %s: registration refused (%s); still listening for checkpoint requests, "
+                "registering again at each heartbeat",
+                self.agent.rank,
+                self.agent.job,
+                exc,
+            )
 
     async def _heartbeat(self) -> None:
         while True:

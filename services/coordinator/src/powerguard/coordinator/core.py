@@ -239,10 +239,10 @@ class SiteCore:
         step = Step()
         inputs: dict[str, list[Input]] = {}
         first_trace: list[Trace] = []
-        for ev, trace in events:
+        for ev, trace, *stored in events:
             if isinstance(ev, PowerEvent) and not first_trace:
                 first_trace.append(trace)
-            self._route(ev, trace, now, inputs, step)
+            self._route(ev, trace, now, inputs, step, stored[0] if stored else None)
         before = {sid: (None if sid in inputs else _snapshot(r), len(r.history)) for sid, r in self.open.items()}
         for sid, batch in inputs.items():
             if sid in self.open:
@@ -257,10 +257,18 @@ class SiteCore:
             self._handle(rec, Tick(), now, step)
         return self._finish(before, step, now)
 
-    def _route(self, ev: Envelope, trace: Trace, now: float, inputs: dict[str, list[Input]], step: Step) -> None:
+    def _route(
+        self,
+        ev: Envelope,
+        trace: Trace,
+        now: float,
+        inputs: dict[str, list[Input]],
+        step: Step,
+        stored_at: float | None = None,
+    ) -> None:
         """One event -> saga inputs, queued per saga. Results go to the saga they name."""
         if isinstance(ev, PowerEvent):
-            p = self._power(ev, now, step)
+            p = self._power(ev, now, step, stored_at)
             if p is not None:
                 for sid, rec in self.open.items():
                     if rec.drill == p.drill:  # a drill's readings reach drill sagas only, and real ones real sagas
@@ -308,8 +316,11 @@ class SiteCore:
             return
         inputs.setdefault(rec.saga_id, []).append(inp)
 
-    def _power(self, ev: PowerEvent, now: float, step: Step) -> Power | None:
-        """A power event as a reading of a known UPS, or None (set aside with a notice)."""
+    def _power(self, ev: PowerEvent, now: float, step: Step, stored_at: float | None = None) -> Power | None:
+        """A power event as a reading of a known UPS, or None (set aside with a notice). Its age
+        and whether it lies in the future are judged by ``stored_at``, when JetStream stored it
+        (the server's clock, not the publisher's: a ups-monitor whose clock is minutes off is
+        still heard); the publisher's own time orders its readings only."""
         d = ev.data
         if d.site != self.topo.site:
             return None
@@ -317,16 +328,17 @@ class SiteCore:
             step.notices.append(Notice("unknown_ups", f"power event for unknown UPS {d.ups} (site {d.site}) ignored"))
             return None
         at = ev.time.timestamp()
-        if at - now > self.policy.max_clock_skew_s:
+        when = stored_at if stored_at is not None else at
+        if when - now > self.policy.max_clock_skew_s:
             step.notices.append(
                 Notice(
                     "future",
-                    f"{ev.short_type} of {d.ups} stamped {at - now:.0f}s in the future ignored (max_clock_skew_s)",
+                    f"{ev.short_type} of {d.ups} stored {when - now:.0f}s in the future ignored (max_clock_skew_s)",
                 )
             )
             return None
-        if now - at > self.policy.max_event_age_s:
-            text = f"{ev.short_type} of {d.ups} from {now - at:.0f}s ago ignored (max_event_age_s)"
+        if now - when > self.policy.max_event_age_s:
+            text = f"{ev.short_type} of {d.ups} from {now - when:.0f}s ago ignored (max_event_age_s)"
             step.notices.append(Notice("stale", text, d.ups, d.drill))
             return None
         key = (d.ups, d.drill)

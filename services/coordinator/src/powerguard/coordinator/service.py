@@ -317,10 +317,11 @@ class Coordinator:
             raise NotLeader(f"{self.instance} does not lead site {self.site.site}")
 
     @staticmethod
-    def _events(items: list[Received]) -> list[tuple[Envelope, tuple[str, str] | None]]:
-        return [(i.event, parse_traceparent(i.headers.get("traceparent"))) for i in items]
+    def _events(items: list[Received]) -> list[tuple[Envelope, tuple[str, str] | None, float | None]]:
+        """Each event with its producer's trace and when JetStream stored it (its age's clock)."""
+        return [(i.event, parse_traceparent(i.headers.get("traceparent")), i.stored_at) for i in items]
 
-    async def _current_readings(self, step: Step) -> list[tuple[Envelope, tuple[str, str] | None]]:
+    async def _current_readings(self, step: Step) -> list[tuple[Envelope, tuple[str, str] | None, float | None]]:
         """A UPS whose events arrived too old to act on (they queued up): its newest reading on
         the stream, so the saga acts on what the UPS says now, never on its backlog alone."""
         out = []
@@ -330,7 +331,7 @@ class Coordinator:
             got = await self.bus.last(subject)
             if got is not None and isinstance(got.event, PowerEvent):
                 log.warning("ups %s: events queued up; acting on its newest reading (%s)", ups, got.event.short_type)
-                out.append((got.event, parse_traceparent(got.headers.get("traceparent"))))
+                out.append((got.event, parse_traceparent(got.headers.get("traceparent")), got.stored_at))
         return out
 
     # ------------------------------------------------------------------ clock
