@@ -10,7 +10,9 @@ down (the UPS then says 50 s, below the 60 s reserve) and records n2's shutdown 
 
 Writes bench/results/isolation.json: ``idle_request_ms`` and ``flood_request_ms`` (p50 / p99,
 the burst's rounds counted with the flood's), ``flood_over_idle`` (flood p50 over idle p50;
-target <= 2), the shutdown times and the junk each round's flood got stored.
+target <= 2), the shutdown times, and ``kinds``: per flood kind (``flood``, ``burst``, ``acks64``:
+a job's 16 KiB junk over 64 of its rank subjects, ``drill1mb``: the operator's 1 MB drill
+readings) the same figures and the messages the flooder's process actually published.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ async def run(reps: int) -> dict:
     plan: list[tuple[str, bool]] = []
     for _ in range(reps):
         plan += [("idle", False), ("flood", True), ("idle", False), ("burst", True)]
+        plan += [("idle", False), ("acks64", False), ("idle", False), ("drill1mb", False)]
     with tempfile.TemporaryDirectory(prefix="pg-isolation-") as tmp:
         dep = start(Path(tmp))
         try:
@@ -50,7 +53,17 @@ async def run(reps: int) -> dict:
         finally:
             await dep.close()
     idle = [r.request_ms for r in got if r.kind == "idle"]
-    flood = [r.request_ms for r in got if r.kind != "idle"]
+    flood = [r.request_ms for r in got if r.kind in ("flood", "burst")]
+    kinds = {}
+    for kind in ("flood", "burst", "acks64", "drill1mb"):
+        mine = [r for r in got if r.kind == kind]
+        ms = [r.request_ms for r in mine]
+        kinds[kind] = {
+            "idle_request_ms": {"p50": pct(idle, 0.5), "p99": pct(idle, 0.99)},
+            "flood_request_ms": {"p50": pct(ms, 0.5), "p99": pct(ms, 0.99)},
+            "flood_over_idle": round(statistics.median(ms) / statistics.median(idle), 2),
+            "sent": [r.junk_sent for r in mine],  # what the flooder's process published, each round
+        }
     return {
         "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "reps": reps,
@@ -60,7 +73,8 @@ async def run(reps: int) -> dict:
         "target_flood_over_idle": 2.0,
         "shutdown_s": {r.kind: [x.shutdown_s for x in got if x.kind == r.kind] for r in got if r.kind != "idle"},
         "battery_s_at_stop": 50.0,
-        "junk_sent": {"flood": [r.junk_sent for r in got if r.kind == "flood"], "burst": 60_000},
+        "junk_sent": {k: v["sent"] for k, v in kinds.items()},
+        "kinds": kinds,
         "rounds": [r.__dict__ for r in got],
     }
 

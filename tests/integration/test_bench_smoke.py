@@ -79,7 +79,12 @@ SMOKES = {
             and r["poll_200_ups_cpu_pct_of_one_core"] > 0
         ),
     ),
-    "isolation": (["--smoke"], lambda r: r["reps"] == 1 and len(r["rounds"]) == 4 and r["flood_over_idle"] > 0),
+    "isolation": (
+        ["--smoke"],
+        lambda r: (
+            r["reps"] == 1 and len(r["rounds"]) == 8 and all(k["flood_over_idle"] > 0 for k in r["kinds"].values())
+        ),
+    ),
     "gpu_checkpoint": (["--size-gb", "0.02", "--reps", "1"], lambda r: r["power_checkpoint_stall_s"] > 0),
     "bmc_isolation": (["--smoke"], lambda r: r["reps"] == 1 and r["healthy_slowdown"] > 0),
     "ramp": (["--nodes", "200"], lambda r: r),
