@@ -11,6 +11,7 @@ import asyncio
 import pytest
 from prometheus_client import REGISTRY
 
+from powerguard.bus import RegistrationRefused
 from powerguard.bus.agents import announce
 from powerguard.coordinator import metrics
 from powerguard.schemas import AgentData, AgentRegistered, CheckpointRequested
@@ -63,5 +64,47 @@ async def test_a_job_the_broker_forgot_keeps_its_alert_and_its_checkpoint_reques
             await eventually(lambda: requests, 15, "jobB's checkpoint request")
             (rec,) = c.open.values()
             assert set(rec.jobs) == {"jobB"} and set(rec.jobs["jobB"].ranks.values()) == {"n2"}
+    finally:
+        follower.cancel()
+
+
+async def test_a_job_that_fills_the_registry_leaves_another_job_protected(deployment):
+    """Before: jobA wrote values under its own keys until the shared ``pg_agents`` bucket reached
+    its bound; jobB, started afterwards, had every registration refused and an outage opened a
+    saga with no job, powering jobB's node off unasked. Now a refused registration goes out as an
+    event on jobB's own subject, the coordinator's book hears it, and jobB is asked."""
+    dep = deployment
+    admin = await dep.connect("admin", service="admin-check")
+    stream = f"KV_{dep.names.agents}"
+    info = await admin.js.stream_info(stream)
+    info.config.max_bytes = 64 * 1024  # the bound, small: the same refusal in a moment, not 26 s
+    await admin.js.update_stream(info.config)
+    job_a = await dep.connect("agent", job="jobA")
+    job_b = await dep.connect("agent", job="jobB")
+    ups = await dep.connect("ups-monitor")
+    requests: list[CheckpointRequested] = []
+    sub = await job_b.listen(CheckpointRequested, subject=job_b.subjects.ckpt_request("jobB")).start()
+
+    async def follow() -> None:
+        async for ev in sub:
+            requests.append(ev)
+
+    follower = asyncio.create_task(follow())
+    try:
+        async with coordinator(dep) as c:
+            kv = await job_a.agents()
+            rank = 0
+            for size in (4000, 400, 40, 1):  # large values, then small ones to use the slack
+                with pytest.raises(Exception):  # noqa: B017  (the server's refusal, whatever nats.py calls it)
+                    while rank < 100_000:
+                        rank += 1
+                        await kv.put(f"jobA.n1.{rank}", b"x" * size)
+            with pytest.raises(RegistrationRefused):
+                await announce(job_b, AgentRegistered(data=AgentData(job="jobB", rank=0, world_size=1, node="n2")))
+            await eventually(lambda: "jobB" in c.book.jobs, 15, "the coordinator's book to hear jobB")
+            await outage(ups)
+            await eventually(lambda: requests, 15, "jobB's checkpoint request")
+            (rec,) = c.open.values()
+            assert "jobB" in rec.jobs
     finally:
         follower.cancel()

@@ -10,7 +10,16 @@ setup, OTel propagation, an embedded broker and the service runner.
 from .client import Bus
 from .consumer import BatchConsumer, BatchHandler, Consumer, Handler, Received, Subscription
 from .embedded import EmbeddedNats, embedded_cluster, find_nats_server, free_ports
-from .errors import BusError, CasConflict, ConnectError, EmbeddedServerError, PublishError, ReadError, SetupError
+from .errors import (
+    BusError,
+    CasConflict,
+    ConnectError,
+    EmbeddedServerError,
+    PublishError,
+    ReadError,
+    RegistrationRefused,
+    SetupError,
+)
 from .kv import Kv, KvEntry
 from .names import BusNames, StreamLimits
 from .runner import ReadyLog, ServiceContext, run_service, service_main
@@ -33,6 +42,7 @@ __all__ = [
     "KvEntry",
     "PublishError",
     "ReadError",
+    "RegistrationRefused",
     "ReadyLog",
     "Received",
     "ServiceContext",

@@ -25,14 +25,20 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+import nats.errors
+from nats.js import errors as js_errors
+
 from powerguard.schemas import (
     AgentData,
     AgentDeregistered,
     AgentEvent,
     AgentHeartbeat,
+    AgentRegistered,
     IdentityMismatch,
     MalformedEvent,
 )
+
+from .errors import BusError, RegistrationRefused
 
 if TYPE_CHECKING:
     from .client import Bus
@@ -51,13 +57,23 @@ def parse_agent_key(key: str) -> tuple[str, str, int] | None:
 
 
 async def announce(bus: Bus, event: AgentEvent) -> None:
-    """Register (or refresh, or with :class:`AgentDeregistered` remove) one rank."""
-    agents = await bus.agents()
+    """Register (or refresh, or with :class:`AgentDeregistered` remove) one rank. A record the
+    registry refuses (its bucket full: the registry is shared by every job) goes out as a
+    registration event on the job's own subject all the same, which the coordinator hears (its
+    book of known jobs), then :class:`~powerguard.bus.errors.RegistrationRefused` says so."""
     key = agent_key(event.data.job, event.data.node, event.data.rank)
-    if isinstance(event, AgentDeregistered):
-        await agents.delete(key)
-    else:
-        await agents.put(key, event.data)
+    try:
+        agents = await bus.agents()
+        if isinstance(event, AgentDeregistered):
+            await agents.delete(key)
+        else:
+            await agents.put(key, event.data)
+    except (nats.errors.Error, js_errors.Error, BusError, TimeoutError) as exc:
+        if bus.nc.is_closed:
+            raise
+        as_event = event if not isinstance(event, AgentHeartbeat) else AgentRegistered(data=event.data)
+        await bus.publish(as_event)
+        raise RegistrationRefused(key, exc) from exc
     if not isinstance(event, AgentHeartbeat):
         await bus.publish(event)
 

@@ -35,5 +35,15 @@ class CasConflict(BusError):
         self.revision = revision
 
 
+class RegistrationRefused(BusError):
+    """The agent registry did not take a rank's record (its bucket full, or a write the credential
+    may not make); the rank's registration went out as an event on its job's own subject instead."""
+
+    def __init__(self, key: str, cause: BaseException) -> None:
+        super().__init__(f"registry record {key} refused: {type(cause).__name__}: {cause}")
+        self.key = key
+        self.cause = cause
+
+
 class EmbeddedServerError(BusError):
     """The embedded nats-server could not be started."""

@@ -63,7 +63,9 @@ def durable_filters(names: BusNames, site: str) -> dict[str, list[str]]:
         d["coordinator-power"]: [s.power_events(site)],
         d["coordinator-drill"]: [s.drill_power_events(site)],
         d["coordinator"]: [s.power_result("*"), s.job_result("*"), s.ups_result("*")],
-        d["coordinator-jobs"]: [s.ckpt_ack("*", "*"), s.job_resumed("*")],
+        # and the ranks' registrations (events, once per rank start; a heartbeat only when the
+        # registry refused its record): the coordinator's book of known jobs hears them
+        d["coordinator-jobs"]: [s.ckpt_ack("*", "*"), s.job_resumed("*"), s.agent("*", "*")],
         d["power-control"]: [s.power_cmd("*"), s.job_cmd("*"), s.ups_cmd("*")],
     }
 

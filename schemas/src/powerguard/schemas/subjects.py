@@ -85,7 +85,7 @@ class Subjects:
 
     # agents & checkpoints -------------------------------------------------
     def agent(self, job: str, rank: int | str) -> str:
-        return f"{self.prefix}.agent.{token(job, what='job')}.{_rank(rank)}"
+        return f"{self.prefix}.agent.{_job_or_star(job)}.{_rank(rank)}"
 
     def ckpt_request(self, job: str) -> str:
         return f"{self.prefix}.ckpt.{_job_or_star(job)}.request"

@@ -17,7 +17,7 @@ from concurrent.futures import Future
 
 from opentelemetry import context as otel_context
 
-from powerguard.bus import Bus, BusNames, ConnectError
+from powerguard.bus import Bus, BusNames, ConnectError, RegistrationRefused
 from powerguard.bus.agents import announce
 from powerguard.bus.env import auth_options
 from powerguard.bus.reconnect import Backoff, FailureLog
@@ -264,14 +264,13 @@ class BusThread:
 
     async def _register(self) -> None:
         """Register the rank. A registration the server refuses on a live connection (the
-        registry's bucket full, a write it may not make) is logged as an error naming the cause,
-        and the rank stays connected and subscribed to its job's requests: a coordinator that
-        knows the job (its durable book) still reaches it, and each heartbeat registers again."""
+        registry's bucket full) is logged as an error naming the cause, and the rank stays
+        connected and subscribed to its job's requests: its registration went out as an event on
+        its job's own subject, which the coordinator's book of known jobs hears, and each
+        heartbeat registers again."""
         try:
             await announce(self.bus, AgentRegistered(source=self.source, data=self._data()))
-        except Exception as exc:
-            if self.bus is None or self.bus.nc.is_closed:
-                raise
+        except RegistrationRefused as exc:  # the registration still went out as an event
             log.error(
                 "rank %d of job %s: registration refused (%s); still listening for checkpoint requests, "
                 "registering again at each heartbeat",

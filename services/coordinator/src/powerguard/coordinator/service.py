@@ -27,6 +27,7 @@ from powerguard.bus.roles import INPUT_BATCH, POWER_BATCH, durable_filters, dura
 from powerguard.bus.tracing import parse_traceparent
 from powerguard.schemas import (
     AgentData,
+    AgentRegistered,
     CheckpointDurable,
     CheckpointFailed,
     ConfigError,
@@ -63,7 +64,8 @@ log = logging.getLogger(__name__)
 
 POWER_TYPES = (PowerEvent,)
 RESULT_TYPES = (NodeState, PowerActionFailed, JobRestarted, UpsOutputResult)  # power-control's results
-JOB_TYPES = (CheckpointDurable, CheckpointFailed, JobResumed)  # the jobs' agents (their own stream)
+# the jobs' agents (their own stream): acks, resumes, and registrations for the book of known jobs
+JOB_TYPES = (CheckpointDurable, CheckpointFailed, JobResumed, AgentRegistered)
 
 
 class NotLeader(PowerGuardError):
@@ -308,6 +310,10 @@ class Coordinator:
                 ev = item.event
                 if isinstance(ev, CheckpointDurable) and ev.data.durations.total_s is not None:
                     metrics.CHECKPOINT_SECONDS.labels(ev.data.job).observe(ev.data.durations.total_s)
+                elif isinstance(ev, AgentRegistered):
+                    # a rank's registration as an event (its job's own subject): the book hears the
+                    # job even when the registry refused its record (its bucket full)
+                    self.book.heard(ev.data, item.stored_at or time.time())
             await self._commit(self.core.apply(self._events(items), time.time()))
             if len(items) > 1 and self.open:  # a burst in an outage: what it left, out of the collector's walks
                 heap.keep()
