@@ -6,11 +6,13 @@ no shutdown."""
 
 from __future__ import annotations
 
+import time
 from datetime import timedelta
 
 import pytest
 
 from powerguard.schemas import OnBattery, OnLine, utcnow
+from powerguard.ups_monitor import clock
 
 from .conftest import eventually
 from .services import Watch, coordinator, reading
@@ -34,3 +36,12 @@ async def test_an_outage_from_a_ups_monitor_whose_clock_is_off_is_handled_as_at_
             await eventually(lambda: "cancelled" in watch.states, 30, "power back: the saga ends")
     finally:
         watch.stop()
+
+
+@pytest.mark.parametrize("offset_s", [100, -150, 0])
+async def test_ups_monitor_measures_its_clock_against_the_servers(deployment, offset_s):
+    """What the PowerGuardClockOffset alert reads: the server's stamp of a write against this
+    host's clock (here made off by ``offset_s``), with the ups-monitor's own credential."""
+    ups = await deployment.connect("ups-monitor")
+    got = await clock.probe(ups, "dc1", clock=lambda: time.time() + offset_s)
+    assert abs(got.seconds + offset_s) <= 1.0 + got.error_s, got

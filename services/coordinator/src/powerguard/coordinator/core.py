@@ -334,6 +334,8 @@ class SiteCore:
                 Notice(
                     "future",
                     f"{ev.short_type} of {d.ups} stored {when - now:.0f}s in the future ignored (max_clock_skew_s)",
+                    d.ups,
+                    d.drill,
                 )
             )
             return None

@@ -16,6 +16,12 @@ SQUATTED = Counter(
 )
 TICK_ERRORS = Counter("powerguard_coordinator_tick_errors_total", "Clock ticks that failed (retried at the next)")
 IGNORED = Counter("powerguard_coordinator_ignored_total", "Inputs that matched no saga", ["reason"])
+REAL_POWER_IGNORED = Counter(
+    "powerguard_coordinator_real_power_ignored_total",
+    "Real (not drill) power events set aside: stale (stored longer ago than max_event_age_s) or future "
+    "(stored ahead of the coordinator's clock by more than max_clock_skew_s)",
+    ["reason"],
+)
 MISSING_RANKS = Gauge("powerguard_saga_missing_ranks", "Ranks that did not ack in the last partial checkpoint")
 RESERVE = Gauge("powerguard_shutdown_reserve_seconds", "Battery runtime kept for the shutdown (policy)")
 CHECKPOINT_SECONDS = Histogram(

@@ -366,6 +366,8 @@ class Coordinator:
         now = time.time()
         for notice in step.notices:
             metrics.IGNORED.labels(notice.reason).inc()
+            if notice.reason in ("stale", "future") and not notice.drill:
+                metrics.REAL_POWER_IGNORED.labels(notice.reason).inc()
             level = logging.WARNING if notice.reason in ("unknown_ups", "stale", "future") else logging.INFO
             log.log(level, "%s", notice.message)
         for sid in step.started:

@@ -25,6 +25,14 @@ POLL_ERRORS = Counter(
 TRAPS_DROPPED = Counter(
     "powerguard_ups_traps_dropped_total", "Traps not acted on (unknown sender, over the rate limit)", ["reason"]
 )
+CLOCK_OFFSET = Gauge(
+    "powerguard_ups_monitor_clock_offset_seconds",
+    "The NATS server's clock minus this host's, measured from a write's stored time (clock.py)",
+    ["site"],
+)
+CLOCK_OFFSET_ERROR = Gauge(
+    "powerguard_ups_monitor_clock_offset_error_seconds", "Half the round trip of the last clock probe", ["site"]
+)
 TRANSITIONS = Counter("powerguard_ups_transitions_total", "Power events published", [*LABELS, "kind"])
 
 

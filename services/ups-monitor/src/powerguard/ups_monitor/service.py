@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import secrets
 import socket
 import time
@@ -43,7 +44,7 @@ from powerguard.schemas import (
     secret_value,
 )
 
-from . import metrics
+from . import clock, metrics
 from .config import MonitorSettings, SnmpOptions
 from .drivers import make_driver
 from .nut import UpsError
@@ -52,6 +53,8 @@ from .reading import Reading
 from .state import POWER_KINDS, Transition, UpsState
 
 log = logging.getLogger(__name__)
+CLOCK_PROBE_EVERY_S = 60.0  # the server's clock against this host's (clock.py)
+CLOCK_OFFSET_WARN_S = 30.0  # logged as an error past this (the alert's bound too)
 
 EVENTS = {
     "on_battery": OnBattery,
@@ -202,8 +205,12 @@ class Monitor:
         each round."""
         await self.start_traps()
         interval = self.settings.poll_interval_s
+        probed = -math.inf
         while not stopping.is_set():
             started = time.monotonic()
+            if started - probed >= CLOCK_PROBE_EVERY_S:
+                probed = started
+                await self._probe_clock()
             await asyncio.gather(*(self.poll(t) for t in self.targets), return_exceptions=True)
             if after_poll is not None:
                 after_poll(self.readiness)
@@ -215,6 +222,23 @@ class Monitor:
             self.traps.close()
         for t in self.targets:
             await t.driver.close()
+
+    async def _probe_clock(self) -> None:
+        """The server's clock against this host's (clock.py), exported; a large offset logged."""
+        try:
+            off = await clock.probe(self.bus, self.site.site)
+        except Exception as exc:  # the broker away: the next probe tries again
+            log.debug("clock probe failed: %s", exc)
+            return
+        metrics.CLOCK_OFFSET.labels(self.site.site).set(off.seconds)
+        metrics.CLOCK_OFFSET_ERROR.labels(self.site.site).set(off.error_s)
+        if abs(off.seconds) > CLOCK_OFFSET_WARN_S:
+            log.error(
+                "this host's clock is %.1f s %s the NATS server's (±%.3f s): fix its time sync (chrony, NTP)",
+                abs(off.seconds),
+                "behind" if off.seconds > 0 else "ahead of",
+                off.error_s,
+            )
 
     async def poll(self, t: Target, trap=None) -> None:
         """Poll one UPS; nothing this UPS does (no answer, garbage, a driver bug) reaches the
