@@ -377,6 +377,8 @@ class Bus:
             await self._bucket(n.leases, history=1, ttl=lim.leases_ttl_s)
             await self._bucket(n.ups, history=5, ttl=None)
             await self._bucket(n.power, history=1, ttl=lim.power_ttl_s)
+            # each job's restore floor: no age and no size to push it out (one small value a job)
+            await self._bucket(n.floors, history=1, ttl=None, direct=True)
         except (js_errors.APIError, nats.errors.Error, TimeoutError) as exc:
             raise SetupError(f"cannot set up streams {n.stream}, {n.jobs_stream} and KV buckets: {exc}") from None
 
@@ -449,6 +451,7 @@ class Bus:
         ttl: float | None,
         storage: api.StorageType = api.StorageType.FILE,
         max_bytes: int | None = None,
+        direct: bool = False,
     ) -> Kv:
         try:
             raw = await self.js.key_value(bucket)
@@ -461,6 +464,7 @@ class Bus:
                     storage=storage,
                     replicas=self.limits.replicas,
                     max_bytes=max_bytes,
+                    direct=direct,
                 )
             )
         kv = Kv(self._in_domain(raw, bucket), bucket)
@@ -549,6 +553,22 @@ class Bus:
 
     async def agents(self) -> Kv:
         return await self.kv(self.names.agents)
+
+    async def floor(self, job: str) -> Envelope | None:
+        """``job``'s restore floor from its own store (a direct read of its key: what a job's
+        credential may read), or None: none recorded there (a coordinator before this store)."""
+        stream, subject = f"KV_{self.names.floors}", f"$KV.{self.names.floors}.{job}"
+        try:
+            msg = await self.js.get_msg(stream, subject=subject, direct=True)
+        except js_errors.NotFoundError:
+            return None
+        if not msg.data:
+            return None
+        return decode_on(self, msg.data, self.subjects.ckpt_recorded(job))
+
+    async def floors(self) -> Kv:
+        """Each job's restore floor (``<job>``: its ``CheckpointRecorded``), written by the coordinator."""
+        return await self.kv(self.names.floors)
 
     async def leases(self) -> Kv:
         return await self.kv(self.names.leases)

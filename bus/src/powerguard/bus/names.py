@@ -31,6 +31,9 @@ class BusNames:
     leases: str = "pg_leases"
     ups: str = "pg_ups"
     power: str = "pg_power"
+    # each job's restore floor (the step every rank acked durable): the coordinator writes, the
+    # job's agents read their own key; no age limit, never discarded for room (docs/security.md)
+    floors: str = "pg_floors"
     jobs_stream: str = ""  # default: the events stream's name with JOBS for EVENTS (PG_JOBS)
     subjects: Subjects = field(init=False)
 
@@ -99,6 +102,7 @@ class BusNames:
             leases=nats.leases_bucket,
             ups=nats.ups_bucket,
             power=nats.power_bucket,
+            floors=nats.floors_bucket,
             jobs_stream=nats.jobs_stream or "",
         )
 
@@ -115,6 +119,7 @@ class BusNames:
             leases=f"pg_leases_{t}",
             ups=f"pg_ups_{t}",
             power=f"pg_power_{t}",
+            floors=f"pg_floors_{t}",
             jobs_stream=f"PG_JOBS_{t}",
         )
 

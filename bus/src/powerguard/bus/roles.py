@@ -163,7 +163,8 @@ def permissions(
             _api("STREAM.INFO", f"KV_{n.agents}"),
             _api("DIRECT.GET", stream, s.ckpt_request(j)),  # catch up after a reconnect
             _api("DIRECT.GET", stream, s.ckpt_release(j)),
-            _api("DIRECT.GET", stream, s.ckpt_recorded(j)),  # a restore's floor: the step every rank acked
+            _api("DIRECT.GET", stream, s.ckpt_recorded(j)),  # a restore's floor, as an event (older releases)
+            _api("DIRECT.GET", f"KV_{n.floors}", f"$KV.{n.floors}.{j}"),  # ... and in its own store: its own key
         )
         # the same operations through the site's JetStream domain: the ranks behind a compute
         # node's leaf nats-server reach them only so (the server maps them onto the ones above)
@@ -199,6 +200,8 @@ def permissions(
             *_kv_write(n.sagas),
             *_kv_write(n.status),
             *_kv_write(n.leases),
+            f"$KV.{n.floors}.*",  # each job's restore floor: written, never read back or watched
+            _api("STREAM.INFO", f"KV_{n.floors}"),
             *_kv_read(n.agents),
             # the agent registry's bucket, should the server lose it (memory-stored: a single
             # server forgets it on restart); that stream only, never another's (Bus.ensure_agents)
@@ -262,7 +265,7 @@ def permissions(
         # the other buckets' existence and size for the health exporter: stream info only, never a
         # value (pg_sagas is the coordinator's storage, pg_ups holds the event-id secret, pg_power
         # the ledger, pg_leases the leader)
-        *(_api("STREAM.INFO", f"KV_{b}") for b in (n.sagas, n.leases, n.ups, n.power)),
+        *(_api("STREAM.INFO", f"KV_{b}") for b in (n.sagas, n.leases, n.ups, n.power, n.floors)),
     ]
     if role == "operator":
         pub += [s.drill_power_events(site) for site in sites]

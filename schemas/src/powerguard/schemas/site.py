@@ -91,6 +91,7 @@ class NatsSettings(_Model):
     leases_bucket: str = "pg_leases"
     ups_bucket: str = "pg_ups"
     power_bucket: str = "pg_power"
+    floors_bucket: str = "pg_floors"
     user: str | None = None
     password: SecretRef | None = None
     creds_file: Path | None = Field(default=None, description="NATS user credentials (JWT + nkey seed)")

@@ -370,11 +370,18 @@ class BusThread:
         if self.bus is None:
             log.warning("rank %d: not connected: the coordinator's record of this job is not read", self.agent.rank)
             return None
+        stored = None
+        try:  # its own store first (no age limit); a site before that store: the event
+            stored = self.run(self.bus.floor(self.agent.job), timeout)
+        except Exception as exc:
+            log.info("rank %d: the restore floor's store not read (%s): reading the event", self.agent.rank, exc)
         try:
-            got = self.run(self.bus.last(self.bus.subjects.ckpt_recorded(self.agent.job)), timeout)
+            got = stored or self.run(self.bus.last(self.bus.subjects.ckpt_recorded(self.agent.job)), timeout)
         except Exception as exc:
             log.warning("rank %d: the coordinator's record of this job not read: %s", self.agent.rank, exc)
             return None
+        if isinstance(got, CheckpointRecorded):
+            return got.data
         return got.event.data if got is not None and isinstance(got.event, CheckpointRecorded) else None
 
     def run(self, coro, timeout: float = 10.0):

@@ -162,6 +162,13 @@ class Restorer:
             span.set_attribute("powerguard.step", got.step if got else -1)
             if self.ranks.rank == 0:  # one line at every start, shown by default (a warning: stderr)
                 log.warning("%s", self.said(got))
+                if got is not None and got.saga_id and floor is None:
+                    log.warning(
+                        "powerguard: job %s restored a power checkpoint (saga %s) but read no restore floor from "
+                        "the coordinator's store: a rolled-back checkpoint cannot be told from the newest here",
+                        self.job,
+                        got.saga_id,
+                    )
             return got
         except BaseException as exc:
             _spans.failed(span, exc)

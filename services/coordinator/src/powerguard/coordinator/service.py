@@ -30,6 +30,7 @@ from powerguard.schemas import (
     AgentRegistered,
     CheckpointDurable,
     CheckpointFailed,
+    CheckpointRecorded,
     ConfigError,
     Envelope,
     JobRestarted,
@@ -433,12 +434,15 @@ class Coordinator:
             metrics.COMMANDS.labels(c.kind).inc()
         if not states and not commands:
             return
+        floors = await self.bus.floors() if any(isinstance(e, CheckpointRecorded) for e in commands) else None
         token = otel_context.attach(root_context(rec))
         try:
             sem = asyncio.Semaphore(128)
 
             async def one(ev: Envelope) -> None:
                 async with sem:
+                    if isinstance(ev, CheckpointRecorded):  # the floor in its own store first (no age limit)
+                        await floors.put(ev.data.job, ev)
                     ack = await self.bus.publish(ev)
                     if ack.duplicate and not resend:
                         metrics.SQUATTED.inc()
