@@ -1,10 +1,10 @@
 """Back up and restore a deployment's JetStream state through the server's own snapshot API
 (``$JS.API.STREAM.SNAPSHOT`` / ``RESTORE``, what ``nats stream backup`` uses): the events stream
 and every KV bucket of lasting state (``pg_sagas``, the ``pg_power`` ledger, ``pg_ups`` with the
-event-id secret, ``pg_leases``), each with its durable consumers and their positions. Not the
-agent registry (``pg_agents``): soft state in the servers' memory that every live rank writes again
-at its next heartbeat (bus/agents.py); the coordinator creates it on a restored broker. Live: the
-broker keeps serving while it is read. With the admin credential.
+event-id secret, ``pg_leases``, each job's restore floor in ``pg_floors``), each with its
+durable consumers and their positions. Not the agent registry (``pg_agents``): soft state in the
+servers' memory that every live rank writes again at its next heartbeat (bus/agents.py); the
+coordinator creates it on a restored broker. Live: the broker keeps serving while it is read. With the admin credential.
 
 A backup is a directory: ``<stream>.json`` (the stream's configuration and state when read)
 and ``<stream>.snapshot`` (the server's snapshot bytes, S2-compressed tar, kept as they came),
@@ -42,7 +42,7 @@ class BackupError(BusError):
 
 def streams_of(bus: Bus) -> list[str]:
     n = bus.names
-    return [n.stream, n.jobs_stream, *(f"KV_{b}" for b in (n.sagas, n.status, n.power, n.ups, n.leases))]
+    return [n.stream, n.jobs_stream, *(f"KV_{b}" for b in (n.sagas, n.status, n.power, n.ups, n.leases, n.floors))]
 
 
 @dataclass(frozen=True)

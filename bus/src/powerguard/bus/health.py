@@ -118,6 +118,7 @@ async def collect(bus: Bus, site: str, *, now: float | None = None, timeout_s: f
         bus.names.leases,
         bus.names.ups,
         bus.names.power,
+        bus.names.floors,
     ):
         try:
             kv = await asyncio.wait_for(bus.js.stream_info(f"KV_{bucket}"), timeout_s)
