@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from powerguard.power_control.errors import SchedulerError
+from powerguard.power_control.schedulers.kube_objects import HELD_BY
 from powerguard.power_control.schedulers.kubernetes import KubernetesScheduler
 from tests.kube_peer import RBAC, SimKube
 from tests.waiting import eventually
@@ -177,6 +178,25 @@ async def test_a_cancelled_outage_removes_its_taints_and_lifts_its_hold_only(clu
     assert "untainted n1, n2" in said and "released gpus" in said
     assert taints(cluster, "n1") == [] and taints(cluster, "n2") == [("maintenance", "ops", "NoSchedule")]
     assert cluster.get("clusterqueue", "gpus")["spec"]["stopPolicy"] == "None"
+
+
+async def test_two_concurrent_outages_keep_admission_held_until_the_second_ends(cluster):
+    """Before: saga s2 found the ClusterQueue held by s1 and recorded nothing; s1's end lifted the
+    hold while s2's node was still on battery (admission reopened in the middle of s2's outage).
+    Both sagas hold at once here, racing each other's conditional patches."""
+    cluster.apply(QUEUES)
+    k = adapter(cluster)
+    try:
+        await asyncio.gather(k.on_battery(["n1"], saga_id="s1"), k.on_battery(["n2"], saga_id="s2"))
+        cq = cluster.get("clusterqueue", "gpus")
+        assert cq["spec"]["stopPolicy"] == "Hold" and cq["metadata"]["annotations"][HELD_BY] == "s1,s2"
+        said = await k.outage_over(["n1"], saga_id="s1")
+        assert cluster.get("clusterqueue", "gpus")["spec"]["stopPolicy"] == "Hold", said  # s2 still holds it
+        assert taints(cluster, "n2") == [("powerguard.io/on-battery", "s2", "NoSchedule")]
+        said = await k.outage_over(["n2"], saga_id="s2")
+    finally:
+        await k.close()
+    assert "released gpus" in said and cluster.get("clusterqueue", "gpus")["spec"]["stopPolicy"] == "None"
 
 
 async def test_a_pdb_that_refuses_the_eviction_is_reported_by_name(cluster):

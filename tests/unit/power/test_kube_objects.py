@@ -6,6 +6,9 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
+from hypothesis import given
+from hypothesis import strategies as st
+
 from powerguard.power_control.saga_edges import SagaEdges
 from powerguard.power_control.schedulers import kube_objects as ko
 from powerguard.power_control.schedulers.base import NoScheduler
@@ -27,16 +30,52 @@ def test_only_the_named_taints_are_removed_and_none_means_nothing_to_write():
     assert ko.without_taints([oos], [(ko.OUT_OF_SERVICE, ko.OUT_OF_SERVICE_VALUE)]) is None  # an operator's
 
 
-def test_a_hold_is_placed_on_an_open_queue_and_lifted_only_by_its_saga():
+def _apply(cq: dict, patch: dict | None) -> dict:
+    """A JSON merge patch applied as the API server does (None deletes a key)."""
+    if patch is None:
+        return cq
+    out = {"metadata": dict(cq["metadata"]), "spec": dict(cq.get("spec") or {})}
+    notes = dict(out["metadata"].get("annotations") or {})
+    for k, v in (patch.get("metadata", {}).get("annotations") or {}).items():
+        if v is None:
+            notes.pop(k, None)
+        else:
+            notes[k] = v
+    out["metadata"]["annotations"] = notes
+    out["spec"].update(patch.get("spec") or {})
+    return out
+
+
+def test_a_hold_is_placed_on_an_open_queue_and_lifted_only_by_the_last_saga_that_holds_it():
+    """Before: saga s2 found the queue held by s1 and recorded nothing; s1's restart lifted the
+    hold while s2's outage went on (admission reopened in the middle of it)."""
     cq = {"metadata": {"name": "gpus"}, "spec": {}}
     patch = ko.hold_patch(cq, "s1")
     assert patch["spec"] == {"stopPolicy": "Hold"} and patch["metadata"]["annotations"][ko.HELD_BY] == "s1"
-    held = {"metadata": {"name": "gpus", "annotations": patch["metadata"]["annotations"]}, "spec": patch["spec"]}
-    assert ko.hold_patch(held, "s2") is None
-    assert ko.release_patch(held, "s2") is None
-    assert ko.release_patch(held, "s1")["spec"] == {"stopPolicy": "None"}
+    held = _apply(cq, patch)
+    both = _apply(held, ko.hold_patch(held, "s2"))  # a second outage's saga joins the hold
+    assert ko.holders(both) == ["s1", "s2"] and both["spec"]["stopPolicy"] == "Hold"
+    assert ko.hold_patch(both, "s2") is None and ko.release_patch(both, "s3") is None
+    s2_left = _apply(both, ko.release_patch(both, "s1"))
+    assert s2_left["spec"]["stopPolicy"] == "Hold" and ko.holders(s2_left) == ["s2"]
+    assert ko.release_patch(s2_left, "s2")["spec"] == {"stopPolicy": "None"}
     drained_by_ops = {"metadata": {"name": "gpus"}, "spec": {"stopPolicy": "HoldAndDrain"}}
     assert ko.hold_patch(drained_by_ops, "s1") is None and ko.release_patch(drained_by_ops) is None
+
+
+@given(st.lists(st.tuples(st.sampled_from(["hold", "release"]), st.sampled_from(["s1", "s2", "s3"])), max_size=20))
+def test_a_queue_is_held_exactly_while_a_saga_that_held_it_has_not_released_it(ops):
+    cq = {"metadata": {"name": "gpus"}, "spec": {}}
+    holding: set[str] = set()
+    for op, saga in ops:
+        if op == "hold":
+            cq = _apply(cq, ko.hold_patch(cq, saga))
+            holding.add(saga)
+        else:
+            cq = _apply(cq, ko.release_patch(cq, saga))
+            holding.discard(saga)
+        assert (cq["spec"].get("stopPolicy", "None") == "Hold") == bool(holding)
+        assert set(ko.holders(cq)) == holding
 
 
 def test_an_eviction_refusal_names_the_budget():

@@ -49,6 +49,15 @@ class SchedulerError(PowerControlError):
     """The scheduler adapter could not stop or start a job."""
 
 
+class KubeApiError(SchedulerError):
+    """The Kubernetes API refused a request: ``code`` is its HTTP status (409 a conflict, 404
+    not found, 403 forbidden, 422 invalid: a failed ``test`` of a JSON patch)."""
+
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.code = code
+
+
 class CredentialUnavailable(PowerControlError):
     """A device's credential reference (env var or file) cannot be resolved: retrying won't help."""
 

@@ -10,7 +10,7 @@ import asyncio
 import logging
 import time
 
-from ..errors import SchedulerError
+from ..errors import KubeApiError, SchedulerError
 from . import kube_objects as ko
 
 log = logging.getLogger("powerguard.power_control.schedulers.kubernetes")
@@ -74,7 +74,8 @@ class KubeApi:
                 if exc.status.code == 403
                 else ""
             )
-            raise SchedulerError(f"kubernetes: {what}: {exc.status.code} {exc.status.message}{hint}") from None
+            code = exc.status.code
+            raise KubeApiError(f"kubernetes: {what}: {code} {exc.status.message}{hint}", code) from None
         except HTTPError as exc:
             raise SchedulerError(f"kubernetes: {what}: {type(exc).__name__}: {exc}") from None
 

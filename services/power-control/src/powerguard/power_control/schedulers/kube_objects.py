@@ -37,10 +37,23 @@ def controller(obj: dict) -> dict | None:
     return next((o for o in obj.get("metadata", {}).get("ownerReferences") or [] if o.get("controller")), None)
 
 
+def holders(cq: dict) -> list[str]:
+    """The sagas whose hold of this ClusterQueue is ours to lift (its ``held-by`` annotation:
+    comma-separated saga ids; absent: we hold nothing there)."""
+    notes = cq.get("metadata", {}).get("annotations") or {}
+    return [s for s in (notes.get(HELD_BY) or "").split(",") if s]
+
+
 def hold_patch(cq: dict, saga_id: str) -> dict | None:
-    """The merge patch that holds a ClusterQueue's admission for this outage (None: already
-    held, by us or its owner: a hold we did not place is never lifted by us)."""
+    """The merge patch that holds a ClusterQueue's admission for this outage as well (None: this
+    saga holds it already, or its owner does: a hold we did not place is never lifted by us). A
+    hold belongs to every saga that placed it: a second outage's saga joins the first's."""
     spec = cq.get("spec") or {}
+    sagas = holders(cq)
+    if saga_id in sagas:
+        return None
+    if sagas:  # ours already, for another outage: this saga holds it too
+        return {"metadata": {"annotations": {HELD_BY: ",".join(sorted({*sagas, saga_id}))}}}
     if spec.get("stopPolicy", "None") != "None":
         return None
     return {
@@ -50,10 +63,15 @@ def hold_patch(cq: dict, saga_id: str) -> dict | None:
 
 
 def release_patch(cq: dict, saga_id: str | None = None) -> dict | None:
-    """The merge patch that lifts our hold (of this saga, or any of ours when None)."""
+    """The merge patch that takes this saga's hold away (or every one of ours when None): the
+    admission reopens only when the last saga that held it has ended."""
     notes = cq.get("metadata", {}).get("annotations") or {}
-    if HELD_BY not in notes or (saga_id is not None and notes[HELD_BY] != saga_id):
+    sagas = holders(cq)
+    if not sagas or (saga_id is not None and saga_id not in sagas):
         return None
+    left = [s for s in sagas if saga_id is not None and s != saga_id]
+    if left:
+        return {"metadata": {"annotations": {HELD_BY: ",".join(left)}}}
     return {
         "metadata": {"annotations": {HELD_BY: None, PREVIOUS_STOP_POLICY: None}},
         "spec": {"stopPolicy": notes.get(PREVIOUS_STOP_POLICY, "None")},

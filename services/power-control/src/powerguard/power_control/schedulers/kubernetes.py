@@ -29,7 +29,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..errors import SchedulerError
+from ..errors import KubeApiError, SchedulerError
 from . import kube_objects as ko
 from .base import Scheduler, job_name
 from .kube_api import KubeApi
@@ -122,8 +122,8 @@ class KubernetesScheduler(Scheduler):
             try:
                 await self.api.patch("Node", node, ops, json_patch=True)
                 return True
-            except SchedulerError as exc:
-                if " 409 " not in str(exc) and " 422 " not in str(exc):
+            except KubeApiError as exc:
+                if exc.code not in (409, 422):
                     raise
         raise SchedulerError(f"kubernetes: node {node}: its taints kept changing under five tries")
 
@@ -148,13 +148,33 @@ class KubernetesScheduler(Scheduler):
         return await self._patch_queues(lambda cq: ko.release_patch(cq, saga_id))
 
     async def _patch_queues(self, patch_of) -> list[str]:
+        """Patch each (configured) ClusterQueue with ``patch_of(cq)``, conditional on the
+        resourceVersion read: two sagas holding or lifting at once never lose each other's word
+        (a 409 reads it again)."""
         if not self.opts.kueue:
             return []
         done = []
         for cq in await self.cluster_queues():
-            if (patch := patch_of(cq)) is not None:
-                await self.api.patch("ClusterQueue", cq["metadata"]["name"], patch)
-                done.append(cq["metadata"]["name"])
+            name = cq["metadata"]["name"]
+            for _ in range(5):
+                patch = patch_of(cq)
+                if patch is None:
+                    break
+                patch.setdefault("metadata", {})["resourceVersion"] = cq["metadata"]["resourceVersion"]
+                try:
+                    await self.api.patch("ClusterQueue", name, patch)
+                except KubeApiError as exc:
+                    if exc.code != 409:
+                        raise
+                    # read again (the role lists ClusterQueues; it needs no get)
+                    cq = next((c for c in await self.api.list("ClusterQueue") if c["metadata"]["name"] == name), None)
+                    if cq is None:
+                        break
+                    continue
+                done.append(name)
+                break
+            else:
+                raise SchedulerError(f"kubernetes: ClusterQueue {name}: kept changing under five tries")
         return done
 
     # ------------------------------------------------------------ the saga's edges
