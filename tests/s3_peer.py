@@ -32,6 +32,7 @@ class SeaweedS3:
         self.ports = free_ports(8)
         self.proc: subprocess.Popen | None = None
         self.log = tmp / "weed.log"
+        self.identities: list[dict] = []  # more identities (a job's own, scoped: object-storage.md)
 
     @property
     def endpoint(self) -> str:
@@ -57,7 +58,7 @@ class SeaweedS3:
         config = self.tmp / "s3.json"
         identity = {"name": "pg", "credentials": [{"accessKey": ACCESS_KEY, "secretKey": SECRET_KEY}]}
         identity["actions"] = ["Admin", "Read", "Write", "List", "Tagging"]
-        config.write_text(json.dumps({"identities": [identity]}))
+        config.write_text(json.dumps({"identities": [identity, *self.identities]}))
         p = self.ports
         argv = [
             binary,
