@@ -20,6 +20,8 @@ and the output going off is the cut) and ``cut-during-checkpoint`` (the battery 
 runtime estimate that was wrong: the cut lands at a random instant of the power checkpoint, or
 of the final checkpoint or the shutdown); mains returns 0.5-3 s later and the site must come
 back by itself (each BMC boots its node by its restore policy, the services start at boot).
+``mgmt-cut``: the management host (the broker and every service) SIGKILLed and back 0.5-3 s later,
+and utility fails 0.2-2 s after that (the registry, in the broker's memory, is empty then).
 
 Invariants (a violation names the run's seed):
   shutdown_after_acks   no node is told to shut down before every rank acked or the deadline passed
@@ -68,9 +70,11 @@ KINDS = (
     "clock-offset",
     "blackout",
     "cut-during-checkpoint",
+    "mgmt-cut",
 )
 FIRST_KINDS = KINDS[:8]  # what the campaign drew from before the last four were added (replay: --kinds first)
 TWELVE_KINDS = KINDS[:12]  # before the power cuts were added (replay: --kinds twelve)
+FOURTEEN_KINDS = KINDS[:14]  # before the management host's cut was added (replay: --kinds fourteen)
 CUTS = {"blackout", "cut-during-checkpoint"}  # the whole site loses its power
 PHASES = {
     "hold": ("holding", "checkpointed", "partial"),
@@ -104,6 +108,7 @@ class Fault:
             "disk-full": "hold",
             "clock-offset": "start",
             "blackout": "ups-off",
+            "mgmt-cut": "before",
         }
         phase = (
             fixed.get(kind)
@@ -120,6 +125,8 @@ class Fault:
             offset = round(rng.choice((-1, 1)) * rng.uniform(5.0, 60.0), 1)
         if kind == "cut-during-checkpoint":  # how far into the phase the power goes
             offset = round(rng.uniform(0.0, 0.6), 3)
+        if kind == "mgmt-cut":  # utility fails this long after the management host is back
+            offset = round(rng.uniform(0.2, 2.0), 2)
         return cls(kind, phase, delay, target, offset)
 
 
@@ -229,7 +236,7 @@ async def one(
         site.start_services()
 
     async def inject() -> None:
-        if f.kind in ("none", "flap") or f.kind in CUTS:
+        if f.kind in ("none", "flap", "mgmt-cut") or f.kind in CUTS:
             return
         if f.kind in AT_START:
             run.injected_at = "start"
@@ -284,6 +291,14 @@ async def one(
         world = site.opts.nodes * site.opts.ranks_per_node
         ok = await until(lambda: len(_progress(site)) == world and min(_progress(site).values()) >= 30, 180, "warm-up")
         if ok:
+            if f.kind == "mgmt-cut":  # broker and services cut and back seconds before the outage
+                run.injected_at = "before on_battery"
+                killed.update(SERVICES)
+                site.management_host_lost()
+                await asyncio.sleep(f.delay_s)
+                site.management_host_back()
+                await asyncio.sleep(f.offset_s)
+                run.evidence = f"management host cut for {f.delay_s}s, utility failed {f.offset_s}s after it was back"
             injector = asyncio.create_task(inject())
             t_fail = time.time()
             site.utility(on=False)
@@ -557,8 +572,8 @@ def main() -> None:
         "--kinds",
         default="all",
         help="the faults to draw from: all (default), first (the first eight: replays the campaign's first "
-        "sitting, seeds 1-54), twelve (all but the power cuts: replays the sittings before them), or a "
-        "comma-separated list of fault kinds",
+        "sitting, seeds 1-54), twelve (all but the power cuts: replays the sittings before them), fourteen "
+        "(all but the management host's cut), or a comma-separated list of fault kinds",
     )
     p.add_argument(
         "--fault",
@@ -574,14 +589,15 @@ def main() -> None:
     if args.render:
         render(json.loads(args.out.read_text()), args.render)
         return
-    kinds = {"all": KINDS, "first": FIRST_KINDS, "twelve": TWELVE_KINDS}.get(args.kinds) or tuple(args.kinds.split(","))
+    named = {"all": KINDS, "first": FIRST_KINDS, "twelve": TWELVE_KINDS, "fourteen": FOURTEEN_KINDS}
+    kinds = named.get(args.kinds) or tuple(args.kinds.split(","))
     unknown = set(kinds) - set(KINDS)
     if unknown:
         p.error(f"unknown fault kind(s) {sorted(unknown)}; known: {', '.join(KINDS)}")
     fault = None
     if args.fault:
         kind, phase, *rest = args.fault.split(",")
-        if kind not in KINDS or phase not in (*PHASES, "start"):
+        if kind not in KINDS or phase not in (*PHASES, "start", "before"):
             p.error(f"--fault {args.fault!r}: kind one of {', '.join(KINDS)}; phase hold, shutdown, restore or start")
         fault = Fault(kind, phase, 2.0, rest[0] if rest else "", float(rest[1]) if len(rest) > 1 else 0.0)
     seeds = args.replay or [args.seed + i for i in range(args.runs)]

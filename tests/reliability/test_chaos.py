@@ -5,7 +5,9 @@ checkpoints on the power-cut filesystem): in the power checkpoint, and when the 
 output at the end of an outage longer than the battery, checked against the campaign's
 invariants. (The cuts in a checkpoint failed before the coordinator restarted jobs not heard
 from after power returned: the saga ended cancelled and the training stayed dead. Seed 7 failed
-in CI before power-control refused a job stop delivered again after its saga restarted the job.)"""
+in CI before power-control refused a job stop delivered again after its saga restarted the job.
+The management host's cut right before an outage shut the nodes down under the running job,
+unasked, before the coordinator kept a durable book of the jobs it knows.)"""
 
 from __future__ import annotations
 
@@ -34,6 +36,9 @@ F = chaos.Fault
             marks=pytest.mark.full(reason="CI: tests/e2e/test_drill.py's blackout, the UPS cutting its output"),
         ),
         (4, "checkpoint-at-stop", F("cut-during-checkpoint", "checkpoint", 2.3, offset_s=0.287)),
+        # the management host cut and back seconds before the outage (the registry, in the broker's
+        # memory, empty): before the coordinator's book of known jobs, the nodes went off unasked
+        (1, "checkpoint-at-stop", F("mgmt-cut", "before", 1.14, offset_s=1.09)),
         pytest.param(
             74,
             "continue",

@@ -450,6 +450,21 @@ class SimSite:
         """Start a killed process again, as a supervisor (systemd, Kubernetes) would."""
         self._spawn(name, self.argv[name])
 
+    def management_host_lost(self) -> None:
+        """The management host loses power: the broker (every node of it) and the three services
+        die at once (SIGKILL); the compute nodes, their BMCs and the training job run on."""
+        for name in SERVICES:
+            if name in self.procs:
+                self.kill(name)
+        for n in self.nats_nodes:
+            n.kill()
+
+    def management_host_back(self) -> None:
+        """The management host boots: the broker on its disk (what it fsynced), then the services."""
+        for n in self.nats_nodes:
+            n.start()
+        self.start_services()
+
     def dead(self) -> list[str]:
         """Processes of the site that died (a service crash shows up here; none while the site is dark)."""
         if self.dark:
