@@ -12,7 +12,9 @@ Writes bench/results/isolation.json: ``idle_request_ms`` and ``flood_request_ms`
 the burst's rounds counted with the flood's), ``flood_over_idle`` (flood p50 over idle p50;
 target <= 2), the shutdown times, and ``kinds``: per flood kind (``flood``, ``burst``, ``acks64``:
 a job's 16 KiB junk over 64 of its rank subjects, ``drill1mb``: the operator's 1 MB drill
-readings) the same figures and the messages the flooder's process actually published.
+readings, ``registry``: a job filling the shared agent registry with its own keys, and the
+outage then shutting down: jobB's node off within the battery) the same figures and the
+messages the flooder's process actually published.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ async def run(reps: int) -> dict:
     for _ in range(reps):
         plan += [("idle", False), ("flood", True), ("idle", False), ("burst", True)]
         plan += [("idle", False), ("acks64", False), ("idle", False), ("drill1mb", False)]
+        plan += [("idle", False), ("registry", True)]
     with tempfile.TemporaryDirectory(prefix="pg-isolation-") as tmp:
         dep = start(Path(tmp))
         try:
@@ -55,7 +58,7 @@ async def run(reps: int) -> dict:
     idle = [r.request_ms for r in got if r.kind == "idle"]
     flood = [r.request_ms for r in got if r.kind in ("flood", "burst")]
     kinds = {}
-    for kind in ("flood", "burst", "acks64", "drill1mb"):
+    for kind in ("flood", "burst", "acks64", "drill1mb", "registry"):
         mine = [r for r in got if r.kind == kind]
         ms = [r.request_ms for r in mine]
         kinds[kind] = {

@@ -337,6 +337,47 @@ These rows and the side by side below: measured {", ".join(measured)}.
 """
 
 
+ISOLATION_KINDS = {
+    "flood": "jobA's junk on its own rank 0's ack subject, at the server's pace",
+    "burst": "a burst of jobA's junk on that subject",
+    "acks64": "jobA's 16 KiB junk spread over 64 of its ranks' ack subjects",
+    "drill1mb": "the operator's 1 MB junk on its drill power subject",
+    "registry": "jobA filling the shared agent registry with 16 KB values under its own keys",
+}
+
+
+def isolation_section(iso: dict) -> str:
+    """One row per flood kind: the other job's checkpoint request during it against the idle bus's."""
+    kinds = iso.get("kinds") or {}
+    if not kinds:
+        return ""
+    rows = []
+    for kind, what in ISOLATION_KINDS.items():
+        k = kinds.get(kind)
+        if k is None:
+            continue
+        verdict = "met" if k["flood_over_idle"] <= iso.get("target_flood_over_idle", 2.0) else "NOT met"
+        sent = ", ".join(map(str, k["sent"]))
+        rows.append(
+            f"| {kind} | {what} | {k['idle_request_ms']['p50']} | {k['flood_request_ms']['p50']} "
+            f"| {k['flood_request_ms']['p99']} | {k['flood_over_idle']}x ({verdict}) | {sent} |"
+        )
+    return f"""
+## One party's flood, another job's outage (`bench/isolation.py`, {iso.get("reps", "?")} rounds of each kind)
+
+The clock starts when ups-monitor's credential publishes `on_battery` and stops when jobB's
+checkpoint request arrives on jobB's own subject, with the flood on (the idle rounds alternate
+with the flood rounds in one run, p50 of each). `sent`: the messages the flooder's process
+published in each round (the server refuses many of them: that is the point). On the shipped
+configuration: a real nats-server with `compose/nats.conf`, the credentials of `powerguard creds`,
+the coordinator and power-control as processes.
+
+| kind | the flood | idle p50 ms | flood p50 ms | flood p99 ms | flood / idle (target ≤ 2) | sent |
+|---|---|---|---|---|---|---|
+{chr(10).join(rows)}
+"""
+
+
 def registrations_section(rg: dict) -> str:
     rows = "\n".join(
         f"| {r['ranks']:,} | {r['layout']} | {r['register_all_s']} s ({r['registrations_per_s']:,}/s) "
@@ -732,6 +773,8 @@ service sees, not a shell command on one host); with SNMP traps it is ~10 ms (ta
         side += consumer_path_section(cp)
     if rg := load("registrations"):
         side += registrations_section(rg)
+    if iso := load("isolation"):
+        side += isolation_section(iso)
     state = f"{c['state_mb']:.0f} MB (model + AdamW moments), 2 ranks (torchrun, gloo, CPU, DDP)" if c else "—"
     text = f"""# Performance, measured on this project's 2-core, no-GPU machine
 

@@ -82,7 +82,7 @@ SMOKES = {
     "isolation": (
         ["--smoke"],
         lambda r: (
-            r["reps"] == 1 and len(r["rounds"]) == 8 and all(k["flood_over_idle"] > 0 for k in r["kinds"].values())
+            r["reps"] == 1 and len(r["rounds"]) == 10 and all(k["flood_over_idle"] > 0 for k in r["kinds"].values())
         ),
     ),
     "gpu_checkpoint": (["--size-gb", "0.02", "--reps", "1"], lambda r: r["power_checkpoint_stall_s"] > 0),

@@ -49,7 +49,8 @@ ROOT = Path(__file__).resolve().parents[2]
 BURST = 60_000  # the burst of junk that once made ups-monitor's publish fail after 10 s
 RESERVE_S = 60.0
 LOW_RUNTIME_S = 50.0  # the UPS's word in a round that shuts down: below the reserve
-FLOOD_ON = {"flood": 5_000, "acks64": 16_000, "drill1mb": 20}  # sent before the outage starts
+# sent before the outage starts (registry: 16,000 of 16 KB fill the 256 MiB bucket)
+FLOOD_ON = {"flood": 5_000, "acks64": 16_000, "drill1mb": 20, "registry": 17_000}
 
 
 def site_yaml(path: Path) -> Path:
@@ -112,17 +113,21 @@ class Kind:
     job: str | None
     subjects: tuple[str, ...]
     size: int = 256
+    spread: int = 0  # keys: each subject gets .<n % spread> (a bucket's keys)
 
 
 def flood_kind(dep: Deployment, kind: str) -> Kind:
     """``flood``/``burst``: jobA's junk on its own rank 0's ack subject; ``acks64``: jobA's 16 KiB
     junk spread over 64 of its ranks' ack subjects (no per-subject limit bites); ``drill1mb``: the
-    operator's 1 MB junk on the one power subject it may use, a drill's."""
+    operator's 1 MB junk on the one power subject it may use, a drill's; ``registry``: jobA's
+    16 KB values under its own keys of the shared agent registry, until the bucket is full."""
     s = dep.names.subjects
     if kind == "acks64":
         return Kind("agent", "jobA", tuple(s.ckpt_ack("jobA", r) for r in range(64)), 16_000)
     if kind == "drill1mb":
         return Kind("operator", None, (s.drill_power(SITE, "ups-a"),), 1_000_000)
+    if kind == "registry":  # jobA's own keys in the shared registry, until the bucket is full
+        return Kind("agent", "jobA", (f"$KV.{dep.names.agents}.jobA.n1",), 16_000, spread=1_000_000)
     return Kind("agent", "jobA", (s.ckpt_ack("jobA", 0),))
 
 
@@ -150,6 +155,8 @@ class Flooder:
             str(self.count),
             "--size",
             str(self.kind.size),
+            "--spread",
+            str(self.kind.spread),
             stdout=asyncio.subprocess.PIPE,
             cwd=ROOT,
             env={**os.environ, "PYTHONPATH": str(ROOT)},
@@ -182,7 +189,7 @@ class Flooder:
 
 @dataclass
 class Round:
-    kind: str  # idle | flood | burst | acks64 | drill1mb
+    kind: str  # idle | flood | burst | acks64 | drill1mb | registry
     request_ms: float  # on_battery published -> jobB has its request
     stored_ms: float = 0.0  # ... -> the server stored the on_battery (ups-monitor's publish returned)
     issued_ms: float = 0.0  # ... -> the coordinator made the request (its event's time)

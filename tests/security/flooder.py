@@ -23,7 +23,7 @@ import signal
 import nats
 
 
-async def flood(url: str, creds: str, subjects: list[str], count: int, size: int) -> int:
+async def flood(url: str, creds: str, subjects: list[str], count: int, size: int, spread: int = 0) -> int:
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
     errors: list[BaseException] = []
@@ -42,7 +42,8 @@ async def flood(url: str, creds: str, subjects: list[str], count: int, size: int
         parent = os.getppid()
         while not stop.is_set() and (count <= 0 or sent < count) and os.getppid() == parent:  # ends with its test
             try:
-                await nc.publish(subjects[sent % len(subjects)], junk)
+                subject = subjects[sent % len(subjects)]
+                await nc.publish(f"{subject}.{sent % spread}" if spread else subject, junk)
                 if (sent + 1) % flush_every == 0:
                     await nc.flush(timeout=1)  # the server's pace, not the client buffer's
             except (nats.errors.Error, TimeoutError) as exc:  # refused, or reconnecting: the sender's cost
@@ -67,8 +68,9 @@ def main() -> None:
     p.add_argument("--subject", action="append", required=True, help="subject (repeat: taken in turn)")
     p.add_argument("--count", type=int, default=0, help="stop after this many (0: until SIGTERM)")
     p.add_argument("--size", type=int, default=256, help="bytes per message")
+    p.add_argument("--spread", type=int, default=0, help="append .<n % SPREAD> to each subject (keys of a bucket)")
     a = p.parse_args()
-    asyncio.run(flood(a.url, a.creds, a.subject, a.count, a.size))  # a.subject: the list
+    asyncio.run(flood(a.url, a.creds, a.subject, a.count, a.size, a.spread))  # a.subject: the list
 
 
 if __name__ == "__main__":
