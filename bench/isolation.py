@@ -41,6 +41,28 @@ def pct(values: list[float], q: float) -> float:
     return round(s[min(len(s) - 1, int(q * len(s)))], 1)
 
 
+KINDS = ("flood", "burst", "acks64", "drill1mb", "registry")
+
+
+def by_kind(rounds: list[dict]) -> dict:
+    """Per flood kind: its rounds' request times against every idle round's (medians computed,
+    with their n), and the messages the flooder's process published in each of its rounds."""
+    idle = [r["request_ms"] for r in rounds if r["kind"] == "idle"]
+    out = {}
+    for kind in KINDS:
+        mine = [r for r in rounds if r["kind"] == kind]
+        if not mine:
+            continue
+        ms = [r["request_ms"] for r in mine]
+        out[kind] = {
+            "idle_request_ms": {"p50": round(statistics.median(idle), 1), "max": max(idle), "n": len(idle)},
+            "flood_request_ms": {"p50": round(statistics.median(ms), 1), "max": max(ms), "n": len(ms)},
+            "flood_over_idle": round(statistics.median(ms) / statistics.median(idle), 2),
+            "sent": [r["junk_sent"] for r in mine],  # what the flooder's process published, each round
+        }
+    return out
+
+
 async def run(reps: int) -> dict:
     plan: list[tuple[str, bool]] = []
     for _ in range(reps):
@@ -57,16 +79,7 @@ async def run(reps: int) -> dict:
             await dep.close()
     idle = [r.request_ms for r in got if r.kind == "idle"]
     flood = [r.request_ms for r in got if r.kind in ("flood", "burst")]
-    kinds = {}
-    for kind in ("flood", "burst", "acks64", "drill1mb", "registry"):
-        mine = [r for r in got if r.kind == kind]
-        ms = [r.request_ms for r in mine]
-        kinds[kind] = {
-            "idle_request_ms": {"p50": pct(idle, 0.5), "p99": pct(idle, 0.99)},
-            "flood_request_ms": {"p50": pct(ms, 0.5), "p99": pct(ms, 0.99)},
-            "flood_over_idle": round(statistics.median(ms) / statistics.median(idle), 2),
-            "sent": [r.junk_sent for r in mine],  # what the flooder's process published, each round
-        }
+    kinds = by_kind([r.__dict__ for r in got])
     return {
         "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "reps": reps,
