@@ -109,3 +109,20 @@ def test_stored_ranks_read_back_as_they_were(placed):
     back = KnownJob.decode(book.jobs["j"].encode(), NODES)
     assert back.ranks == book.jobs["j"].ranks and back.world_size == 64
     assert math.isclose(back.heard_at, 1.0)
+
+
+def test_a_job_back_in_the_registry_by_half_its_ranks_keeps_its_other_nodes():
+    """After the registry's loss the ranks come back one heartbeat at a time. Before: a job heard
+    again from node n1's ranks only was taken to run on n1 alone, and its restart went out once n1
+    was ready, while n2 had no power yet (the campaign's mgmt-cut, seeds 104 and 115: the
+    simulated scheduler refused to start it, and the restore timed out)."""
+    book = JobBook(NODES)
+    for r, node in enumerate(["n1", "n1", "n2", "n2"]):
+        book.heard(rank("j1", r, 4, node), 900.0)
+    registry = AgentRegistry()
+    for r in (0, 1):  # n1's ranks beat first
+        registry.update(rank("j1", r, 4, "n1"), 1000.0)
+    s = Site()
+    s.core = SiteCore(TOPO, POLICY, registry=registry, book=stored_and_read_back(book), saga_id=lambda *_: "s1")
+    s.send(s.power("A", True))
+    assert s.core.open["s1"].jobs["j1"].ranks == {0: "n1", 1: "n1", 2: "n2", 3: "n2"}

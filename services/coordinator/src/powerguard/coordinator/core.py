@@ -199,6 +199,7 @@ class SiteCore:
         asked all the same, waited for until the deadline."""
         live = self.registry.jobs(now)
         if self.book is not None:
+            live = self.book.complete(live)  # a job heard again by some of its ranks: the rest from the book
             live.update(self.book.missing(live))
         return live
 

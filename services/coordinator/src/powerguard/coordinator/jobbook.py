@@ -185,6 +185,19 @@ class JobBook:
             if name not in live and k.ranks
         }
 
+    def complete(self, live: dict[str, JobInfo]) -> dict[str, JobInfo]:
+        """The registry's live jobs with the ranks it lacks now filled in from the book (the same
+        world): after a registry loss a job's ranks come back one heartbeat at a time, and a job
+        known by half its ranks would be asked, stopped and restarted as if it ran on half its
+        nodes (restarted once those were ready, before the others had power)."""
+        for name, info in live.items():
+            known = self.jobs.get(name)
+            if known is None or known.world_size != info.world_size or len(info.ranks) >= info.world_size:
+                continue
+            for rank, node in known.ranks.items():
+                info.ranks.setdefault(rank, node)
+        return live
+
     def health(self, registry: dict[str, JobHealth]) -> dict[str, JobHealth]:
         """The registry's job health, and every known job it lacks with 0 ranks heard."""
         out = dict(registry)
