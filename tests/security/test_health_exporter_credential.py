@@ -16,7 +16,7 @@ async def test_the_exporter_with_the_observer_credential_sees_every_bucket(deplo
     observer = await deployment.connect("observer")
     snap = await collect(observer, SITE, timeout_s=2.0)
     names = deployment.names
-    assert set(snap.kv) == {names.sagas, names.status, names.agents, names.leases, names.ups, names.power}
+    assert set(snap.kv) == {names.sagas, names.status, names.agents, names.leases, names.ups, names.power, names.floors}
     assert all(v is not None for v in snap.kv.values()), snap.kv  # each bucket exists and was read
     assert all(c["present"] == 1 for c in snap.consumers.values()), snap.consumers
     assert not caplog.records, caplog.text

@@ -321,3 +321,16 @@ def test_one_jobs_ack_naming_another_jobs_request_never_stands_for_that_job():
     s.send(s.ack("s1", "j2", 0, ranks=[(0, 1)]))
     assert rec.jobs["j2"].acked == {0: 101, 1: 101} and rec.jobs["j2"].settled_at is not None
     assert "repeated" not in s.notices()
+
+
+def test_a_readings_age_is_the_time_the_server_stored_it_never_its_publishers_stamp():
+    """A reading stored long ago (a replayed history) is stale whatever its stamp says; one stamped
+    far off by a publisher whose clock is wrong, stored just now, is a reading of now."""
+    s = Site()
+    old = s.core.apply([(s.power("A", True), None, s.now - 86_400)], s.now)
+    assert [n.reason for n in old.notices] == ["stale"] and not s.core.open
+    skewed = s.core.apply([(s.power("A", True, age_s=-100.0), None, s.now)], s.now)
+    assert skewed.started and not skewed.notices
+    behind = Site()
+    got = behind.core.apply([(behind.power("A", True, age_s=150.0), None, behind.now)], behind.now)
+    assert got.started and not got.notices
