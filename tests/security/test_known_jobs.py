@@ -7,6 +7,7 @@ refused) and an outage opened a saga with no job, powering the job's node off un
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import pytest
 from prometheus_client import REGISTRY
@@ -22,6 +23,23 @@ from .services import coordinator, outage
 pytestmark = pytest.mark.timeout(180)
 
 
+@contextlib.asynccontextmanager
+async def requests_to(bus, job: str):
+    """The checkpoint requests ``job``'s ranks receive on their own subject, as they arrive."""
+    got: list[CheckpointRequested] = []
+    sub = await bus.listen(CheckpointRequested, subject=bus.subjects.ckpt_request(job)).start()
+
+    async def follow() -> None:
+        async for ev in sub:
+            got.append(ev)
+
+    follower = asyncio.create_task(follow())
+    try:
+        yield got
+    finally:
+        follower.cancel()
+
+
 def gauge(name: str, job: str) -> float | None:
     return REGISTRY.get_sample_value(name, {"training_job": job})
 
@@ -31,15 +49,7 @@ async def test_a_job_the_broker_forgot_keeps_its_alert_and_its_checkpoint_reques
     job = await dep.connect("agent", job="jobB")
     ups = await dep.connect("ups-monitor")
     admin = await dep.connect("admin", service="admin-check")
-    requests: list[CheckpointRequested] = []
-    sub = await job.listen(CheckpointRequested, subject=job.subjects.ckpt_request("jobB")).start()
-
-    async def follow() -> None:
-        async for ev in sub:
-            requests.append(ev)
-
-    follower = asyncio.create_task(follow())
-    try:
+    async with requests_to(job, "jobB") as requests:
         async with coordinator(dep) as c:
             await announce(job, AgentRegistered(data=AgentData(job="jobB", rank=0, world_size=2, node="n2")))
             sagas = await admin.kv(dep.names.sagas)
@@ -64,8 +74,6 @@ async def test_a_job_the_broker_forgot_keeps_its_alert_and_its_checkpoint_reques
             await eventually(lambda: requests, 15, "jobB's checkpoint request")
             (rec,) = c.open.values()
             assert set(rec.jobs) == {"jobB"} and set(rec.jobs["jobB"].ranks.values()) == {"n2"}
-    finally:
-        follower.cancel()
 
 
 async def test_a_job_that_fills_the_registry_leaves_another_job_protected(deployment):
@@ -82,15 +90,7 @@ async def test_a_job_that_fills_the_registry_leaves_another_job_protected(deploy
     job_a = await dep.connect("agent", job="jobA")
     job_b = await dep.connect("agent", job="jobB")
     ups = await dep.connect("ups-monitor")
-    requests: list[CheckpointRequested] = []
-    sub = await job_b.listen(CheckpointRequested, subject=job_b.subjects.ckpt_request("jobB")).start()
-
-    async def follow() -> None:
-        async for ev in sub:
-            requests.append(ev)
-
-    follower = asyncio.create_task(follow())
-    try:
+    async with requests_to(job_b, "jobB") as requests:
         async with coordinator(dep) as c:
             kv = await job_a.agents()
             rank = 0
@@ -106,5 +106,3 @@ async def test_a_job_that_fills_the_registry_leaves_another_job_protected(deploy
             await eventually(lambda: requests, 15, "jobB's checkpoint request")
             (rec,) = c.open.values()
             assert "jobB" in rec.jobs
-    finally:
-        follower.cancel()
