@@ -6,9 +6,6 @@ refused) and an outage opened a saga with no job, powering the job's node off un
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-
 import pytest
 from prometheus_client import REGISTRY
 
@@ -18,26 +15,9 @@ from powerguard.coordinator import metrics
 from powerguard.schemas import AgentData, AgentRegistered, CheckpointRequested
 
 from .conftest import SITE, eventually
-from .services import coordinator, outage
+from .services import collected, coordinator, outage
 
 pytestmark = pytest.mark.timeout(180)
-
-
-@contextlib.asynccontextmanager
-async def requests_to(bus, job: str):
-    """The checkpoint requests ``job``'s ranks receive on their own subject, as they arrive."""
-    got: list[CheckpointRequested] = []
-    sub = await bus.listen(CheckpointRequested, subject=bus.subjects.ckpt_request(job)).start()
-
-    async def follow() -> None:
-        async for ev in sub:
-            got.append(ev)
-
-    follower = asyncio.create_task(follow())
-    try:
-        yield got
-    finally:
-        follower.cancel()
 
 
 def gauge(name: str, job: str) -> float | None:
@@ -49,7 +29,7 @@ async def test_a_job_the_broker_forgot_keeps_its_alert_and_its_checkpoint_reques
     job = await dep.connect("agent", job="jobB")
     ups = await dep.connect("ups-monitor")
     admin = await dep.connect("admin", service="admin-check")
-    async with requests_to(job, "jobB") as requests:
+    async with collected(job, CheckpointRequested, job.subjects.ckpt_request("jobB"), stored=False) as requests:
         async with coordinator(dep) as c:
             await announce(job, AgentRegistered(data=AgentData(job="jobB", rank=0, world_size=2, node="n2")))
             sagas = await admin.kv(dep.names.sagas)
@@ -90,7 +70,7 @@ async def test_a_job_that_fills_the_registry_leaves_another_job_protected(deploy
     job_a = await dep.connect("agent", job="jobA")
     job_b = await dep.connect("agent", job="jobB")
     ups = await dep.connect("ups-monitor")
-    async with requests_to(job_b, "jobB") as requests:
+    async with collected(job_b, CheckpointRequested, job_b.subjects.ckpt_request("jobB"), stored=False) as requests:
         async with coordinator(dep) as c:
             kv = await job_a.agents()
             rank = 0
