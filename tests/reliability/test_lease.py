@@ -46,3 +46,63 @@ async def test_a_leader_whose_lease_lapsed_publishes_nothing_and_steps_down(make
         with contextlib.suppress(Exception):
             await asyncio.wait_for(task, 10)
         await ranks.stop()
+
+
+async def test_a_leader_whose_tick_outlasts_the_lease_keeps_it_while_a_standby_waits(make_bus, caplog):
+    """A tick slower than the lease's TTL (a cluster's stores fsyncing after a cut took 2-4 s
+    here) must not hand the site to a standby: the lease is renewed beside the loop. Before
+    LeaseKeeper the loop renewed between ticks and c2 took the site during c1's first slow tick."""
+    caplog.set_level(logging.INFO, logger="powerguard.coordinator.service")
+    quick = policy().model_copy(update={"lease_ttl_s": 1.5})
+    c1 = Coordinator(await make_bus("coordinator"), site(), policy=quick, instance="c1")
+    c2 = Coordinator(await make_bus("coordinator"), site(), policy=quick, instance="c2")
+    stop = asyncio.Event()
+    t1 = asyncio.create_task(c1.run(stop))
+    t2 = None
+    try:
+        await eventually(lambda: c1.leader, 20, "c1 to lead")
+        t2 = asyncio.create_task(c2.run(stop))
+        await eventually(lambda: "ok: standby" in caplog.text, 20, "c2 to follow")
+        tick, slow_ticks = c1.tick, []
+
+        async def slow_tick() -> None:  # three ticks of 2.5 s each: each outlasts the TTL
+            if len(slow_ticks) < 3:
+                await asyncio.sleep(2.5)
+                slow_ticks.append(time.monotonic())
+            await tick()
+
+        c1.tick = slow_tick
+        # the event either way: c1's three slow ticks done, or the standby leading
+        await eventually(lambda: len(slow_ticks) == 3 or c2.leader, 30, "c1's three slow ticks")
+        assert c1.leader and not c2.leader, "the standby took the site during the leader's slow tick"
+        assert "c2 leads site" not in caplog.text
+    finally:
+        stop.set()
+        for t in (t1, t2):
+            if t is not None:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(t, 10)
+
+
+async def test_a_lease_whose_owner_stopped_turning_lapses(make_bus):
+    """The keeper renews only while its owner's loop turns: a wedged leader loses the site."""
+    from powerguard.coordinator.lease import Lease, LeaseKeeper
+
+    bus = await make_bus("coordinator")
+    lease = Lease(await bus.leases(), key="coordinator.dc1", holder="c1", ttl_s=1.0)
+    keeper = LeaseKeeper(lease, 0.2, stall_s=0.6)
+    keeper.start()
+    try:
+        await keeper.news.wait()
+        assert keeper.latest() == (True, None)  # the first round takes it
+        while True:  # no beat from here on: a round finds the owner stalled and lets it lapse
+            await keeper.news.wait()
+            held, exc = keeper.latest()
+            if not held:
+                break
+        assert exc is None
+        await eventually(lambda: not lease.held, 5, "the lease to lapse")
+        entry = await (await bus.leases()).get("coordinator.dc1")
+        assert json.loads(entry.value)["expires"] < time.time()  # a standby may take it now
+    finally:
+        await keeper.stop()

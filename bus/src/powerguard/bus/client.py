@@ -40,6 +40,7 @@ from .names import BusNames, StreamLimits
 from .tracing import inject_headers, messaging_attributes, tracer
 
 log = logging.getLogger(__name__)
+SETUP_PATIENCE_S = 60.0  # how long a service's start waits for servers that do not answer its setup in time
 PUBLISH_ATTEMPT_S = 5.0  # the longest one publish attempt waits for its ack before it is sent again
 
 
@@ -335,7 +336,25 @@ class Bus:
         )
         return [events, jobs]
 
-    async def setup(self, *, update: bool = False) -> None:
+    async def setup(self, *, update: bool = False, patience_s: float = SETUP_PATIENCE_S) -> None:
+        """:meth:`_setup_once`, tried again while the servers do not answer in time (a cluster
+        electing its streams' leaders after a restart, a store on a slow disk) for up to
+        ``patience_s``; a refusal is raised at once. The service's own restart would do the
+        same, but only where a supervisor restarts it."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + patience_s
+        delay = 0.25
+        while True:
+            try:
+                return await self._setup_once(update=update)
+            except SetupError as exc:
+                if not exc.transient or loop.time() + delay > deadline:
+                    raise
+                log.warning("%s; trying again in %.2gs", exc, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 4.0)
+
+    async def _setup_once(self, *, update: bool = False) -> None:
         """Create the streams and KV buckets that are missing (idempotent, safe to race). An
         existing stream is never changed (a mismatch is logged) unless ``update`` (``powerguard
         bootstrap --update``, with the admin credential): a client must not be able to undo a
@@ -380,7 +399,11 @@ class Bus:
             # each job's restore floor: no age and no size to push it out (one small value a job)
             await self._bucket(n.floors, history=1, ttl=None, direct=True)
         except (js_errors.APIError, nats.errors.Error, TimeoutError) as exc:
-            raise SetupError(f"cannot set up streams {n.stream}, {n.jobs_stream} and KV buckets: {exc}") from None
+            # no answer in time, or no stream leader yet (503): the servers may answer later
+            transient = isinstance(exc, (TimeoutError, nats.errors.TimeoutError, js_errors.ServiceUnavailableError))
+            raise SetupError(
+                f"cannot set up streams {n.stream}, {n.jobs_stream} and KV buckets: {exc}", transient=transient
+            ) from None
 
     async def bootstrap(self, sites: list[str], *, update: bool = False) -> list[str]:
         """The admin's one-time setup: stream, KV buckets and every site's durable consumers

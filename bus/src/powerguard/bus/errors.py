@@ -14,7 +14,12 @@ class ConnectError(BusError):
 
 
 class SetupError(BusError):
-    """The stream or a KV bucket could not be created or updated."""
+    """The stream or a KV bucket could not be created or updated. ``transient``: the servers did
+    not answer in time (worth trying again), as opposed to a refusal."""
+
+    def __init__(self, message: str, *, transient: bool = False) -> None:
+        super().__init__(message)
+        self.transient = transient
 
 
 class PublishError(BusError):

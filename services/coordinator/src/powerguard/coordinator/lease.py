@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import logging
 import time
+from collections.abc import Callable
 
 from powerguard.bus import CasConflict, Kv
 
@@ -68,3 +71,72 @@ class Lease:
             except CasConflict:
                 pass
         self.expires = 0.0
+
+
+class LeaseKeeper:
+    """Renews (or takes) a :class:`Lease` every ``every_s`` in a task of its own, so that a slow
+    tick or a slow start as leader (a cluster's stores after a power cut answer in seconds) does
+    not let the lease lapse while this replica lives and the broker answers.
+
+    A replica whose own loop has stopped turning must still lose the site: the keeper renews only
+    while the owner called :meth:`beat` within ``stall_s``. The owner reads each round's outcome
+    with :meth:`latest` after :attr:`news` is set."""
+
+    def __init__(
+        self, lease: Lease, every_s: float, *, stall_s: float, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.lease = lease
+        self.every_s = every_s
+        self.stall_s = stall_s
+        self.news = asyncio.Event()
+        self._clock = clock
+        self._beat = clock()
+        self._seen: tuple[bool, Exception | None] = (False, None)
+        self._task: asyncio.Task | None = None
+
+    def beat(self) -> None:
+        """The owner's loop turned (the keeper renews only while it does)."""
+        self._beat = self._clock()
+
+    def latest(self) -> tuple[bool, Exception | None]:
+        """(held, the error of a round that could not read or write the lease), news cleared."""
+        self.news.clear()
+        return self._seen
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name=f"lease {self.lease.key}")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    async def _run(self) -> None:
+        while True:
+            started = self._clock()
+            stalled = started - self._beat
+            if stalled > self.stall_s:
+                if self.lease.held:
+                    log.error(
+                        "lease %s left to lapse: this coordinator's loop has not turned for %.0fs",
+                        self.lease.key,
+                        stalled,
+                    )
+                self._seen = (False, None)
+            else:
+                try:
+                    self._seen = (await self.lease.keep(), None)
+                except Exception as exc:  # the broker did not answer: reported, tried again next round
+                    self._seen = (False, exc)
+                took = self._clock() - started
+                if took > self.lease.ttl_s / 2:
+                    log.warning(
+                        "lease %s: one renewal took %.2fs of its %.1fs TTL (the broker's store is slow)",
+                        self.lease.key,
+                        took,
+                        self.lease.ttl_s,
+                    )
+            self.news.set()
+            await asyncio.sleep(max(0.0, self.every_s - (self._clock() - started)))

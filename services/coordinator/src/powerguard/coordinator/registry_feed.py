@@ -40,10 +40,11 @@ class RegistryFeed:
         if created:
             log.warning("agent registry bucket %s was missing: created it", self.bus.names.agents)
         self._checked_at = now
-        self._watch = AgentWatch(self.bus, self.on_change, fresh=created)
-        await self._watch.start()
+        # a local name: a lost lease may stop the feed (``stop``) while this waits
+        self._watch = watch = AgentWatch(self.bus, self.on_change, fresh=created)
+        await watch.start()
         try:
-            await asyncio.wait_for(self._watch.ready.wait(), ready_within_s)
+            await asyncio.wait_for(watch.ready.wait(), ready_within_s)
         except TimeoutError:
             log.warning("agent registry not fully loaded after %gs; continuing", ready_within_s)
 

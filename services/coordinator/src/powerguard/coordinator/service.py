@@ -51,7 +51,7 @@ from .gate import Gate
 from .heap import Settler
 from .inputs import Command
 from .jobbook import JobBook, book_key
-from .lease import Lease
+from .lease import Lease, LeaseKeeper
 from .outbox import command_event, state_events
 from .policy import Policy
 from .record import SagaRecord
@@ -67,6 +67,16 @@ POWER_TYPES = (PowerEvent,)
 RESULT_TYPES = (NodeState, PowerActionFailed, JobRestarted, UpsOutputResult)  # power-control's results
 # the jobs' agents (their own stream): acks, resumes, and registrations for the book of known jobs
 JOB_TYPES = (CheckpointDurable, CheckpointFailed, JobResumed, AgentRegistered)
+
+
+async def _first_of(stopping: asyncio.Event, other: asyncio.Event | None, *, timeout_s: float) -> None:
+    """Return when ``stopping`` or ``other`` is set, or after ``timeout_s``."""
+    waits = [asyncio.ensure_future(e.wait()) for e in (stopping, other) if e is not None]
+    try:
+        await asyncio.wait(waits, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for w in waits:
+            w.cancel()
 
 
 class NotLeader(PowerGuardError):
@@ -129,18 +139,19 @@ class Coordinator:
         )
         say = ReadyLog(f"coordinator {self.instance}", on_ready, where=f" for site {self.site.site}", logger=log)
         renew_every = self.policy.lease_ttl_s / 3
-        last_renew = 0.0
+        # the lease is renewed beside the loop (lease.py); the loop must keep turning for it
+        keeper = LeaseKeeper(self._lease, renew_every, stall_s=max(3 * self.policy.lease_ttl_s, 30.0))
+        keeper.start()
         try:
             while not stopping.is_set():
-                if time.monotonic() - last_renew >= renew_every or not self.leader:
-                    last_renew = time.monotonic()
-                    try:
-                        held = await self._lease.keep()
-                        state = (True, "ok: leads the site" if held else "ok: standby, another instance leads")
-                    except Exception as exc:
+                keeper.beat()
+                if keeper.news.is_set():
+                    held, exc = keeper.latest()
+                    if exc is not None:
                         log.warning("lease check failed: %s", exc)
-                        held = False
                         state = (False, f"cannot read or renew the lease in {self.bus.names.leases}: {exc!r}")
+                    else:
+                        state = (True, "ok: leads the site" if held else "ok: standby, another instance leads")
                     if held and not self.leader:
                         try:
                             await self._lead()
@@ -172,11 +183,14 @@ class Coordinator:
                     except Exception as exc:  # KV or broker trouble: the next tick retries, the process lives
                         metrics.TICK_ERRORS.inc()
                         log.error("tick failed (retried at the next tick): %s", exc)
-                try:
-                    await asyncio.wait_for(stopping.wait(), self.policy.tick_s if self.leader else renew_every)
-                except TimeoutError:
-                    pass
+                # a leader ticks; a standby waits for the next lease round
+                await _first_of(
+                    stopping,
+                    None if self.leader else keeper.news,
+                    timeout_s=self.policy.tick_s if self.leader else renew_every,
+                )
         finally:
+            await keeper.stop()
             if self.leader:
                 await self._follow("stopping")
                 await self._lease.release()
