@@ -355,3 +355,22 @@ async def test_http_trigger_publishes_a_manual_request(bus, nats_server, tmp_pat
         await acks.aclose()
     assert {a.data.rank for a in got} == {0, 1}
     assert {a.data.request_id for a in got} == {rid}
+
+
+async def test_a_committed_step_that_fails_its_check_is_written_again_not_acked_from_its_old_commit(tmp_path):
+    """Step 40 committed, then a byte of its largest file flipped: the restart refuses it and
+    resumes from step 10; its own save of step 40 must write the step anew (the bad one set
+    aside, named), not ack the old COMMIT without a write, so the next restart restores 40."""
+    await run(tmp_path, "jredo", steps=30, save_at=10)
+    await run(tmp_path, "jredo", steps=60, save_at=40)
+    step40 = tmp_path / "local" / "jredo" / "step-40"
+    victim = max(step40.glob("*.distcp"), key=lambda p: p.stat().st_size)
+    data = bytearray(victim.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    victim.write_bytes(bytes(data))
+    again = (await run(tmp_path, "jredo", steps=60, save_at=40)).output()
+    assert "restored step 10 from the local tier" in again
+    assert "set aside as" in again and victim.name in again, again[-3000:]
+    assert len(list((tmp_path / "local" / "jredo").glob("step-40.refused-*"))) == 1  # kept for a post-mortem
+    out = (await run(tmp_path, "jredo", steps=41)).output()
+    assert "restored step 40 from the local tier" in out, out[-3000:]

@@ -25,7 +25,7 @@ from ._staging import ReusingStager, partition_replicated
 from ._state import TrainingState
 from ._tiers import Tier, Written
 from ._writers import local_bytes, writer_threads
-from .errors import CheckpointError, CommitError
+from .errors import CheckpointError, CommitError, CorruptCheckpoint
 
 log = logging.getLogger("powerguard.ckpt_agent")
 
@@ -83,9 +83,35 @@ class Saver:
 
     # ------------------------------------------------------------------ synchronous
     def save(self, step: int, *, saga_id: str | None = None) -> Saved:
-        """Every rank: a durable checkpoint of ``step`` (raises :class:`CheckpointError`)."""
+        """Every rank: a durable checkpoint of ``step`` (raises :class:`CheckpointError`). A step
+        already committed is acked without a write only when every rank verified its own files
+        against COMMIT again; otherwise it is set aside (renamed, logged) and written anew."""
         t0 = time.perf_counter()
         directory = L.step_dir(self.root, self.job, step)
+        committed = self._prepare(directory)
+        if committed:
+            problem = self._verify_own(directory)
+            problems = [p for p in self.ranks.gather(problem) if p]
+            if not problems:  # this exact step is already durable (e.g. a periodic save of the same step)
+                return self._existing(directory, step, time.perf_counter() - t0)
+            self._set_aside(directory, "; ".join(problems))
+            if self._prepare(directory):
+                raise CommitError(f"checkpoint {directory}: still committed after it was set aside")
+        state = self.state.state_dict(step)
+        threads = self.writers or writer_threads(local_bytes(state))
+        writer = HashingWriter(directory, sync_files=True, key=self.key, thread_count=threads)
+        try:
+            dcp.save(state, storage_writer=writer, process_group=self.ranks.save_group)
+            ok, err = True, None
+        except BaseException as exc:  # CheckpointException derives from BaseException
+            if isinstance(exc, KeyboardInterrupt | SystemExit):
+                raise
+            ok, err = False, exc
+        return self._commit(directory, step, writer, ok, err, t0, time.perf_counter(), saga_id)
+
+    def _prepare(self, directory: str) -> bool:
+        """Every rank: the step's directory made (an uncommitted leftover removed first) by the
+        tier's leaders; whether every leader found it committed already."""
         committed, problem = False, None
         if self.tier.leader:
             try:
@@ -99,23 +125,48 @@ class Saver:
         else:
             committed = True  # only the leaders' answers count
         answers = self.ranks.gather((committed, problem))
-        committed = all(c for c, _ in answers)
-        problem = "; ".join(p for _, p in answers if p)
-        if problem:
+        if problem := "; ".join(p for _, p in answers if p):
             raise CommitError(problem)
-        if committed:  # this exact step is already durable (e.g. a periodic save of the same step)
-            return self._existing(directory, step, time.perf_counter() - t0)
-        state = self.state.state_dict(step)
-        threads = self.writers or writer_threads(local_bytes(state))
-        writer = HashingWriter(directory, sync_files=True, key=self.key, thread_count=threads)
+        return all(c for c, _ in answers)
+
+    def _verify_own(self, directory: str) -> str | None:
+        """This rank's files of a committed step read back against its manifest and COMMIT (and
+        DCP's .metadata on rank 0): what is wrong, or None."""
+        rank = self.ranks.rank
         try:
-            dcp.save(state, storage_writer=writer, process_group=self.ranks.save_group)
-            ok, err = True, None
-        except BaseException as exc:  # CheckpointException derives from BaseException
-            if isinstance(exc, KeyboardInterrupt | SystemExit):
-                raise
-            ok, err = False, exc
-        return self._commit(directory, step, writer, ok, err, t0, time.perf_counter(), saga_id)
+            commit = L.read_commit(self.fs, directory)
+            with open(os.path.join(directory, L.manifest_name(rank)), "rb") as f:
+                body = f.read()
+            if commit["manifests"].get(str(rank)) != L.digest_bytes(body):
+                raise CorruptCheckpoint(f"{directory}: manifest of rank {rank} does not match COMMIT")
+            files = json.loads(body)["files"]
+            L.verify_files(self.fs, directory, files, sorted(files), self.key, threads=4)
+            if rank == 0:
+                L.verify_metadata(self.fs, directory, commit, self.key)
+        except (CheckpointError, OSError, KeyError, ValueError) as exc:
+            return f"rank {rank} (node {self.node}): {exc}"
+        return None
+
+    def _set_aside(self, directory: str, why: str) -> None:
+        """Every rank: a committed step that failed its check renamed out of the restore's sight
+        by the tier's leaders (kept for a post-mortem, never deleted here)."""
+        aside = f"{directory}.refused-{time.strftime('%Y%m%dT%H%M%S')}"
+        problem = None
+        if self.tier.leader:
+            try:
+                os.rename(directory, aside)
+                L.fsync_dir(os.path.dirname(directory))
+                log.warning(
+                    "rank %d: committed %s failed its check (%s): set aside as %s, written anew",
+                    self.ranks.rank,
+                    directory,
+                    why,
+                    aside,
+                )
+            except OSError as exc:
+                problem = f"rank {self.ranks.rank} (node {self.node}): cannot set aside {directory}: {exc}"
+        if problem := "; ".join(p for p in self.ranks.gather(problem) if p):
+            raise CommitError(problem)
 
     def _commit(
         self,
