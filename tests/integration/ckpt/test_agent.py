@@ -374,3 +374,24 @@ async def test_a_committed_step_that_fails_its_check_is_written_again_not_acked_
     assert len(list((tmp_path / "local" / "jredo").glob("step-40.refused-*"))) == 1  # kept for a post-mortem
     out = (await run(tmp_path, "jredo", steps=41)).output()
     assert "restored step 40 from the local tier" in out, out[-3000:]
+
+
+async def test_a_shared_tier_the_ranks_do_not_share_is_refused_at_start_by_name(tmp_path):
+    """``local_scope="shared"`` with each rank's ``local_dir`` on its own disk (a mount missing on
+    a node): the job stops at start naming the rank, its node and its path, before any save can
+    claim a shared tier (before, rank 0 acked step 10 ``durable`` and rank 1's directory held no
+    COMMIT: no restore could use it)."""
+    t = await Trainer(
+        tmp_path,
+        "jsplit",
+        steps=20,
+        save_at=10,
+        nodes="n0,n1",
+        local_scope="shared",
+        local_dir=str(tmp_path / "local" / "{node}"),
+    ).start()
+    assert await t.wait() != 0
+    out = t.output()
+    assert "TierNotShared" in out and "do not share one directory" in out, out[-3000:]
+    assert "rank 1 (node n1) does not see rank 0's" in out and str(tmp_path / "local" / "n1") in out
+    assert not list((tmp_path / "local").glob("*/jsplit/step-*"))  # nothing saved, nothing claimed

@@ -71,6 +71,9 @@ class NodeTier:
         (``replicated`` then says whether it was complete)."""
         return self.replicator.wait(timeout_s)
 
+    def check(self) -> str | None:
+        return None  # each node's own directory: nothing to share
+
     def commit(self, directory: str, step: int, written: list[Written], *, saga_id: str | None) -> str:
         """Commit on every node, then replicate in the background; the durability."""
         extra = {"saga_id": saga_id} if saga_id else None

@@ -124,6 +124,7 @@ class Saver:
                 problem = f"rank {self.ranks.rank} (node {self.node}): cannot prepare {directory}: {exc}"
         else:
             committed = True  # only the leaders' answers count
+        problem = problem or self.tier.check()  # e.g. a shared tier this rank no longer sees
         answers = self.ranks.gather((committed, problem))
         if problem := "; ".join(p for _, p in answers if p):
             raise CommitError(problem)

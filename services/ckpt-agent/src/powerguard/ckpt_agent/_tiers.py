@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 from typing import Any, NamedTuple, Protocol
 
 from . import _layout as L
 from ._ranks import Ranks
 from ._retainer import Retainer
-from .errors import CommitError
+from .errors import CommitError, TierNotShared
 
 log = logging.getLogger("powerguard.ckpt_agent")
 
@@ -72,15 +73,70 @@ class Tier(Protocol):
         """Write ``COMMIT``; the checkpoint's durability (``local``, ``replicated:k``)."""
         ...
 
+    def check(self) -> str | None:
+        """Before a save, on every rank: what makes this rank unfit to claim the tier, or None."""
+        ...
+
 
 class SharedTier:
     """One directory every rank of the job sees: rank 0 prepares it, writes ``COMMIT`` over
     every rank's manifest, and prunes old checkpoints in the background."""
 
     bodies = False
+    PROBE = ".shared-probe"
 
-    def __init__(self, ranks: Ranks, fs: Any, *, job: str, key: bytes | None, retainer: Retainer) -> None:
+    def __init__(
+        self, ranks: Ranks, fs: Any, *, job: str, key: bytes | None, retainer: Retainer, root: str = "", node: str = ""
+    ) -> None:
         self.ranks, self.fs, self.job, self.key, self.retainer = ranks, fs, job, key, retainer
+        self.root, self.node = root, node
+        self.nonce: str | None = None
+
+    @property
+    def probe(self) -> str:
+        return os.path.join(self.root, self.job, self.PROBE)
+
+    def prove(self) -> None:
+        """Every rank, at start: rank 0 writes a fresh nonce (fsynced) under the job's directory
+        and every rank reads it back from its own ``local_dir``. Raises :class:`TierNotShared`
+        naming each rank that does not see it, its node and its path."""
+        rank, problem = self.ranks.rank, None
+        if rank == 0:
+            nonce = secrets.token_hex(16)
+            try:
+                L.makedirs_durable(os.path.dirname(self.probe))
+                L.write_durable(self.fs, self.probe, nonce.encode())
+            except OSError as exc:
+                problem = f"rank 0 (node {self.node}) cannot write {self.probe}: {exc}"
+        else:
+            nonce = None
+        self.nonce = self.ranks.gather(nonce)[0]  # also the barrier: rank 0 wrote it before anyone reads
+        problem = problem or self.check()
+        if problems := [p for p in self.ranks.gather(problem) if p]:
+            raise TierNotShared(
+                f"local_scope='shared' but the ranks do not share one directory: {'; '.join(problems)}. "
+                "Mount the shared directory at local_dir on every node, or use local_scope='node' for "
+                "node-local disks"
+            )
+
+    def check(self) -> str | None:
+        """This rank still reads rank 0's nonce from its ``local_dir`` (a mount lost since the
+        start fails here, before any save claims the tier)."""
+        if self.nonce is None:
+            return None
+        try:
+            with open(self.probe, "rb") as f:
+                seen = f.read().decode(errors="replace")
+        except OSError as exc:
+            return (
+                f"rank {self.ranks.rank} (node {self.node}) does not see rank 0's {self.probe} ({exc.strerror or exc})"
+            )
+        if seen != self.nonce:
+            return (
+                f"rank {self.ranks.rank} (node {self.node}) reads another {self.probe} than rank 0 wrote "
+                "(a directory of its own, not the shared one)"
+            )
+        return None
 
     @property
     def leader(self) -> bool:

@@ -120,10 +120,14 @@ def wire(cfg: AgentConfig, training: TrainingParts, *, node: str | None, bus: Bu
             on_replicated=acks.replicated,
             readers=reader_threads(_local_ranks()),
         )
+    tier = nodes
+    if tier is None:
+        tier = SharedTier(ranks, fs, job=cfg.job, key=signing, retainer=retainer, root=cfg.local_root, node=node)
+        tier.prove()  # every rank reads rank 0's nonce back: a tier that is not shared is refused here
     saver = Saver(
         ranks,
         state,
-        nodes or SharedTier(ranks, fs, job=cfg.job, key=signing, retainer=retainer),
+        tier,
         job=cfg.job,
         root=cfg.local_root,
         fs=fs,

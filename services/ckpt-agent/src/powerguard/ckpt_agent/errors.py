@@ -13,6 +13,11 @@ class CommitError(CheckpointError):
     """A checkpoint was written but could not be committed on every rank."""
 
 
+class TierNotShared(CheckpointError):
+    """``local_scope="shared"``, but not every rank sees the same directory (a mount missing on a
+    node): no checkpoint may claim the shared tier."""
+
+
 class CorruptCheckpoint(CheckpointError):
     """A committed checkpoint does not match its manifest (size or checksum)."""
 
