@@ -251,6 +251,50 @@ async def acks_over_one_second(site, store, now: float) -> dict:
     }
 
 
+def raises(ranks: int, repeats: int = 3) -> dict:
+    """One job of ``ranks`` ranks, the site's policy ``require_durability: replicated``: every
+    rank acks ``local``, then each rank's raise to ``replicated:1`` arrives as its own ack (the
+    node tier's per-rank raise). Timed: the site core applying the raises, in the consumer's
+    batches, decoded beforehand (the decoding is the bus's part, reported in the rows above);
+    the best of ``repeats`` outages (a fresh core each)."""
+    from datetime import UTC, datetime
+
+    from powerguard.bus.roles import INPUT_BATCH as BATCH
+    from powerguard.coordinator.core import SiteCore
+    from powerguard.coordinator.policy import Policy
+    from powerguard.schemas import OnBattery, PowerData
+
+    site = Layout.of(ranks)
+    ((job, size),) = site.jobs.items()
+    policy = Policy(hold_policy="continue", ckpt_timeout_s=600, max_on_battery_s=3600, require_durability="replicated")
+    best = None
+    for _ in range(repeats):
+        core = SiteCore(site.topology(), policy, registry=site.registry(), saga_id=lambda site, now: "bench-raise")
+        now = time.time()
+        data = PowerData(site="bench", ups="ups-a", on_battery=True, runtime_s=3000.0, charge_pct=90)
+        core.apply([(OnBattery(time=datetime.fromtimestamp(now, UTC), data=data), None)], now)
+        rec = core.open["bench-raise"]
+        first = durable_ack(job, 0, None, rec.jobs[job].request_id, rec.saga_id)
+        local = [first.model_copy(update={"data": first.data.model_copy(update={"rank": r})}) for r in range(size)]
+        raised = [
+            a.model_copy(update={"data": a.data.model_copy(update={"durability": "replicated:1"})}) for a in local
+        ]
+        for i in range(0, size, BATCH):
+            now += 0.001
+            core.apply([(a, None) for a in local[i : i + BATCH]], now)
+        assert rec.jobs[job].settled_at is None, "settled before any raise: the requirement was not applied"
+        cpu = 0.0
+        for i in range(0, size, BATCH):
+            batch = [(a, None) for a in raised[i : i + BATCH]]
+            now += 0.001
+            c0 = time.process_time()
+            core.apply(batch, now)
+            cpu += time.process_time() - c0
+        assert rec.jobs[job].settled_at is not None, "every rank raised and the round not answered"
+        best = cpu if best is None else min(best, cpu)
+    return {"ranks": ranks, "replicated_raise_us_per_ack": round(best / size * 1e6, 2)}
+
+
 def _child(ranks: int, urls: list[str], *phase: str) -> dict:
     out = subprocess.run(
         [sys.executable, __file__, "--child", str(ranks), "--urls", ",".join(urls), *phase],
@@ -274,10 +318,33 @@ def main() -> None:
     ap.add_argument(
         "--arrival-runs", type=int, default=3, help="outages whose acks arrive over one second, per size (median kept)"
     )
+    ap.add_argument(
+        "--raise-ranks",
+        default="512,1024,2048,4096",
+        help="job sizes for the replicated-raise cost (require_durability: replicated)",
+    )
+    ap.add_argument(
+        "--raises-only",
+        action="store_true",
+        help="measure only the raise cost and update its rows in the results file",
+    )
     args = ap.parse_args()
     if args.child:
         run = arrival if args.arrival else one
         print(json.dumps(asyncio.run(run(args.child, args.urls.split(",")))))
+        return
+    raise_rows = [raises(n) for n in (int(x) for x in args.raise_ranks.split(","))]
+    raise_part = {"replicated_raises": raise_rows}
+    if len(raise_rows) > 1:  # the issue's figure: per-ack cost at the largest job over the smallest (flat: 1.0)
+        raise_part["replicated_raise_growth"] = round(
+            raise_rows[-1]["replicated_raise_us_per_ack"] / raise_rows[0]["replicated_raise_us_per_ack"], 2
+        )
+    if args.raises_only:
+        print(json.dumps(raise_part, indent=1))
+        old = json.loads(args.out.read_text()) if args.out.exists() else {"benchmark": "scale"}
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(stamp(old | raise_part), indent=1) + "\n")
+        print(f"wrote {args.out}")
         return
     from powerguard.bus.roles import INPUT_BATCH
 
@@ -298,6 +365,7 @@ def main() -> None:
         "job_ranks": JOB_RANKS,
         "batch": INPUT_BATCH,
         "sizes": rows,
+        **raise_part,
     }
     cost = {row["ranks"]: row["ack_cpu_us_per_rank"] for row in rows}
     if 10_000 in cost and 100_000 in cost:  # the issue's figure: per-rank cost at 100k over 10k (flat: 1.0)

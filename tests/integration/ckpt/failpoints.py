@@ -5,6 +5,9 @@ failpoint of its own. Run as ``torchrun -m tests.integration.ckpt.failpoints <tr
   ``before_commit``     rank 0 dies (SIGKILL) with every file written, just before COMMIT
   ``final_checkpoint``  the rank in ``POWERGUARD_TEST_FAILPOINT_RANK`` dies as a final
                         (checkpoint-at-stop) checkpoint starts, once every rank knows of it
+  ``replica_zeros``     on the node in ``POWERGUARD_TEST_FAILPOINT_NODE``, the replication
+                        cannot read the node's files (each is sent as zeros, as an unreadable
+                        file is); the commit and the restore read them as usual
 """
 
 from __future__ import annotations
@@ -41,6 +44,22 @@ def install(point: str | None, rank: str | None) -> None:
             return out
 
         _ranks.Ranks.gather = gather
+    elif point == "replica_zeros":
+        import threading
+
+        import torch
+
+        from powerguard.ckpt_agent import _nodes
+
+        real_read = _nodes._read
+
+        def _read(path, off, n):
+            replicating = threading.current_thread().name == "pg-ckpt-replicate"
+            if replicating and os.environ.get("POWERGUARD_NODE") == os.environ.get("POWERGUARD_TEST_FAILPOINT_NODE"):
+                return torch.zeros(n, dtype=torch.uint8)
+            return real_read(path, off, n)
+
+        _nodes._read = _read
     elif point:
         raise SystemExit(f"unknown POWERGUARD_TEST_FAILPOINT {point!r}")
 

@@ -16,6 +16,7 @@ import pytest
 from powerguard.bus import free_ports
 
 TORCHRUN = Path(sys.executable).parent / "torchrun"
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def require_namespaces() -> None:
@@ -38,10 +39,23 @@ class Cluster:
         return self.disks / node
 
     async def run(
-        self, *, steps: int, timeout: float = 240, nodes: list[str] | None = None, fails: bool = False, **options
+        self,
+        *,
+        steps: int,
+        timeout: float = 240,
+        nodes: list[str] | None = None,
+        fails: bool = False,
+        env: dict[str, str] | None = None,
+        **options,
     ) -> str:
         """Run the job to ``steps`` on ``nodes`` (default: the cluster's); returns every node's log
-        (``fails``: every node's job must exit non-zero)."""
+        (``fails``: every node's job must exit non-zero; ``env``: more environment, a
+        ``POWERGUARD_TEST_FAILPOINT`` runs the job through :mod:`.failpoints`)."""
+        env = dict(env or {})
+        module = "powerguard.sim.train"
+        if "POWERGUARD_TEST_FAILPOINT" in env:  # the wrapper module lives in the repository
+            module = "tests.integration.ckpt.failpoints"
+            env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
         nodes = nodes or self.nodes
         self.runs += 1
         self.mount.mkdir(parents=True, exist_ok=True)
@@ -73,7 +87,7 @@ class Cluster:
                 "--master-port",
                 str(port),
                 "-m",
-                "powerguard.sim.train",
+                module,
                 *args,
             ]
             with open(log, "wb") as out:
@@ -90,7 +104,7 @@ class Cluster:
                         *launch,
                         stdout=out,
                         stderr=asyncio.subprocess.STDOUT,
-                        env={**os.environ, "OMP_NUM_THREADS": "1", "POWERGUARD_NODE": node},
+                        env={**os.environ, "OMP_NUM_THREADS": "1", "POWERGUARD_NODE": node, **env},
                         start_new_session=True,
                     )
                 )

@@ -174,3 +174,38 @@ async def test_fsdp2_acks_are_raised_to_replicated_when_each_nodes_shards_reach_
     levels = {r: [a.data.durability for a in got if a.data.rank == r] for r in range(3)}
     assert levels == {r: ["local", "replicated:1"] for r in range(3)}, levels  # first local, then raised
     assert len({a.data.step for a in got}) == 1 and {a.data.request_id for a in got} == {"req-1"}
+
+
+async def test_a_replica_its_receiver_could_not_verify_raises_no_ack(tmp_path, bus, nats_server):
+    """n0's files cannot be read for the replication (sent as zeros): n1, its receiver, finds the
+    checksums wrong and keeps no copy. A sender never speaks for a receiver: n0's rank stays
+    ``local`` (before, n0 raised it to ``replicated:1`` on what *it* received from n2), while
+    the ranks whose copies their receivers confirmed are raised."""
+    from powerguard.schemas import AgentRegistered, CheckpointDurable, CheckpointFailed
+
+    from .test_agent import answers, request
+
+    c = Cluster(tmp_path, "jconf", NODES)
+    n = bus.names
+    bus_args = {"nats_url": nats_server.url, "prefix": n.prefix, "stream": n.stream, "agents_bucket": n.agents}
+    env = {"POWERGUARD_TEST_FAILPOINT": "replica_zeros", "POWERGUARD_TEST_FAILPOINT_NODE": "n0"}
+    async with (
+        bus.subscribe(AgentRegistered, deliver="all") as joined,
+        bus.subscribe(CheckpointDurable, CheckpointFailed, deliver="all") as acks,
+    ):
+        run = asyncio.create_task(c.run(steps=300, shard="fsdp", step_sleep=0.05, env=env, **bus_args))
+        ranks: set[int] = set()
+        while ranks != {0, 1, 2}:
+            ev = await asyncio.wait_for(joined.__anext__(), 120)
+            ranks |= {ev.data.rank} if ev.data.job == "jconf" else set()
+        await request(bus, "jconf")
+        got = await answers(acks, 5, timeout=120)  # three local acks, two raises
+        out = await asyncio.wait_for(run, 300)  # every node's job ended: its log says all it sent
+    assert all(isinstance(a, CheckpointDurable) for a in got), [a.data for a in got]
+    levels = {r: [a.data.durability for a in got if a.data.rank == r] for r in range(3)}
+    assert levels == {0: ["local"], 1: ["local", "replicated:1"], 2: ["local", "replicated:1"]}, levels
+    n0 = out.split("==== n0", 1)[1].split("==== n1", 1)[0]
+    n1 = out.split("==== n1", 1)[1].split("==== n2", 1)[0]
+    assert "checksum mismatch" in n1  # the receiver found the copy bad
+    assert "raised to replicated" not in n0, n0[-3000:]  # and the sender did not claim it
+    assert "not confirmed by node n1" in n0, n0[-3000:]

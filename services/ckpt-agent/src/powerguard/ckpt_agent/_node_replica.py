@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 
 from ._node_exchange import NodeExchange
-from ._nodes import exchange, node_files
+from ._nodes import confirm, exchange, node_files
 from ._tiers import Written
 
 log = logging.getLogger("powerguard.ckpt_agent")
@@ -57,15 +57,17 @@ class Replicator:
             if previous is not None:
                 previous.join()
             t0 = time.perf_counter()
-            problems: list[str] = []
+            problems: list[str] = []  # what this node received from the nodes before it
+            holders: list[str] = []  # the nodes after it that confirmed they hold this node's files
             ring = self.ex.topo.order
             i = ring.index(self.ex.node)
             for j in range(1, min(self.replicas, len(ring) - 1) + 1):
                 dst, src = ring[(i + j) % len(ring)], ring[(i - j) % len(ring)]
                 out = node_files(self.ex.topo, self.ex.node, manifests)
                 inc = node_files(self.ex.topo, src, manifests)
+                group = self.ex.ranks.replica_group
                 try:
-                    problems += exchange(
+                    got = exchange(
                         [
                             (os.path.join(directory, n), int(f["size"]))
                             for n, f in sorted(out.items())
@@ -78,19 +80,38 @@ class Replicator:
                             if n not in needed[self.ex.node]
                         ],
                         self.ex.topo.leader(src),
-                        self.ex.ranks.replica_group,
+                        group,
                         key=self.key,
                     )
+                    problems += got
+                    # the receiver's word on this node's files, this node's word to its sender
+                    if confirm(not got, self.ex.topo.leader(src), self.ex.topo.leader(dst), group):
+                        holders.append(dst)
+                    else:
+                        log.error(
+                            "rank %d: the copy of this node's files of %s not confirmed by node %s (it could not "
+                            "verify what it received): no replica counted there",
+                            self.ex.rank,
+                            directory,
+                            dst,
+                        )
                 except (RuntimeError, OSError) as exc:  # a peer gone: the local commit stands
                     problems.append(f"with nodes {dst}/{src}: {exc}")
                     break
-            self.replicated = (directory, not problems, problems)
+            k = len(holders)
+            self.replicated = (directory, not problems and k == min(self.replicas, len(ring) - 1), problems)
             if problems:
                 log.error("rank %d: replication of %s incomplete: %s", self.ex.rank, directory, "; ".join(problems))
-            else:
-                k = min(self.replicas, len(ring) - 1)
+            if k:
                 took = time.perf_counter() - t0
-                log.info("rank %d: %s replicated to %d peer node(s) in %.2fs", self.ex.rank, directory, k, took)
+                log.info(
+                    "rank %d: %s replicated to %d peer node(s) in %.2fs (confirmed by %s)",
+                    self.ex.rank,
+                    directory,
+                    k,
+                    took,
+                    ", ".join(holders),
+                )
                 if self.on_replicated is not None and _copies(committed) < k:  # the commit said less
                     mine = [w for w in results if self.ex.topo.nodes[w.rank] == self.ex.node]
                     sizes = {w.rank: sum(int(f["size"]) for f in manifests[w.rank].values()) for w in mine}

@@ -71,6 +71,9 @@ class NodeTier:
         (``replicated`` then says whether it was complete)."""
         return self.replicator.wait(timeout_s)
 
+    def ready(self) -> None:
+        pass  # each node's own directory: nothing to establish
+
     def check(self) -> str | None:
         return None  # each node's own directory: nothing to share
 

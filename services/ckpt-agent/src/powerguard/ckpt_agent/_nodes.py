@@ -183,6 +183,19 @@ def exchange(
     return problems
 
 
+def confirm(stored: bool, to: int, frm: int, group) -> bool:
+    """After an :func:`exchange`: this node's verdict on what it received goes back to its sender
+    (``to``: ``src`` of the exchange) while the verdict of this node's receiver (``frm``: its
+    ``dst``) arrives. True when the receiver says it verified and fsynced every file it got. A
+    sender never speaks for its receiver: the raise of its ranks waits on this."""
+    verdict = torch.tensor([1 if stored else 0], dtype=torch.uint8)
+    work = dist.isend(verdict, dst=to, group=group)
+    got = torch.zeros(1, dtype=torch.uint8)
+    dist.recv(got, src=frm, group=group)
+    work.wait()
+    return bool(got.item())
+
+
 def _chunks(size: int) -> list[tuple[int, int]]:
     return [(off, min(CHUNK, size - off)) for off in range(0, size, CHUNK)]
 

@@ -112,6 +112,7 @@ class Saver:
     def _prepare(self, directory: str) -> bool:
         """Every rank: the step's directory made (an uncommitted leftover removed first) by the
         tier's leaders; whether every leader found it committed already."""
+        self.tier.ready()  # e.g. a shared tier proven shared (collective)
         committed, problem = False, None
         if self.tier.leader:
             try:

@@ -73,6 +73,10 @@ class Tier(Protocol):
         """Write ``COMMIT``; the checkpoint's durability (``local``, ``replicated:k``)."""
         ...
 
+    def ready(self) -> None:
+        """Every rank, before a save (collective): whatever the tier must establish first."""
+        ...
+
     def check(self) -> str | None:
         """Before a save, on every rank: what makes this rank unfit to claim the tier, or None."""
         ...
@@ -91,39 +95,50 @@ class SharedTier:
         self.ranks, self.fs, self.job, self.key, self.retainer = ranks, fs, job, key, retainer
         self.root, self.node = root, node
         self.nonce: str | None = None
+        self.unproven: str | None = "not proven shared yet"  # why not, while it is not
 
     @property
     def probe(self) -> str:
         return os.path.join(self.root, self.job, self.PROBE)
 
     def prove(self) -> None:
-        """Every rank, at start: rank 0 writes a fresh nonce (fsynced) under the job's directory
-        and every rank reads it back from its own ``local_dir``. Raises :class:`TierNotShared`
-        naming each rank that does not see it, its node and its path."""
+        """Every rank: rank 0 writes a fresh nonce (fsynced) under the job's directory and every
+        rank reads it back from its own ``local_dir``. Raises :class:`TierNotShared` naming each
+        rank that does not see it, its node and its path. A nonce rank 0 cannot write (the disk,
+        not the sharing) leaves the tier unproven: each save fails with that reason and tries
+        again (:meth:`ready`); training goes on."""
         rank, problem = self.ranks.rank, None
+        nonce = None
         if rank == 0:
-            nonce = secrets.token_hex(16)
             try:
                 L.makedirs_durable(os.path.dirname(self.probe))
-                L.write_durable(self.fs, self.probe, nonce.encode())
+                candidate = secrets.token_hex(16)
+                L.write_durable(self.fs, self.probe, candidate.encode())
+                nonce = candidate
             except OSError as exc:
                 problem = f"rank 0 (node {self.node}) cannot write {self.probe}: {exc}"
-        else:
-            nonce = None
-        self.nonce = self.ranks.gather(nonce)[0]  # also the barrier: rank 0 wrote it before anyone reads
-        problem = problem or self.check()
-        if problems := [p for p in self.ranks.gather(problem) if p]:
+        # also the barrier: rank 0 wrote it before anyone reads
+        self.nonce, self.unproven = self.ranks.gather((nonce, problem))[0]
+        if self.nonce is None:
+            log.warning("rank %d: the shared tier is not proven shared yet: %s", rank, self.unproven)
+            return
+        if problems := [p for p in self.ranks.gather(self.check()) if p]:
             raise TierNotShared(
                 f"local_scope='shared' but the ranks do not share one directory: {'; '.join(problems)}. "
                 "Mount the shared directory at local_dir on every node, or use local_scope='node' for "
                 "node-local disks"
             )
 
+    def ready(self) -> None:
+        """Every rank, before a save: a tier not yet proven shared is proven now."""
+        if self.nonce is None:
+            self.prove()
+
     def check(self) -> str | None:
         """This rank still reads rank 0's nonce from its ``local_dir`` (a mount lost since the
         start fails here, before any save claims the tier)."""
         if self.nonce is None:
-            return None
+            return self.unproven
         try:
             with open(self.probe, "rb") as f:
                 seen = f.read().decode(errors="replace")

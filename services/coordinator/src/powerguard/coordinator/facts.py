@@ -8,7 +8,7 @@ from powerguard.schemas import SagaState
 
 from . import battery
 from .inputs import Ack, Input, NodeReport, Power, Resumed, UpsReport
-from .record import BatteryFigures, CkptRound, SagaRecord, UpsView, strength
+from .record import BatteryFigures, CkptRound, SagaRecord, UpsView
 from .rounds import settle_hold
 
 S = SagaState
@@ -85,17 +85,12 @@ def ack(rec: SagaRecord, a: Ack, now: float, require: str = "local") -> None:
             rnd = other
     if rnd is None or rnd.requested_at is None or rnd.settled_at is not None:
         return  # not ours, not sent yet, or late: the deadline decided already
-    if rnd.require != require:  # (a model's attribute set costs a validation: not once per ack)
-        rnd.require = require
+    rnd.requiring(require)
     if a.ok:
         if a.commit is not None:
             rnd.commit = a.commit
-        level = strength(a.durability)
         for rank in _ranks(a, plan.world_size):
-            rnd.acked[rank] = a.step
-            rnd.failed.pop(rank, None)
-            if level >= strength(rnd.levels.get(rank, "local")):
-                rnd.levels[rank] = a.durability  # a later ack raises the level (replicas, the remote copy)
+            rnd.take(rank, a.step, a.durability)  # a later ack raises the level (replicas, the remote copy)
     elif a.rank not in rnd.acked:
         rnd.failed[a.rank] = a.error or "failed"
     if rnd.answered:

@@ -13,7 +13,7 @@ from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from pydantic import BaseModel, Field, field_serializer
+from pydantic import BaseModel, Field, PrivateAttr, field_serializer
 
 from powerguard.schemas import HoldPolicy, SagaState
 
@@ -87,12 +87,41 @@ class CkptRound(BaseModel):
         """Ranks that acked, below the required durability (still waited for until the deadline)."""
         return [r for r in self.acked if not meets(self.levels.get(r, "local"), self.require)]
 
+    # how many acked ranks are below ``require``: counted once (after a load or a new
+    # requirement), then kept as acks raise ranks (:meth:`take`), so a raise costs what it changes
+    _short: int | None = PrivateAttr(default=None)
+
+    def __eq__(self, other: object) -> bool:
+        """Equal fields are equal rounds (the kept count is derived from them, not compared)."""
+        return type(other) is type(self) and self.__dict__ == other.__dict__
+
+    def take(self, rank: int, step: int | None, level: str) -> None:
+        """Rank ``rank`` acked ``step`` at ``level``: kept, the level only ever raised (a later
+        ack of replicas or the remote copy), a failure it had reported dropped."""
+        if self._short is None:
+            self._short = len(self.short)
+        before = self.levels.get(rank, "local")
+        was_short = rank in self.acked and not meets(before, self.require)
+        self.acked[rank] = step
+        self.failed.pop(rank, None)
+        if strength(level) >= strength(before):
+            self.levels[rank] = level
+        self._short += (not meets(self.levels.get(rank, "local"), self.require)) - was_short
+
+    def requiring(self, require: str) -> None:
+        """The durability every rank must reach (the count of short ranks made again when it changes)."""
+        if require != self.require:  # (a model's attribute set costs a validation: not once per ack)
+            self.require = require
+            self._short = None
+
     @property
     def answered(self) -> bool:
+        # acked and failed never share a rank (facts.ack), so their sizes say whether all answered
         if len(self.acked) + len(self.failed) < self.world_size:
             return False  # some rank has not answered (and no set is built per ack at 100k ranks)
-        short = set(self.short)
-        return all(r in self.failed or (r in self.acked and r not in short) for r in range(self.world_size))
+        if self._short is None:
+            self._short = len(self.short)
+        return self._short == 0
 
     @property
     def step(self) -> int | None:
