@@ -106,3 +106,47 @@ async def test_a_lease_whose_owner_stopped_turning_lapses(make_bus):
         assert json.loads(entry.value)["expires"] < time.time()  # a standby may take it now
     finally:
         await keeper.stop()
+
+
+async def test_two_coordinators_of_one_instance_name_one_leads_the_other_says_why(make_bus, caplog):
+    """Two coordinator processes on one host without ``POWERGUARD_INSTANCE`` (both named after
+    the host): before, the lease was the name's, and both led the site (both /readyz "ok: leads
+    the site"). Now it is the process's: one leads, the other follows and names the cause."""
+    caplog.set_level(logging.INFO, logger="powerguard.coordinator.service")
+    a = Coordinator(await make_bus("coordinator"), site(), policy=policy(), instance="mgmt1")
+    b = Coordinator(await make_bus("coordinator"), site(), policy=policy(), instance="mgmt1")
+    said: list[tuple[bool, str]] = []
+    stop = asyncio.Event()
+    ta = asyncio.create_task(a.run(stop))
+    tb = None
+    try:
+        await eventually(lambda: a.leader, 20, "the first to lead")
+        tb = asyncio.create_task(b.run(stop, on_ready=lambda ok, why: said.append((ok, why))))
+        await eventually(lambda: said, 20, "the second's first lease check")
+        assert not b.leader and a.leader, "both lead the site under one name"
+        assert "another coordinator process named 'mgmt1' holds the lease" in said[-1][1], said
+        assert "POWERGUARD_INSTANCE" in caplog.text
+    finally:
+        stop.set()
+        for t in (ta, tb):
+            if t is not None:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(t, 10)
+
+
+async def test_a_lease_held_by_a_process_of_this_host_that_is_gone_is_taken_at_once(make_bus):
+    """A crash and restart under the same name: the holder's pid on this host no longer runs,
+    so the new process takes the lease at once instead of waiting out the TTL."""
+    from powerguard.coordinator.lease import Lease
+
+    kv = await (await make_bus("coordinator")).leases()
+    old = Lease(kv, key="coordinator.dc1", holder="mgmt1", ttl_s=60.0)
+    assert await old.keep()
+    gone = await asyncio.create_subprocess_exec("true")  # a pid that ran on this host and ended
+    await gone.wait()
+    old.pid = gone.pid
+    assert await old.keep()  # its record now names the ended pid, valid for another minute
+    new = Lease(kv, key="coordinator.dc1", holder="mgmt1", ttl_s=60.0)
+    assert await new.keep(), new.clash
+    live = Lease(kv, key="coordinator.dc1", holder="mgmt1", ttl_s=60.0)  # this process: alive
+    assert not await live.keep() and "holds the lease" in (live.clash or "")

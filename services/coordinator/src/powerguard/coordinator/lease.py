@@ -6,6 +6,9 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
+import secrets
+import socket
 import time
 from collections.abc import Callable
 
@@ -17,16 +20,23 @@ log = logging.getLogger(__name__)
 class Lease:
     """``keep()`` acquires the lease when it is free or expired, renews it when held.
 
-    The holder writes ``{"holder", "expires"}``; all writes are CAS on the revision, so two
-    replicas can never both believe they hold it after the same round. A replica restarted
-    under the same ``holder`` name takes its lease back at once."""
+    The holder writes ``{"holder", "token", "expires"}``; all writes are CAS on the revision, so
+    two replicas can never both believe they hold it after the same round. ``token`` is drawn
+    at each process's start: the lease is this process's, not its name's, so a second process
+    under the same ``holder`` (two coordinators on one host without ``POWERGUARD_INSTANCE``)
+    follows and says why (:attr:`clash`). A restart after a crash takes it at once when the
+    holder was a process of this host that is gone (:meth:`_dead`); otherwise it waits out the
+    TTL (a clean stop releases the lease, and the next start takes it at once)."""
 
     def __init__(self, kv: Kv, *, key: str, holder: str, ttl_s: float) -> None:
         self.kv = kv
         self.key = key
         self.holder = holder
+        self.token = secrets.token_hex(8)
+        self.host, self.boot, self.pid = socket.gethostname(), _boot_id(), os.getpid()
         self.ttl_s = ttl_s
         self.expires = 0.0
+        self.clash: str | None = None  # why this process follows another of the same name
 
     def lapse(self) -> None:
         """Forget the lease here, as a stall past its TTL leaves it (a test seam: the fault
@@ -37,23 +47,49 @@ class Lease:
     def held(self) -> bool:
         return time.time() < self.expires
 
+    def _mine(self, current: dict) -> bool:
+        return current.get("holder") == self.holder and current.get("token") == self.token
+
+    def _dead(self, current: dict) -> bool:
+        """The holder was a process of this host that is gone: of an earlier boot, or its pid no
+        longer running (a crash and restart takes the lease back at once). Anything else, a
+        live process or another host's, is waited out."""
+        if current.get("host") != self.host or not isinstance(current.get("pid"), int):
+            return False
+        if current.get("boot") != self.boot:
+            return True
+        try:
+            os.kill(current["pid"], 0)
+        except ProcessLookupError:
+            return True
+        except OSError:  # it exists (another user's): alive
+            return False
+        return False
+
     async def keep(self) -> bool:
         now = time.time()
-        value = json.dumps({"holder": self.holder, "expires": now + self.ttl_s}).encode()
+        mine = {"holder": self.holder, "token": self.token, "host": self.host, "boot": self.boot, "pid": self.pid}
+        value = json.dumps({**mine, "expires": now + self.ttl_s}).encode()
+        self.clash = None
         try:
             entry = await self.kv.get(self.key)
             if entry is None:
                 await self.kv.create(self.key, value)
             else:
                 current = json.loads(entry.value)
-                if current.get("holder") != self.holder and current.get("expires", 0) > now:
+                if not self._mine(current) and current.get("expires", 0) > now and not self._dead(current):
+                    if current.get("holder") == self.holder:
+                        self.clash = (
+                            f"another coordinator process named {self.holder!r} holds the lease until it "
+                            "lapses or is released (give each replica its own POWERGUARD_INSTANCE)"
+                        )
                     self.expires = 0.0
                     return False
                 await self.kv.update(self.key, value, revision=entry.revision)
         except CasConflict:
             self.expires = 0.0
             return False
-        except (ValueError, TypeError) as exc:
+        except (ValueError, TypeError, AttributeError) as exc:
             log.error("lease %s unreadable (%s); overwriting", self.key, exc)
             await self.kv.put(self.key, value)
         self.expires = now + self.ttl_s
@@ -63,7 +99,7 @@ class Lease:
         if not self.held:
             return
         entry = await self.kv.get(self.key)
-        if entry is not None and json.loads(entry.value).get("holder") == self.holder:
+        if entry is not None and self._mine(json.loads(entry.value)):
             try:
                 await self.kv.update(
                     self.key, json.dumps({"holder": None, "expires": 0}).encode(), revision=entry.revision
@@ -71,6 +107,15 @@ class Lease:
             except CasConflict:
                 pass
         self.expires = 0.0
+
+
+def _boot_id() -> str | None:
+    """This host's boot (Linux): a lease held in an earlier boot is held by no process now."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return None
 
 
 class LeaseKeeper:

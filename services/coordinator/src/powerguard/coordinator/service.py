@@ -142,6 +142,7 @@ class Coordinator:
         # the lease is renewed beside the loop (lease.py); the loop must keep turning for it
         keeper = LeaseKeeper(self._lease, renew_every, stall_s=max(3 * self.policy.lease_ttl_s, 30.0))
         keeper.start()
+        said_clash = None
         try:
             while not stopping.is_set():
                 keeper.beat()
@@ -150,8 +151,15 @@ class Coordinator:
                     if exc is not None:
                         log.warning("lease check failed: %s", exc)
                         state = (False, f"cannot read or renew the lease in {self.bus.names.leases}: {exc!r}")
+                    elif held:
+                        state = (True, "ok: leads the site")
+                    elif clash := self._lease.clash:
+                        if clash != said_clash:
+                            log.warning("%s does not lead site %s: %s", self.instance, self.site.site, clash)
+                        state = (True, f"ok: standby: {clash}")
                     else:
-                        state = (True, "ok: leads the site" if held else "ok: standby, another instance leads")
+                        state = (True, "ok: standby, another instance leads")
+                    said_clash = self._lease.clash
                     if held and not self.leader:
                         try:
                             await self._lead()
