@@ -83,6 +83,12 @@ def test_shipped_example_site_is_valid():
     example = Path(__file__).resolve().parents[2] / "compose" / "site.example.yaml"
     site = load_site(example)
     assert {n.name for n in site.nodes} == {"gpu01", "gpu02"}
+    # its scheduler block is what power-control builds its job adapter from
+    from powerguard.power_control.config import PowerControlSettings
+    from powerguard.power_control.schedulers import make_scheduler
+
+    scheduler = make_scheduler(site.settings("power_control", PowerControlSettings).scheduler)
+    assert scheduler.kind == "process" and "llama-70b" in scheduler.opts.jobs
 
 
 @pytest.mark.parametrize(
