@@ -161,6 +161,26 @@ def _growth(sc: dict) -> str:
     verdict = "met" if g <= 1.2 else "not met"
     return f"""
 Per-rank ack cost at 100,000 ranks over 10,000 (`ack_cost_growth`): **{g}** (target ≤ 1.2: {verdict}).
+{_raises(sc)}"""
+
+
+def _raises(sc: dict) -> str:
+    """The replicated-raise cost per ack by job size (``bench/scale.py --raises-only``)."""
+    rows = sc.get("replicated_raises")
+    if not rows:
+        return ""
+    g = sc.get("replicated_raise_growth")
+    verdict = "met" if g is not None and g <= 1.2 else "not met"
+    cells = " | ".join(f"{r['replicated_raise_us_per_ack']} µs" for r in rows)
+    return f"""
+**Raises to `replicated:k`** (`require_durability: replicated`; each rank's raise its own ack,
+applied by the site core in the consumer's batches, decoding not included; best of 3):
+
+| job size | {" | ".join(f"{r['ranks']:,} ranks" for r in rows)} |
+|---|{"---|" * len(rows)}
+| CPU per raise | {cells} |
+
+Growth {rows[-1]["ranks"]:,} over {rows[0]["ranks"]:,} ranks (`replicated_raise_growth`): **{g}** (target ≤ 1.2: {verdict}).
 """
 
 

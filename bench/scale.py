@@ -341,9 +341,10 @@ def main() -> None:
         )
     if args.raises_only:
         print(json.dumps(raise_part, indent=1))
-        old = json.loads(args.out.read_text()) if args.out.exists() else {"benchmark": "scale"}
+        # the site rows keep their own date and commit; these rows get theirs
+        old = json.loads(args.out.read_text()) if args.out.exists() else stamp({"benchmark": "scale"})
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(stamp(old | raise_part), indent=1) + "\n")
+        args.out.write_text(json.dumps(old | raise_part | {"replicated_raises_at": stamp({})}, indent=1) + "\n")
         print(f"wrote {args.out}")
         return
     from powerguard.bus.roles import INPUT_BATCH

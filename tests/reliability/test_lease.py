@@ -48,6 +48,15 @@ async def test_a_leader_whose_lease_lapsed_publishes_nothing_and_steps_down(make
         await ranks.stop()
 
 
+async def _stopped(stop: asyncio.Event, *tasks: asyncio.Task | None) -> None:
+    """Stop the coordinators' runs and wait for each that started."""
+    stop.set()
+    for t in tasks:
+        if t is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(t, 10)
+
+
 async def test_a_leader_whose_tick_outlasts_the_lease_keeps_it_while_a_standby_waits(make_bus, caplog):
     """A tick slower than the lease's TTL (a cluster's stores fsyncing after a cut took 2-4 s
     here) must not hand the site to a standby: the lease is renewed beside the loop. Before
@@ -77,11 +86,7 @@ async def test_a_leader_whose_tick_outlasts_the_lease_keeps_it_while_a_standby_w
         assert c1.leader and not c2.leader, "the standby took the site during the leader's slow tick"
         assert "c2 leads site" not in caplog.text
     finally:
-        stop.set()
-        for t in (t1, t2):
-            if t is not None:
-                with contextlib.suppress(Exception):
-                    await asyncio.wait_for(t, 10)
+        await _stopped(stop, t1, t2)
 
 
 async def test_a_lease_whose_owner_stopped_turning_lapses(make_bus):
@@ -127,11 +132,7 @@ async def test_two_coordinators_of_one_instance_name_one_leads_the_other_says_wh
         assert "another coordinator process named 'mgmt1' holds the lease" in said[-1][1], said
         assert "POWERGUARD_INSTANCE" in caplog.text
     finally:
-        stop.set()
-        for t in (ta, tb):
-            if t is not None:
-                with contextlib.suppress(Exception):
-                    await asyncio.wait_for(t, 10)
+        await _stopped(stop, ta, tb)
 
 
 async def test_a_lease_held_by_a_process_of_this_host_that_is_gone_is_taken_at_once(make_bus):

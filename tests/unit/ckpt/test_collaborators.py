@@ -118,7 +118,7 @@ def test_the_saver_and_the_restorer_meet_only_on_disk(tmp_path):
     fs, _ = L.fs_for(str(tmp_path))
     state = TrainingState(model=model, optimizer=None, scheduler=None, extra_state=None, rank_state=None, rank=0)
     retainer = Retainer(fs, str(tmp_path), "j", keep=2)
-    tier = SharedTier(ranks, fs, job="j", key=None, retainer=retainer)
+    tier = SharedTier(ranks, fs, job="j", key=None, retainer=retainer, root=str(tmp_path))
     saver = Saver(ranks, state, tier, job="j", root=str(tmp_path), fs=fs, key=None, every_s=0, overlap=False, node="n1")
     saved = saver.save(5, saga_id="s1")
     assert saved.path == L.step_dir(str(tmp_path), "j", 5) and saved.durability == "local"
@@ -143,7 +143,7 @@ def test_a_jobs_own_newer_checkpoint_stands_and_an_older_one_is_overwritten(tmp_
     fs, _ = L.fs_for(str(tmp_path))
     state = TrainingState(model=model, optimizer=None, scheduler=None, extra_state=None, rank_state=None, rank=0)
     retainer = Retainer(fs, str(tmp_path), "j", keep=5)
-    tier = SharedTier(ranks, fs, job="j", key=None, retainer=retainer)
+    tier = SharedTier(ranks, fs, job="j", key=None, retainer=retainer, root=str(tmp_path))
     saver = Saver(ranks, state, tier, job="j", root=str(tmp_path), fs=fs, key=None, every_s=0, overlap=False, node="n1")
     for step in (5, 9):
         saver.save(step)

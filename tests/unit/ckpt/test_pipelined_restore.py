@@ -119,7 +119,7 @@ class _Job:
             model=self.model, optimizer=None, scheduler=None, extra_state=None, rank_state=None, rank=0
         )
         self.retainer = Retainer(self.fs, self.root, "j", keep=5)
-        tier = SharedTier(self.ranks, self.fs, job="j", key=None, retainer=self.retainer)
+        tier = SharedTier(self.ranks, self.fs, job="j", key=None, retainer=self.retainer, root=self.root)
         self.saver = Saver(
             self.ranks, self.state, tier, job="j", root=self.root, fs=self.fs, key=None,
             every_s=0, overlap=False, node="n1", writers=4,

@@ -90,7 +90,7 @@ class SharedTier:
     PROBE = ".shared-probe"
 
     def __init__(
-        self, ranks: Ranks, fs: Any, *, job: str, key: bytes | None, retainer: Retainer, root: str = "", node: str = ""
+        self, ranks: Ranks, fs: Any, *, job: str, key: bytes | None, retainer: Retainer, root: str, node: str = ""
     ) -> None:
         self.ranks, self.fs, self.job, self.key, self.retainer = ranks, fs, job, key, retainer
         self.root, self.node = root, node
