@@ -180,7 +180,8 @@ applied by the site core in the consumer's batches, decoding not included; best 
 |---|{"---|" * len(rows)}
 | CPU per raise | {cells} |
 
-Growth {rows[-1]["ranks"]:,} over {rows[0]["ranks"]:,} ranks (`replicated_raise_growth`): **{g}** (target ≤ 1.2: {verdict}).
+Growth {rows[-1]["ranks"]:,} over {rows[0]["ranks"]:,} ranks (`replicated_raise_growth`): **{g}**
+(target ≤ 1.2: {verdict}).
 """
 
 
