@@ -53,6 +53,7 @@ class Saver:
         self._last_local = time.monotonic()
         self._forced = False
         self._async: tuple[int, Future, HashingWriter, float] | None = None
+        self._verified: dict[int, None] = {}  # steps this process committed or verified, oldest first
         # weak references only: a cycle through the stager or the optimizer would keep the saver and
         # the agent's gloo process groups alive until interpreter shutdown, where destroying them aborts
         stable = weakref.WeakMethod(state.stable_storages)
@@ -90,9 +91,12 @@ class Saver:
         directory = L.step_dir(self.root, self.job, step)
         committed = self._prepare(directory)
         if committed:
-            problem = self._verify_own(directory)
+            # a step this process committed or verified is not read again (a paused job's hold
+            # checkpoints repeat one step); one found on disk (an earlier run's) is
+            problem = None if step in self._verified else self._verify_own(directory)
             problems = [p for p in self.ranks.gather(problem) if p]
             if not problems:  # this exact step is already durable (e.g. a periodic save of the same step)
+                self._trust(step)
                 return self._existing(directory, step, time.perf_counter() - t0)
             self._set_aside(directory, "; ".join(problems))
             if self._prepare(directory):
@@ -130,6 +134,12 @@ class Saver:
         if problem := "; ".join(p for _, p in answers if p):
             raise CommitError(problem)
         return all(c for c, _ in answers)
+
+    def _trust(self, step: int) -> None:
+        """``step`` was committed or verified by this process (the newest few are kept)."""
+        self._verified[step] = None
+        while len(self._verified) > 16:
+            del self._verified[next(iter(self._verified))]
 
     def _verify_own(self, directory: str) -> str | None:
         """This rank's files of a committed step read back against its manifest and COMMIT (and
@@ -207,6 +217,7 @@ class Saver:
         if failures:
             raise CommitError(f"checkpoint {directory} not committed: {'; '.join(failures)}")
         durability = self.tier.commit(directory, step, written, saga_id=saga_id)
+        self._trust(step)
         t_end = time.perf_counter()
         self._last_local = time.monotonic()
         log.info("rank %d: step %d durable in %s (%.1f MB, %.2fs)", rank, step, directory, nbytes / 1e6, t_end - t0)
