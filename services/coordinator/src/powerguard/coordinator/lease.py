@@ -70,7 +70,7 @@ class Lease:
         now = time.time()
         mine = {"holder": self.holder, "token": self.token, "host": self.host, "boot": self.boot, "pid": self.pid}
         value = json.dumps({**mine, "expires": now + self.ttl_s}).encode()
-        self.clash = None
+        # ``clash`` is set once a round has its answer (the loop reads it between rounds)
         try:
             entry = await self.kv.get(self.key)
             if entry is None:
@@ -78,21 +78,22 @@ class Lease:
             else:
                 current = json.loads(entry.value)
                 if not self._mine(current) and current.get("expires", 0) > now and not self._dead(current):
-                    if current.get("holder") == self.holder:
-                        self.clash = (
-                            f"another coordinator process named {self.holder!r} holds the lease until it "
-                            "lapses or is released (give each replica its own POWERGUARD_INSTANCE)"
-                        )
+                    self.clash = (
+                        f"another coordinator process named {self.holder!r} holds the lease until it "
+                        "lapses or is released (give each replica its own POWERGUARD_INSTANCE)"
+                        if current.get("holder") == self.holder
+                        else None
+                    )
                     self.expires = 0.0
                     return False
                 await self.kv.update(self.key, value, revision=entry.revision)
         except CasConflict:
-            self.expires = 0.0
+            self.expires, self.clash = 0.0, None
             return False
         except (ValueError, TypeError, AttributeError) as exc:
             log.error("lease %s unreadable (%s); overwriting", self.key, exc)
             await self.kv.put(self.key, value)
-        self.expires = now + self.ttl_s
+        self.expires, self.clash = now + self.ttl_s, None
         return True
 
     async def release(self) -> None:
