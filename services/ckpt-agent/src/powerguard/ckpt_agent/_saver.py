@@ -45,9 +45,11 @@ class Saver:
         overlap: bool,
         node: str,
         writers: int | None = None,
+        readers: int = 1,
     ) -> None:
         self.ranks, self.state, self.tier = ranks, state, tier
         self.writers = writers  # DCP's thread_count (None: by the state's size)
+        self.readers = readers  # files a rank reads back at once (the restore's rule: _writers.reader_threads)
         self.job, self.root, self.fs, self.key, self.every_s, self.node = job, root, fs, key, every_s, node
         self.stats: dict[str, float] = {}
         self._last_local = time.monotonic()
@@ -152,7 +154,7 @@ class Saver:
             if commit["manifests"].get(str(rank)) != L.digest_bytes(body):
                 raise CorruptCheckpoint(f"{directory}: manifest of rank {rank} does not match COMMIT")
             files = json.loads(body)["files"]
-            L.verify_files(self.fs, directory, files, sorted(files), self.key, threads=4)
+            L.verify_files(self.fs, directory, files, sorted(files), self.key, threads=self.readers)
             if rank == 0:
                 L.verify_metadata(self.fs, directory, commit, self.key)
         except (CheckpointError, OSError, KeyError, ValueError) as exc:

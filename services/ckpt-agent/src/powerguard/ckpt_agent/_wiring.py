@@ -136,6 +136,7 @@ def wire(cfg: AgentConfig, training: TrainingParts, *, node: str | None, bus: Bu
         overlap=cfg.overlap_staging and t.optimizer is not None,
         node=node,
         writers=cfg.writer_threads,
+        readers=reader_threads(_local_ranks()),  # a committed step read back before its ack
     )
     agreement = StepAgreement(
         ranks,
