@@ -8,6 +8,10 @@ failpoint of its own. Run as ``torchrun -m tests.integration.ckpt.failpoints <tr
   ``replica_zeros``     on the node in ``POWERGUARD_TEST_FAILPOINT_NODE``, the replication
                         cannot read the node's files (each is sent as zeros, as an unreadable
                         file is); the commit and the restore read them as usual
+  ``own_files_only``    every rank's restore plan reads its own data files only, as at scale
+                        (DCP stores each replicated item once, spread over the ranks: with more
+                        ranks than such items most ranks' files hold none), so before its
+                        commit no node is sent another node's files
 """
 
 from __future__ import annotations
@@ -60,6 +64,13 @@ def install(point: str | None, rank: str | None) -> None:
             return real_read(path, off, n)
 
         _nodes._read = _read
+    elif point == "own_files_only":
+        from powerguard.ckpt_agent import _node_exchange
+
+        def needed_files(self, directory):
+            return {n for n in os.listdir(directory) if n.startswith(f"__{self.rank}_") and n.endswith(".distcp")}
+
+        _node_exchange.NodeExchange.needed_files = needed_files
     elif point:
         raise SystemExit(f"unknown POWERGUARD_TEST_FAILPOINT {point!r}")
 

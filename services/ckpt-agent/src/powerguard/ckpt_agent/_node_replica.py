@@ -1,6 +1,9 @@
 """The node-local tier's replication: after the commit, each node leader sends its own ranks'
 data files to the ``replicas`` nodes after it, in the background, one checkpoint after another;
-once the copies land the acks are raised (``on_replicated``)."""
+once the copies land the acks are raised (``on_replicated``). A job with a remote tier then
+gathers on the first node (rank 0's, whose copier uploads the checkpoint under one ``COMMIT``)
+every file it does not hold yet: with a sharded job on three or more nodes no ring replica
+brings it all."""
 
 from __future__ import annotations
 
@@ -22,9 +25,16 @@ OnReplicated = Callable[[int, list[tuple[int, str, int]], str, str], None]
 
 class Replicator:
     def __init__(
-        self, ex: NodeExchange, *, replicas: int, key: bytes | None, on_replicated: OnReplicated | None = None
+        self,
+        ex: NodeExchange,
+        *,
+        replicas: int,
+        key: bytes | None,
+        on_replicated: OnReplicated | None = None,
+        gather: bool = False,
     ) -> None:
         self.ex, self.replicas, self.key = ex, replicas, key
+        self.gather = gather  # the job has a remote tier: rank 0's node gathers every file for its copy
         # (step, [(rank, manifest digest, bytes) of this node's ranks], level, directory) once this
         # node's files are on its peers and that raises their durability (the acks say so again)
         self.on_replicated = on_replicated
@@ -48,7 +58,9 @@ class Replicator:
         """Send this node's own ranks' data files to the ``replicas`` nodes after it (those they
         do not hold already) and take those of the nodes before it; leaders only, on their own
         gloo group, one checkpoint after another. The local commit does not wait for it."""
-        if not self.ex.ranks.distributed or self.replicas < 1 or not self.ex.leader or len(self.ex.topo.order) < 2:
+        if not self.ex.ranks.distributed or not self.ex.leader or len(self.ex.topo.order) < 2:
+            return
+        if self.replicas < 1 and not self.gather:
             return
         manifests = {w.rank: json.loads(w.body)["files"] for w in results}
         previous = self._thread
@@ -98,6 +110,9 @@ class Replicator:
                 except (RuntimeError, OSError) as exc:  # a peer gone: the local commit stands
                     problems.append(f"with nodes {dst}/{src}: {exc}")
                     break
+            else:  # no peer gone: the remote copy's gathering needs every leader
+                if self.gather:
+                    problems += self._gather(directory, manifests, needed)
             k = len(holders)
             self.replicated = (directory, not problems and k == min(self.replicas, len(ring) - 1), problems)
             if problems:
@@ -120,6 +135,43 @@ class Replicator:
 
         self._thread = threading.Thread(target=run, name="pg-ckpt-replicate", daemon=True)
         self._thread.start()
+
+    def _gather(self, directory: str, manifests: dict[int, dict], needed: dict[str, set[str]]) -> list[str]:
+        """Every node whose files the first node holds neither for its own restore (``needed``)
+        nor as a ring replica sends them there, one node after another (the same plan on every
+        leader, from the manifests): the remote copy on rank 0 then finds the whole checkpoint on
+        its own disk. What arrives is verified and fsynced as a replica is; what does not, the
+        copy names (``NotAllHere``) and never commits without."""
+        topo, ring = self.ex.topo, self.ex.topo.order
+        first, group = ring[0], self.ex.ranks.replica_group
+        via_ring = {ring[-j] for j in range(1, min(self.replicas, len(ring) - 1) + 1)}
+        problems: list[str] = []
+        for src in ring[1:]:
+            if src in via_ring:
+                continue
+            files = sorted((n, f) for n, f in node_files(topo, src, manifests).items() if n not in needed[first])
+            if not files:
+                continue
+            try:
+                if self.ex.node == first:
+                    got = exchange(
+                        [],
+                        None,
+                        [(os.path.join(directory, n), f) for n, f in files],
+                        topo.leader(src),
+                        group,
+                        key=self.key,
+                    )
+                    problems += [f"gathering for the remote tier: {p}" for p in got]
+                elif self.ex.node == src:
+                    out = [(os.path.join(directory, n), int(f["size"])) for n, f in files]
+                    exchange(out, topo.leader(first), [], None, group, key=self.key)
+            except (RuntimeError, OSError) as exc:  # a peer gone: the copy will say what it lacks
+                problems.append(f"gathering node {src}'s files on node {first}: {exc}")
+                break
+        if self.ex.node == first and not problems:
+            log.info("rank %d: %s gathered whole on node %s for the remote tier", self.ex.rank, directory, first)
+        return problems
 
 
 def _copies(durability: str) -> int:

@@ -44,11 +44,14 @@ class NodeTier:
         retainer: Retainer,
         on_replicated: OnReplicated | None = None,
         readers: int = 1,
+        gather: bool = False,
     ) -> NodeTier:
+        """``gather``: the job has a remote tier, whose copy on rank 0 needs every file on rank 0's
+        node (:meth:`Replicator._gather`)."""
         key = keys.job if keys is not None else None  # signs this job's checkpoints
         return cls(
             NodeCommitter(place, fs, job=job, key=key, retainer=retainer),
-            Replicator(place, replicas=replicas, key=key, on_replicated=on_replicated),
+            Replicator(place, replicas=replicas, key=key, on_replicated=on_replicated, gather=gather),
             NodeRestorer(place, fs, job=job, root=root, keys=keys, reshard=reshard, readers=readers),
         )
 

@@ -23,6 +23,7 @@ from ._s3 import CommitConflict, S3Store
 from .errors import CorruptCheckpoint, NotAllHere
 
 RETRY_S = (2.0, 5.0, 10.0, 20.0)  # a failed copy is tried again this long after each failure
+REPLICATION_WAIT_S = 120.0  # the node-local tier: how long a copy waits for the files to reach rank 0's node
 log = logging.getLogger("powerguard.ckpt_agent.remote")
 
 
@@ -38,8 +39,12 @@ class RemoteCopier:
         key: bytes | None = None,
         on_copied: Callable[[int, str], None] | None = None,
         s3: S3Store | None = None,
+        replicated: Callable[[float], bool] | None = None,
     ) -> None:
         self.local_root, self.remote_url, self.job = local_root, remote_url, job
+        # the node-local tier: waits (up to the seconds given) until the last checkpoint's files
+        # reached this node (its replication and gathering ended); True once they did
+        self.replicated = replicated
         self.key = key  # signs the remote copy's COMMIT (it names the remote tier)
         self.keep, self.every_s = keep, every_s
         self.s3 = s3
@@ -98,6 +103,12 @@ class RemoteCopier:
                 self.errors.append(f"start: {exc}")
         while (step := self._queue.get()) is not None:
             try:
+                if self.replicated is not None and not self.replicated(REPLICATION_WAIT_S):
+                    log.warning(
+                        "remote copy of step %d: the node tier's replication still runs after %.0fs",
+                        step,
+                        REPLICATION_WAIT_S,
+                    )
                 url = self._copy_retried(step)
                 if self.on_copied is not None:
                     self.on_copied(step, url)

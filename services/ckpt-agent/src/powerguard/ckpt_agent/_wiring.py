@@ -119,6 +119,7 @@ def wire(cfg: AgentConfig, training: TrainingParts, *, node: str | None, bus: Bu
             retainer=retainer,
             on_replicated=acks.replicated,
             readers=reader_threads(_local_ranks()),
+            gather=bool(cfg.remote_url),
         )
     tier = nodes
     if tier is None:
@@ -175,6 +176,7 @@ def wire(cfg: AgentConfig, training: TrainingParts, *, node: str | None, bus: Bu
             key=signing,
             on_copied=acks.remote_copied,
             s3=s3,
+            replicated=nodes.wait_replicated if nodes is not None else None,
         )
     hold = Hold(thread, ranks, poll_s=cfg.pause_poll_s)
     quiet = Quiet(ranks, thread, poll_s=cfg.pause_poll_s, timeout_s=cfg.agree_timeout_s)
