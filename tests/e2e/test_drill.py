@@ -12,6 +12,7 @@ from collections import Counter
 import pytest
 
 from tests.bench_modules import load
+from tests.output import quiet
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
@@ -58,6 +59,7 @@ def names(spans: list[dict]) -> Counter:
 def test_outage_checkpoints_shuts_down_restores_and_resumes_bit_exact(tmp_path):
     report, spans, r = drill(tmp_path)
     assert r.returncode == 0, r.stdout[-3000:]
+    quiet(r.stdout + r.stderr)
     assert report["hold_policy"] == "checkpoint-at-stop"  # the default
     assert report["rpo_steps"] == 0 and report["bit_exact"] is True
     # each simulated node's own checkpoint disk; DDP: both nodes hold every file, so either may be lost

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.output import quiet
+
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
 POWERGUARD = Path(sys.executable).parent / "powerguard"
@@ -54,6 +56,7 @@ def sim_job(tmp_path: Path, *flags: str) -> list[str]:
 def assert_survived(r: subprocess.CompletedProcess, report: dict) -> None:
     text = " ".join(r.stdout.split())
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-3000:]
+    quiet(r.stdout + r.stderr)
     assert "DRILL OK" in text
     assert report["saga_states"][-3:] == ["restoring", "resumed", "done"]
     assert report["nodes_powered_off"] == 2  # the job really went down with its nodes

@@ -26,6 +26,8 @@ from typing import Any
 import yaml
 from aiohttp import web
 
+from powerguard.bus.embedded import with_parent
+
 COMPOSE = Path(__file__).resolve().parents[3] / "compose"
 FOR_S = 3
 _PORT_LINE = re.compile(r"health and metrics on http://127\.0\.0\.1:(\d+)")
@@ -175,7 +177,9 @@ class Alerting:
 
     def _spawn(self, name: str, argv: list[str]) -> None:
         log = open(self.workdir / f"{name}.log", "wb")
-        self.procs.append(subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+        self.procs.append(
+            subprocess.Popen(with_parent(argv), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        )
         log.close()
 
     def stop(self) -> None:
@@ -194,19 +198,21 @@ def start_exporter(site_file: Path, nats_url: str, log: Path) -> tuple[subproces
     port = _free_port()
     out = open(log, "wb")
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "powerguard.bus.health",
-            "--config",
-            str(site_file),
-            "--nats-url",
-            nats_url,
-            "--http-port",
-            str(port),
-            "--every-s",
-            "1",
-        ],
+        with_parent(
+            [
+                sys.executable,
+                "-m",
+                "powerguard.bus.health",
+                "--config",
+                str(site_file),
+                "--nats-url",
+                nats_url,
+                "--http-port",
+                str(port),
+                "--every-s",
+                "1",
+            ]
+        ),
         stdout=out,
         stderr=subprocess.STDOUT,
         start_new_session=True,

@@ -12,6 +12,7 @@ import subprocess
 import time
 from pathlib import Path
 
+from powerguard.bus.embedded import with_parent
 from powerguard.schemas import PowerGuardError
 
 UPSD_PATHS = ("/lib/nut/upsd", "/usr/lib/nut/upsd", "/usr/sbin/upsd")
@@ -63,7 +64,7 @@ class NutUps:
         log = open(self.tmp / "nut.log", "ab")
         self.procs.append(
             subprocess.Popen(
-                [self.dummy, "-a", self.ups, "-u", "root", "-F"],
+                with_parent([self.dummy, "-a", self.ups, "-u", "root", "-F"]),
                 env=self.env,
                 stdout=log,
                 stderr=log,
@@ -73,7 +74,11 @@ class NutUps:
         self._wait_for_socket()
         self.procs.append(
             subprocess.Popen(
-                [self.upsd, "-u", "root", "-F"], env=self.env, stdout=log, stderr=log, start_new_session=True
+                with_parent([self.upsd, "-u", "root", "-F"]),
+                env=self.env,
+                stdout=log,
+                stderr=log,
+                start_new_session=True,
             )
         )
         deadline = time.monotonic() + 15

@@ -28,6 +28,8 @@ import threading
 import time
 from pathlib import Path
 
+from powerguard.bus.embedded import with_parent
+
 from .nut import UPSD_PATHS, find, free_port
 
 HANDLED, FAILED, UNKNOWN, INVALID = 0, 1, 2, 3  # NUT's STAT_INSTCMD_* as the tracking status
@@ -83,7 +85,7 @@ class NutDriverUps:
         env = {**os.environ, "NUT_CONFPATH": str(self.tmp), "NUT_STATEPATH": str(self.tmp / "state")}
         log = open(self.tmp / "upsd.log", "ab")  # the process keeps it
         self._proc = subprocess.Popen(
-            [self.upsd, "-u", "root", "-F"], env=env, stdout=log, stderr=log, start_new_session=True
+            with_parent([self.upsd, "-u", "root", "-F"]), env=env, stdout=log, stderr=log, start_new_session=True
         )
         deadline = time.monotonic() + 15
         while time.monotonic() < deadline:

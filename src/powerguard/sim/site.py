@@ -33,6 +33,7 @@ from pathlib import Path
 import yaml
 
 from powerguard.bus import EmbeddedNats, embedded_cluster
+from powerguard.bus.embedded import with_parent
 from powerguard.bus.roles import SERVICES
 
 from .errors import DrillError
@@ -235,6 +236,7 @@ class SimSite:
         else:
             self.nats_nodes = [EmbeddedNats(store_dir=self.workdir / "nats")]
         for n in self.nats_nodes:
+            n.with_parent = True  # a demo killed hard takes its broker with it
             n.start()
         self.nats = self.nats_nodes[0]
         if len(self.nats_nodes) > 1:  # the services start once JetStream has a meta leader; R3 streams now
@@ -396,8 +398,8 @@ class SimSite:
     def _spawn(self, name: str, argv: list[str]) -> None:
         self.argv[name] = argv
         log = open(self.workdir / f"{name}.log", "ab")
-        self.procs[name] = subprocess.Popen(
-            argv, stdout=log, stderr=subprocess.STDOUT, env=self._env(name), start_new_session=True
+        self.procs[name] = subprocess.Popen(  # each its own group; ends with this process even if it is killed
+            with_parent(argv), stdout=log, stderr=subprocess.STDOUT, env=self._env(name), start_new_session=True
         )
         log.close()
 

@@ -669,7 +669,11 @@ class Merged:
                     self._next[i] = asyncio.create_task(p.next_received())
             if not self._next:
                 raise StopAsyncIteration
-            done, _ = await asyncio.wait(self._next.values(), return_when=asyncio.FIRST_COMPLETED)
+            try:
+                done, _ = await asyncio.wait(self._next.values(), return_when=asyncio.FIRST_COMPLETED)
+            except asyncio.CancelledError:  # the reader was cancelled: its reads go with it
+                self._drop_reads()
+                raise
             for i, task in sorted(self._next.items()):
                 if task in done:
                     del self._next[i]
@@ -678,10 +682,19 @@ class Merged:
                     except StopAsyncIteration:
                         continue
 
-    async def aclose(self) -> None:
+    def _drop_reads(self) -> None:
+        """Cancel the parts' reads in flight; one that already ended (a part stopped: its
+        StopAsyncIteration) is read here, or asyncio prints "Task exception was never retrieved"
+        when it is collected (each `powerguard drill` report printed it twice)."""
         for task in self._next.values():
-            task.cancel()
+            if not task.done():
+                task.cancel()
+            elif not task.cancelled():
+                task.exception()
         self._next = {}
+
+    async def aclose(self) -> None:
+        self._drop_reads()
         for p in self.parts:
             await p.aclose()
 

@@ -23,6 +23,15 @@ from pathlib import Path
 from .errors import EmbeddedServerError
 
 
+def with_parent(argv: list[str]) -> list[str]:
+    """``argv`` run so that it gets SIGTERM when the process that starts it dies, even by SIGKILL
+    (Linux's parent-death signal, set by util-linux's ``setpriv --pdeathsig`` before it execs the
+    command: no ``preexec_fn`` in a threaded parent). A demo or a test killed hard then takes its
+    servers with it. Where ``setpriv`` is missing, ``argv`` as it is."""
+    setpriv = shutil.which("setpriv")
+    return [setpriv, "--pdeathsig", "TERM", "--", *argv] if setpriv and sys.platform.startswith("linux") else argv
+
+
 def _durable_mkdir(path: Path) -> None:
     """``mkdir -p`` that survives a power cut: each directory made is fsynced into its parent
     (nats-server makes its own directories inside the store; the store must exist after a cut)."""
@@ -77,8 +86,10 @@ class EmbeddedNats:
         ready_timeout: float = 10.0,
         log_file: str | Path | None = None,
         sync: str | None = "always",
+        with_parent: bool = False,
     ) -> None:
         self.host = host
+        self.with_parent = with_parent  # the server ends when the process that started it dies
         self.sync = sync
         self.port = port
         self._own_dir = store_dir is None
@@ -121,7 +132,7 @@ class EmbeddedNats:
             *self.extra_args,
         ]
         self.proc = subprocess.Popen(
-            cmd,
+            with_parent(cmd) if self.with_parent else cmd,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
