@@ -41,7 +41,7 @@ def previous_release_filters(names) -> dict[str, list[str]]:
 
 def bootstrap(dep, *extra: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [POWERGUARD, "bootstrap", "--site", SITE, "--url", dep.url, "--creds", str(dep.creds_of("admin")), *extra],
+        [POWERGUARD, "bootstrap", "--site-name", SITE, "--url", dep.url, "--creds", str(dep.creds_of("admin")), *extra],
         capture_output=True,
         text=True,
         timeout=120,

@@ -95,3 +95,29 @@ def test_status_fits_100_columns_with_the_saga_id_whole():
         text = out.getvalue()
         assert max(len(line) for line in text.splitlines()) <= width, text
         assert "dc1-20261204T211920-f87b" in text and "holding (drill)" in text and "512/512" in text, text
+
+
+def test_a_site_file_is_config_or_site_and_a_site_name_is_site_name_in_every_command():
+    """One meaning per flag (an SRE's `--site` worked in `drill` and was refused by `status`, and
+    meant a site's *name* in `bootstrap`): every command with a site-file option takes both
+    `--config` and `--site` for it (one option line), and a site's name is `--site-name`."""
+    import re
+
+    flag = re.compile(r"(?<![\w-])(--config|--site|--site-name)(?![\w-])")
+    paths = [p for p, _ in ALL] + [("config", "check"), ("creds", "init"), ("power", "status"), ("power", "off")]
+    files, wrong = [], []
+    for path in paths:
+        out = CliRunner().invoke(app, [*path, "--help"], env={"COLUMNS": "200"}).output
+        for line in out.splitlines():
+            line = line.strip()
+            if not re.match(r"-{1,2}[\w-]+(,| <|  |$)", line):
+                continue  # an option's own line starts with its flags; its help text may name others
+            declared = set(flag.findall(line.split("  ")[0]))
+            if declared & {"--config", "--site"}:
+                files.append(" ".join(path))
+                if not {"--config", "--site"} <= declared:
+                    wrong.append((" ".join(path), line))
+    assert len(files) >= 10, files
+    assert not wrong, wrong
+    names = CliRunner().invoke(app, ["creds", "init", "--help"], env={"COLUMNS": "200"}).output
+    assert "--site-name" in names

@@ -14,7 +14,12 @@ from powerguard.bus.env import PRECEDENCE, connection
 from powerguard.schemas import SiteConfig, load_site
 
 CONFIG = typer.Option(
-    None, "--config", "-c", help="Site YAML: its nats: section (URL, names, credential, CA) and the site's name"
+    None,
+    "--config",
+    "-c",
+    "--site",
+    help="Site YAML: its nats: section (URL, names, credential, CA) and the site's name (--site: the same file; "
+    "a site's name alone is --site-name)",
 )
 URL = typer.Option(None, "--url", "-s", help="NATS server URL(s), comma-separated (env NATS_URL; the site file's)")
 CREDS = typer.Option(None, "--creds", help="NATS credential file (env NATS_CREDS; the site file's nats.creds_file)")

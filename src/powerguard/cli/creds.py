@@ -38,16 +38,18 @@ def _site_names(config: Path | None, sites: list[str] | None):
         cfg = load_site(config)
         return BusNames.from_settings(cfg.nats), sorted({*(sites or []), cfg.site})
     if not sites:
-        raise typer.BadParameter("give --config site.yaml or at least one --site")
+        raise typer.BadParameter("give --config site.yaml or at least one --site-name")
     return BusNames(), sorted(set(sites))
 
 
 @creds_app.command("init")
 def init(
     directory: Path = DIR,
-    config: Path = typer.Option(None, "--config", "-c", help="Site YAML (its site name and NATS names)"),
+    config: Path = typer.Option(
+        None, "--config", "-c", "--site", help="Site YAML (its site name and NATS names; --site: the same file)"
+    ),
     site: list[str] = typer.Option(
-        None, "--site", metavar="SITE", help="Site name; repeat for several (with or without --config)"
+        None, "--site-name", metavar="NAME", help="Site name; repeat for several (with or without --config)"
     ),
     force: bool = typer.Option(False, "--force", help="Replace existing credentials (every issued one stops working)"),
 ) -> None:
@@ -221,7 +223,9 @@ def bootstrap(
         None, "--creds", help="The admin credential (env NATS_CREDS; the site file's nats.creds_file)"
     ),
     ca: Path = CA,
-    site: list[str] = typer.Option(None, "--site", metavar="SITE", help="More sites whose services use this stream"),
+    site: list[str] = typer.Option(
+        None, "--site-name", metavar="NAME", help="More sites (by name) whose services use this stream"
+    ),
     replicas: int = typer.Option(None, "--replicas", min=1, help="Stream and bucket replicas (3 on a cluster)"),
     update: bool = typer.Option(
         False,

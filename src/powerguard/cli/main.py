@@ -448,7 +448,9 @@ def demo(
 
 @app.command(epilog=EPILOG)
 def console(
-    config: Path = typer.Option(None, "--config", "-c", help="Site YAML: NATS names, UPS list, shutdown reserve"),
+    config: Path = typer.Option(
+        None, "--config", "-c", "--site", help="Site YAML: NATS names, UPS list, shutdown reserve (--site: the same)"
+    ),
     url: str = URL,
     creds: Path = typer.Option(None, "--creds", help="NATS credential (the observer's; env NATS_CREDS)"),
     ca: Path = CA,

@@ -56,8 +56,14 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m powerguard.bus.bootstrap", description=__doc__.split("\n\n")[0], epilog=PRECEDENCE
     )
-    p.add_argument("--config", help="Site YAML (site name, NATS names and URL)")
-    p.add_argument("--site", action="append", default=[], help="More sites whose services use this stream")
+    p.add_argument("--config", "--site", help="Site YAML (site name, NATS names and URL; --site: the same file)")
+    p.add_argument(
+        "--site-name",
+        dest="site",
+        action="append",
+        default=[],
+        help="More sites (by name) whose services use this stream",
+    )
     p.add_argument("--nats-url", "--url", help="NATS URL(s) (default: env NATS_URL, the site file's)")
     p.add_argument("--creds", help="the admin credential (default: env NATS_CREDS, the site file's)")
     p.add_argument("--ca", help="CA of the server's certificate (default: env NATS_CA, the site file's)")
