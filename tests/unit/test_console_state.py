@@ -115,3 +115,24 @@ def test_status_telemetry_updates_the_ups_but_not_the_timeline():
     snap = st.snapshot()
     assert snap["ups"][0]["runtime_s"] == 871
     assert [t["type"] for t in snap["timeline"]] == ["power.v1.on_battery"]
+
+
+def test_a_drills_readings_are_marked_beside_the_ups_own_and_never_replace_it():
+    """A drill's synthetic ON BATTERY (the operator's `powerguard drill`) was shown as the UPS's
+    own state, its runtime in the real row and its timeline line unmarked: an SRE glancing at the
+    console saw a real outage. It is now kept apart (``drill``) and its lines say [drill]."""
+    from powerguard.schemas import OnLine, PowerStatus
+
+    st = ConsoleState(clock=lambda: T0)
+    real = PowerData(site="dc1", ups="ups-a", on_battery=False, runtime_s=1800, charge_pct=100, observed_at=at(T0))
+    st.apply(OnLine(data=real))
+    drill = dict(site="dc1", ups="ups-a", on_battery=True, runtime_s=200, charge_pct=90, drill=True)
+    st.apply(OnBattery(data=PowerData(**drill, observed_at=at(T0 + 1))))
+    st.apply(PowerStatus(data=PowerData(**{**drill, "runtime_s": 180}, observed_at=at(T0 + 2))))
+    ups = st.snapshot()["ups"][0]
+    assert (ups["on_battery"], ups["runtime_s"], ups["charge_pct"]) == (False, 1800, 100)  # the UPS's own word
+    assert ups["drill"] == {"on_battery": True, "charge_pct": 90, "runtime_s": 180, "load_pct": None}
+    lines = st.snapshot()["timeline"]
+    assert [(t["type"], t["drill"]) for t in lines] == [("power.v1.on_line", False), ("power.v1.on_battery", True)]
+    st.apply(OnLine(data=PowerData(**{**drill, "on_battery": False}, observed_at=at(T0 + 3))))
+    assert "drill" not in st.snapshot()["ups"][0]  # the drill's mains back: the row is the UPS's alone

@@ -92,7 +92,21 @@ class ConsoleState:
         """One event from the bus."""
         now = self.clock()
         d = e.data
-        if isinstance(e, PowerEvent):
+        if isinstance(e, PowerEvent) and d.drill:  # a drill's synthetic reading: beside the real one, marked
+            u = self.ups.setdefault(d.ups, {"name": d.ups, "site": d.site})
+            if d.on_battery and not isinstance(e, CommLost | CommRestored):
+                u["drill"] = {
+                    "on_battery": True,
+                    "charge_pct": d.charge_pct,
+                    "runtime_s": d.runtime_s,
+                    "load_pct": d.load_pct,
+                }
+            else:  # the drill's mains back: the row shows the UPS's own word alone
+                u.pop("drill", None)
+            if isinstance(e, PowerStatus):
+                self._changed()
+                return
+        elif isinstance(e, PowerEvent):
             u = self.ups.setdefault(d.ups, {"name": d.ups, "site": d.site})
             if isinstance(e, CommLost):
                 u["comm_lost"] = True
@@ -149,7 +163,7 @@ class ConsoleState:
                 "at": e.time.timestamp(),
                 "type": e.short_type,
                 "saga": getattr(d, "saga_id", None),
-                "drill": self._drill(getattr(d, "saga_id", None)),
+                "drill": bool(getattr(d, "drill", False)) or self._drill(getattr(d, "saga_id", None)),
                 "text": _describe(e),
                 "bad": isinstance(e, CheckpointFailed | PowerActionFailed | CommLost),
             }

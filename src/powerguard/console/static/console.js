@@ -77,8 +77,11 @@ function render() {
   renderSaga(snap.saga);
   rows("ups", snap.ups, (u) => [
     u.name,
-    el("span", { class: "badge " + (u.comm_lost ? "warn" : u.on_battery ? "bad" : "ok"), "data-state": u.comm_lost ? "comm_lost" : u.on_battery ? "on_battery" : "on_line" },
-      u.comm_lost ? "COMM LOST" : u.on_battery ? "ON BATTERY" : "on line"),
+    el("span", {},
+      el("span", { class: "badge " + (u.comm_lost ? "warn" : u.on_battery ? "bad" : "ok"), "data-state": u.comm_lost ? "comm_lost" : u.on_battery ? "on_battery" : "on_line" },
+        u.comm_lost ? "COMM LOST" : u.on_battery ? "ON BATTERY" : "on line"),
+      // a drill's synthetic reading, beside the UPS's own (which it never replaces)
+      u.drill ? el("span", { class: "badge warn drill", "data-drill": "1" }, ` DRILL: on battery, ${fmt(u.drill.runtime_s, " s")} runtime`) : ""),
     fmt(u.charge_pct, " %"), runtimeBar(u), fmt(u.load_pct, " %"), u.source || "–", fmt(u.reading_age_s, " s", 1),
   ]);
   rows("nodes", snap.nodes, (n) => [
