@@ -10,7 +10,7 @@ PROJECTS := -e ./schemas -e ./bus[embedded,otlp] -e ./snmp -e ./services/ups-mon
 PYPROJECTS := pyproject.toml schemas/pyproject.toml bus/pyproject.toml snmp/pyproject.toml $(wildcard services/*/pyproject.toml) \
               constraints.txt requirements-dev.txt VERSION
 
-.PHONY: venv test test-full test-unit demo bench chaos schemas lint fmt clean help wheels
+.PHONY: venv test test-full test-unit demo bench chaos schemas lint fmt clean help wheels lock
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -60,9 +60,12 @@ wheels:  ## PowerGuard's wheels (no venv needed: python3 with pip; hatchling com
 	$(PYTHON) -m pip wheel -q --no-deps -w dist/wheels ./schemas ./bus ./snmp ./services/ups-monitor ./services/coordinator \
 	    ./services/power-control .
 	$(PYTHON) -m pip wheel -q --no-deps -w dist/agent-wheels ./services/ckpt-agent
-	cp constraints.txt dist/wheels/constraints.txt
-	cp constraints.txt dist/agent-wheels/constraints.txt
+	cp packaging/locks/management.txt dist/wheels/constraints.txt
+	cp packaging/locks/agent.txt dist/agent-wheels/constraints.txt
 	@ls dist/wheels dist/agent-wheels
+
+lock: venv  ## after a dependency changed: constraints.txt (dev and CI) and packaging/locks/ (management host, agent) from .venv
+	$(BIN)/python packaging/lock.py write
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache
