@@ -36,7 +36,7 @@ from tests.integration.ups.nut_peer import NutServer, free_port
 from tests.output import quiet
 from tests.waiting import eventually_sync
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 ROOT = Path(__file__).resolve().parents[2]
 GUIDE = ROOT / "docs" / "deploy-bare-metal.md"
 PORTS = ("4222", "8222", "9101", "9102", "9103", "9104", "8080")
@@ -275,21 +275,33 @@ def wait_log(path: Path, needle: str, timeout: float = 90) -> None:
     )
 
 
-PREVIOUS = "0.1.0"  # the release the site runs first; the tree's own VERSION is the upgrade
+def previous_release_commit() -> tuple[str, str]:
+    """(version, commit) of the newest release older than this tree's VERSION
+    (``packaging/releases.txt``)."""
+    from packaging.version import Version
+
+    ours = Version((ROOT / "VERSION").read_text().strip())
+    rows = [line.split() for line in (ROOT / "packaging" / "releases.txt").read_text().splitlines()]
+    older = sorted((Version(v), c) for v, c in (r for r in rows if r and not r[0].startswith("#")) if Version(v) < ours)
+    assert older, f"packaging/releases.txt names no release older than {ours}"
+    return str(older[-1][0]), older[-1][1]
+
+
+PREVIOUS, PREVIOUS_COMMIT = previous_release_commit()  # the release the site runs first; this tree is the upgrade
 
 
 def previous_release(tmp: Path) -> Path:
-    """The wheels of an older release, built as `make wheels` builds them from a copy of this tree
-    whose VERSION says PREVIOUS (the procedure under test is the version's: that the upgrade
-    replaces every package, that the services restart on the new one, that a rollback takes the
-    older one back)."""
+    """The previous release's wheels, built from its own commit as its `make wheels` built them
+    (its code, its VERSION, its constraints): the site runs that release's code first, and the
+    guide's upgrade takes it to this tree's."""
     src = tmp / "previous-src"
-    shutil.copytree(
-        ROOT,
-        src,
-        ignore=shutil.ignore_patterns(".venv", ".git", "dist", ".ci", "__pycache__", "*.pyc", "node_modules", "tests"),
+    src.mkdir()
+    archive = subprocess.run(
+        ["git", "-C", str(ROOT), "archive", "--format=tar", PREVIOUS_COMMIT], capture_output=True, timeout=120
     )
-    (src / "VERSION").write_text(PREVIOUS + "\n")
+    assert archive.returncode == 0, f"release {PREVIOUS} ({PREVIOUS_COMMIT}): {archive.stderr.decode()[-2000:]}"
+    subprocess.run(["tar", "-x", "-C", str(src)], input=archive.stdout, check=True, timeout=120)
+    assert (src / "VERSION").read_text().strip() == PREVIOUS
     out = tmp / "previous-wheels"
     projects = ["./schemas", "./bus", "./snmp", "./services/ups-monitor", "./services/coordinator"]
     projects += ["./services/power-control", "."]
@@ -300,7 +312,7 @@ def previous_release(tmp: Path) -> Path:
         capture_output=True,
         timeout=600,
     )
-    shutil.copy(ROOT / "constraints.txt", out / "constraints.txt")
+    shutil.copy(src / "constraints.txt", out / "constraints.txt")
     return out
 
 
@@ -404,8 +416,8 @@ async def test_the_guide_from_an_empty_host_to_a_drilled_site(tmp_path):
         await start_job(host)
         job_log = host.path(f"/var/lib/powerguard/jobs/{JOB}.log")
         wait_log(job_log, "fresh start at step 0")
-        drilled = host.step("drill", timeout=300)
-        quiet(drilled.stdout + drilled.stderr)  # the report the operator reads, with no asyncio traceback in it
+        drill = host.steps["drill"]  # run again on the new release after the upgrade
+        host.step("drill", timeout=300)
 
         # a real outage: the UPS on battery, the job checkpoints and trains on (checkpoint-at-stop);
         # at the site's hold limit a final checkpoint of the current step, then the nodes go down
@@ -445,6 +457,17 @@ async def test_the_guide_from_an_empty_host_to_a_drilled_site(tmp_path):
         assert set(versions(host).values()) == {release}  # every service restarted on the new code
         assert host.powerguard("--version").stdout.strip() == f"powerguard {release}"
         assert job_pid(host) == restarted
+        # the new release handles an outage of the job the old one restarted: its checkpoint is acked
+        # (checkpoint-at-stop: the job trains on in the hold), then mains returns before the stop
+        before = {r["saga"] for r in host.sagas()}
+        nut.feed(on_battery=True, charge_pct=90, runtime_s=1500, load_pct=40, low=False)
+        held = host.wait_saga("holding")
+        assert held["saga"] not in before and held["jobs"][JOB]["checkpoint_step"] is not None, held
+        nut.feed(on_battery=False, charge_pct=100, runtime_s=1800, load_pct=40, low=False)
+        assert host.wait_saga("cancelled", timeout=150)["saga"] == held["saga"]  # power back before shutdown
+        assert all(b.power == "on" for b in bmcs.values()) and job_pid(host) == restarted  # nothing went down
+        drilled = host.sh(drill, timeout=300)  # the new release's drill report, with no asyncio traceback in it
+        quiet(drilled.stdout + drilled.stderr)
         host.step("rollback", timeout=600)
         for port in ("9101", "9102", "9103"):
             host.wait_ready(port, True)

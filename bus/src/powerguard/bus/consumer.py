@@ -642,6 +642,11 @@ class Subscription(_PullLoop):
         await self.aclose()
 
 
+def _read_outcome(task: asyncio.Task) -> None:
+    if not task.cancelled():
+        task.exception()
+
+
 class Merged:
     """One iterator over ephemeral subscriptions of both streams (an observer reading subjects
     of the site's events and of the jobs' traffic together); events of the two interleave in
@@ -667,6 +672,10 @@ class Merged:
             for i, p in enumerate(self.parts):
                 if i not in self._next and not p._stopping:
                     self._next[i] = asyncio.create_task(p.next_received())
+                    # a reader that leaves its `async for` (break, return) leaves the reads in
+                    # flight; a part stopped later ends its read with StopAsyncIteration, which is
+                    # read here, or asyncio prints "Task exception was never retrieved"
+                    self._next[i].add_done_callback(_read_outcome)
             if not self._next:
                 raise StopAsyncIteration
             try:
