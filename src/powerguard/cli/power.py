@@ -114,3 +114,38 @@ def audit_cmd(
     _show(rows, "power-restore policy audit", as_json)
     if any(r.verdict.startswith("would not") for r in rows):
         raise typer.Exit(3)
+
+
+@power_app.command("job-start")
+def job_start_cmd(
+    job: str = typer.Argument(..., help="The job's name: a job of the site file's process scheduler"),
+    site: Path = SITE,
+    node: list[str] = typer.Option(
+        None, "--node", "-n", metavar="NODE", help="Its nodes (POWERGUARD_NODES); repeat (default: every node)"
+    ),
+) -> None:
+    """A `process` job's first start, exactly as power-control restarts it after an outage: its
+    argv, cwd, env (the allowlist, its own env, POWERGUARD_*) and log, its own session, its
+    process group written to <state_dir>/<job>.pid so that the first outage can stop it. Run it
+    as the service's user (sudo -u powerguard). A job whose pid file names a running group is
+    not started again."""
+    from powerguard.power_control.errors import PowerControlError
+    from powerguard.power_control.schedulers import make_scheduler
+    from powerguard.power_control.service import load_settings
+    from powerguard.schemas import PowerGuardError, load_site
+
+    try:
+        cfg = load_site(site)
+        settings = load_settings(cfg)
+        if settings.scheduler.kind != "process":
+            err.print(
+                f"[red]error:[/red] the site's job scheduler is {settings.scheduler.kind!r}: job-start starts jobs of "
+                "the process scheduler only (the others have their own: sbatch, docker run, kubectl)"
+            )
+            raise typer.Exit(2)
+        nodes = node or [n.name for n in cfg.nodes]
+        said = asyncio.run(make_scheduler(settings.scheduler).start_job(job, nodes=nodes, saga_id="first-start"))
+    except (PowerGuardError, PowerControlError) as exc:
+        err.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from None
+    err.print(said)

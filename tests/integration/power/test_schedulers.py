@@ -210,6 +210,32 @@ async def test_a_job_the_launcher_cannot_find_is_a_failure_not_a_success(tmp_pat
     assert "not running (its process group" in await sched.stop_job("train", nodes=["n1"], saga_id="s")
 
 
+async def test_a_job_its_pid_file_shows_running_is_not_started_twice(tmp_path):
+    """A job started by hand (`powerguard power job-start`) or by a power-control before its
+    restart: its pid file names a running group, so a start (the outage's job_restart, or the
+    command run again) says so and launches nothing; once the group exited, it starts."""
+    state = tmp_path / "jobs"
+    state.mkdir()
+    marker = tmp_path / "started"
+    argv = [sys.executable, "-c", f"open({str(marker)!r}, 'a').write('x')"]
+    job = subprocess.Popen(  # noqa: ASYNC220 (the job as its first start left it)
+        [sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True
+    )
+    try:
+        (state / "train.pid").write_text(f"{job.pid}\n")
+        sched = ProcessScheduler({"state_dir": str(state), "jobs": {"train": {"argv": argv}}})
+        said = await sched.start_job("train", nodes=["n1"], saga_id="s")
+        assert said == f"job train already running (process group {job.pid}, {state}/train.pid)", said
+        assert (state / "train.pid").read_text().split()[0] == str(job.pid) and not marker.exists()
+    finally:
+        job.kill()
+        job.wait()
+    said = await sched.start_job("train", nodes=["n1"], saga_id="s")  # its group gone: started
+    assert said.startswith("started job train"), said
+    sched.procs["train"].wait(30)
+    assert marker.read_text() == "x"
+
+
 async def test_an_adopted_job_that_exits_on_sigterm_is_stopped_at_once_though_its_parent_never_reaps_it(tmp_path):
     """A job another process launched (a previous power-control, the demo's site) whose parent
     does not reap it: its leader is a zombie once it exits, and the stop must see it gone at once,

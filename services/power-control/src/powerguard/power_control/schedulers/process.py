@@ -60,6 +60,8 @@ class ProcessScheduler(Scheduler):
         job = job_name(job)
         if self.running(job):
             return f"job {job} already running (pid {self.procs[job].pid})"
+        if (pgid := self._adopted(job)) is not None:  # started by hand, or by a power-control before a restart
+            return f"job {job} already running (process group {pgid}, {self.opts.state_dir}/{job}.pid)"
         spec = self._job(job)
         env = safe_env(
             {
@@ -74,6 +76,17 @@ class ProcessScheduler(Scheduler):
         if self.opts.state_dir:
             _write_pid(Path(self.opts.state_dir), job, self.procs[job].pid)
         return f"started job {job} (pid {self.procs[job].pid})"
+
+    def _adopted(self, job: str) -> int | None:
+        """The process group of ``job`` its pid file names, while a process of it runs (None: no
+        state_dir, no pid file, or its group has exited): never started twice."""
+        if not self.opts.state_dir:
+            return None
+        try:
+            pgid = _read_pid(Path(self.opts.state_dir), job)
+        except (OSError, ValueError, IndexError):
+            return None
+        return pgid if group_alive(pgid) else None
 
     async def stop_job(self, job: str, *, nodes: Sequence[str], saga_id: str) -> str:
         job = job_name(job)  # the pid file is <state_dir>/<job>.pid: never a path outside it
