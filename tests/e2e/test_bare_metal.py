@@ -273,7 +273,15 @@ def previous_release_commit() -> tuple[str, str]:
     rows = [line.split() for line in (ROOT / "packaging" / "releases.txt").read_text().splitlines()]
     older = sorted((Version(v), c) for v, c in (r for r in rows if r and not r[0].startswith("#")) if Version(v) < ours)
     assert older, f"packaging/releases.txt names no release older than {ours}"
-    return str(older[-1][0]), older[-1][1]
+    version, commit = str(older[-1][0]), older[-1][1]
+    tagged = subprocess.run(  # the release's tag, where this clone has it, must be that commit
+        ["git", "-C", str(ROOT), "rev-parse", "-q", "--verify", f"refs/tags/v{version}^{{commit}}"],
+        capture_output=True,
+        text=True,
+    )
+    if tagged.returncode == 0:
+        assert tagged.stdout.strip() == commit, f"tag v{version} is {tagged.stdout.strip()}, releases.txt says {commit}"
+    return version, commit
 
 
 PREVIOUS, PREVIOUS_COMMIT = previous_release_commit()  # the release the site runs first; this tree is the upgrade
