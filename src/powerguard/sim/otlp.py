@@ -67,7 +67,10 @@ class OtlpReceiver:
             await self._runner.cleanup()
 
     async def _traces(self, request: web.Request) -> web.Response:
-        body = await request.read()
+        try:
+            body = await request.read()
+        except ConnectionError:  # the exporter hung up mid-request (its service stopping): nothing to keep
+            return web.Response(status=400, text="the request was cut off")
         if request.content_type != "application/x-protobuf":
             return web.Response(status=415, text="send OTLP protobuf (application/x-protobuf)")
         msg = ExportTraceServiceRequest()
